@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every Debian package gcomp-ps needs to build, test and run its examples.
+# Idempotent: when everything is present it prints nothing and touches nothing;
+# `apt-get update` runs only when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap g++ git
+  protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
+  libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libxxhash-dev libzstd-dev liblz4-dev libyaml-cpp-dev
+  pybind11-dev python3-dev python3-numpy python3-pytest python3-yaml
+  python3-torch python3-sklearn python3-matplotlib
+  iproute2
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+echo "bootstrap: installing ${missing[*]}" >&2
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "bootstrap: done" >&2
