@@ -11,6 +11,7 @@
 #include "codec/internal/bits.h"
 #include "codec/internal/format.h"
 #include "codec/internal/huffman.h"
+#include "codec/internal/quantize.h"
 
 namespace gcomp::codec {
 namespace {
@@ -171,11 +172,7 @@ absl::Status EncodeTyped(DType dtype, const void* data, size_t n, const BlockEnc
                          std::string* out) {
   const Layout lay = internal::LayoutOf(dtype);
   const int M = lay.mant_bits;
-  const int top = lay.total_bits - 1;
-  const U mag_mask = static_cast<U>((uint32_t{1} << top) - 1);
-  const U mant_mask = static_cast<U>((uint32_t{1} << M) - 1);
   const Policy& pol = opt.policy;
-  const bool lossless = pol.mode == Mode::kLossless;
 
   BlockInfo b;
   b.dtype = dtype;
@@ -183,22 +180,8 @@ absl::Status EncodeTyped(DType dtype, const void* data, size_t n, const BlockEnc
   b.elements = static_cast<uint32_t>(n);
 
   // Pass 1: the largest exponent field among finite elements.
-  uint32_t emax = 0;
-  {
-    const uint32_t all_ones = lay.all_ones();
-    for (size_t i = 0; i < n; ++i) {
-      uint32_t e = (LoadElem<U>(data, i) & mag_mask) >> M;
-      uint32_t f = e == all_ones ? 0 : e;
-      emax = f > emax ? f : emax;
-    }
-  }
-  b.emax = static_cast<int>(emax);
-  Tables t;
-  BuildTables(lay, pol, b.emax, &t);
-  // Near-lossless zeroes elements more than -A binades below emax: e < emax + A.
-  const uint32_t zero_below =
-      lossless ? 0 : static_cast<uint32_t>(std::max(0, b.emax + pol.abs_log2));
-  const U zero_test = lossless ? static_cast<U>(~U{0}) : mag_mask;
+  b.emax = internal::MaxFiniteExponent(dtype, data, n);
+  const internal::QuantParams qp = internal::MakeQuantParams(lay, pol, b.emax);
 
   Scratch& sc = ThreadScratch();
   const size_t mant_max = (n * (M + 1) + 7) / 8 + 16;
@@ -212,30 +195,32 @@ absl::Status EncodeTyped(DType dtype, const void* data, size_t n, const BlockEnc
   uint8_t* syms = sc.syms.data();
   uint64_t* bitmap = sc.bitmap.data();
 
-  // Pass 2: round, split into symbol / sign + mantissa, record zeros. Branch-free.
+  // Pass 2, 64 elements at a time: quantize (vectorized where the CPU allows), then pack the
+  // sign + mantissa bits two elements per flush and gather the nonzero symbols.
   BitWriter mw(blk + kBlockHeaderBytes);
+  internal::Group g;
   size_t j = 0;
   for (size_t w = 0; w < words; ++w) {
-    const size_t lo = w * 64, hi = std::min(n, lo + 64);
-    uint64_t word = 0;
-    for (size_t i = lo; i < hi; ++i) {
-      const U u = LoadElem<U>(data, i);
-      const uint32_t mag = u & mag_mask;
-      const uint32_t e = mag >> M;
-      const uint32_t nz = (e >= zero_below) & ((u & zero_test) != 0);
-      const uint32_t drop = t.drop[e];
-      const uint32_t r = (mag + ((1u << drop) >> 1)) & (~0u << drop);
-      const uint32_t e2 = r >> M;
-      const uint32_t k2 = t.k[e2];
-      const uint64_t v = (((r & mant_mask) >> (M - k2)) | (static_cast<uint64_t>(u >> top) << k2)) &
-                         (uint64_t{0} - nz);
-      mw.Put(v, (k2 + 1) & (0u - nz));
+    const size_t lo = w * internal::kGroup;
+    const size_t cnt = std::min(n - lo, internal::kGroup);
+    bitmap[w] = internal::QuantizeGroup(
+        dtype, static_cast<const uint8_t*>(data) + lo * sizeof(U), cnt, qp, &g);
+    size_t i = 0;
+    for (; i + 2 <= cnt; i += 2) {
+      mw.Put(g.value[i], g.bits[i]);
+      mw.Put(g.value[i + 1], g.bits[i + 1]);
       mw.Flush();
-      syms[j] = static_cast<uint8_t>(e2);
-      j += nz;
-      word |= uint64_t{nz} << (i - lo);
+      syms[j] = static_cast<uint8_t>(g.sym[i]);
+      j += g.bits[i] != 0;
+      syms[j] = static_cast<uint8_t>(g.sym[i + 1]);
+      j += g.bits[i + 1] != 0;
     }
-    bitmap[w] = word;
+    if (i < cnt) {
+      mw.Put(g.value[i], g.bits[i]);
+      mw.Flush();
+      syms[j] = static_cast<uint8_t>(g.sym[i]);
+      j += g.bits[i] != 0;
+    }
   }
   const size_t nnz = j;
   b.nonzeros = static_cast<uint32_t>(nnz);
