@@ -30,6 +30,8 @@ namespace gcomp::gpu {
 
 // Bytes an encode output needs for `elements` elements: codec::MaxBlockEncodedBytes rounded up
 // to 8, because the encoder writes whole aligned 32-bit words. Usable without a device.
+// Call it qualified, gpu::MaxEncodedBytes: codec::MaxEncodedBytes (a frame bound) has the same
+// parameters and argument-dependent lookup finds both.
 size_t MaxEncodedBytes(size_t elements, codec::DType dtype);
 
 struct EncodeChunk {
