@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -296,9 +297,23 @@ absl::Status DecodeBatch(codec::DType dtype, absl::Span<const DecodeChunk> chunk
 namespace internal {
 namespace {
 
+HostTeam MakeHostTeam(WorkerOrder order, std::vector<int>* ids) {
+  if (order == WorkerOrder::kAscending) return HostTeam{};
+  ids->resize(kTeamThreads);
+  for (int t = 0; t < kTeamThreads; ++t) (*ids)[t] = kTeamThreads - 1 - t;
+  if (order == WorkerOrder::kShuffled) {
+    uint32_t x = 12345;  // fixed LCG: reproducible
+    for (int t = kTeamThreads - 1; t > 0; --t) {
+      x = x * 1664525u + 1013904223u;
+      std::swap((*ids)[t], (*ids)[x % static_cast<uint32_t>(t + 1)]);
+    }
+  }
+  return HostTeam{ids->data()};
+}
+
 template <typename U>
 absl::StatusOr<std::string> HostEncodeTyped(int code, const void* data, size_t n,
-                                            const BlockPolicy& pol) {
+                                            const BlockPolicy& pol, WorkerOrder order) {
   std::vector<U> in(n);
   if (n > 0) std::memcpy(in.data(), data, n * sizeof(U));
   const size_t cap = gpu::MaxEncodedBytes(n, static_cast<codec::DType>(code));
@@ -309,13 +324,15 @@ absl::StatusOr<std::string> HostEncodeTyped(int code, const void* data, size_t n
   uint32_t size = 0;
   EncodeJob<U> job{in.data(), static_cast<uint32_t>(n), reinterpret_cast<uint8_t*>(out.data()),
                    syms.data(), bitmap.data(), &size};
-  EncodeChunk<U>(HostTeam{}, *sh, code, pol, job);
+  std::vector<int> ids;
+  EncodeChunk<U>(MakeHostTeam(order, &ids), *sh, code, pol, job);
   if (size > cap) return absl::InternalError("host-run encoder wrote past its bound");
   return std::string(reinterpret_cast<const char*>(out.data()), size);
 }
 
 template <typename U>
-absl::Status HostDecodeTyped(int code, absl::Span<const uint8_t> block, void* out, size_t n) {
+absl::Status HostDecodeTyped(int code, absl::Span<const uint8_t> block, void* out, size_t n,
+                             WorkerOrder order) {
   std::vector<U> dec(n);
   std::vector<uint8_t> syms(n + 8);
   std::vector<uint64_t> bitmap((n + 63) / 64 + 1);
@@ -323,7 +340,8 @@ absl::Status HostDecodeTyped(int code, absl::Span<const uint8_t> block, void* ou
   int32_t status = -1;
   DecodeJob<U> job{block.data(), static_cast<uint32_t>(block.size()), dec.data(),
                    static_cast<uint32_t>(n), syms.data(), bitmap.data(), &status};
-  DecodeChunk<U>(HostTeam{}, *sh, code, job);
+  std::vector<int> ids;
+  DecodeChunk<U>(MakeHostTeam(order, &ids), *sh, code, job);
   if (status != kBlockOk) return BlockStatusToStatus(status, 0);
   if (n > 0) std::memcpy(out, dec.data(), n * sizeof(U));
   return absl::OkStatus();
@@ -332,24 +350,24 @@ absl::Status HostDecodeTyped(int code, absl::Span<const uint8_t> block, void* ou
 }  // namespace
 
 absl::StatusOr<std::string> HostEncodeBlock(codec::DType dtype, const void* data, size_t n,
-                                            const codec::Policy& policy) {
+                                            const codec::Policy& policy, WorkerOrder order) {
   if (absl::Status s = codec::ValidatePolicy(policy); !s.ok()) return s;
   if (absl::Status s = CheckDType(dtype); !s.ok()) return s;
   if (n > codec::kMaxBlockElements) return absl::InvalidArgumentError("too many elements");
   const BlockPolicy pol{static_cast<int>(policy.mode), policy.rel_bits, policy.abs_log2};
   const int code = static_cast<int>(dtype);
-  if (dtype == codec::DType::kF32) return HostEncodeTyped<uint32_t>(code, data, n, pol);
-  return HostEncodeTyped<uint16_t>(code, data, n, pol);
+  if (dtype == codec::DType::kF32) return HostEncodeTyped<uint32_t>(code, data, n, pol, order);
+  return HostEncodeTyped<uint16_t>(code, data, n, pol, order);
 }
 
 absl::Status HostDecodeBlock(absl::Span<const uint8_t> block, codec::DType dtype, void* out,
-                             size_t n) {
+                             size_t n, WorkerOrder order) {
   if (absl::Status s = CheckDType(dtype); !s.ok()) return s;
   if (n > codec::kMaxBlockElements) return absl::InvalidArgumentError("too many elements");
   if (block.size() > UINT32_MAX) return absl::InvalidArgumentError("block too large");
   const int code = static_cast<int>(dtype);
-  if (dtype == codec::DType::kF32) return HostDecodeTyped<uint32_t>(code, block, out, n);
-  return HostDecodeTyped<uint16_t>(code, block, out, n);
+  if (dtype == codec::DType::kF32) return HostDecodeTyped<uint32_t>(code, block, out, n, order);
+  return HostDecodeTyped<uint16_t>(code, block, out, n, order);
 }
 
 uint64_t HostXxh64(const void* data, size_t len, uint64_t seed) {

@@ -57,10 +57,14 @@ enum BlockStatus : int32_t {
 // ---------------------------------------------------------------------------------------------
 // Teams and atomics.
 
+// Runs the workers one after another, in ascending order or in the order `order` gives (a
+// permutation of the worker ids): a result that depends on the order between two Sync()
+// calls would be a race on the device.
 struct HostTeam {
+  const int* order = nullptr;
   template <class F>
   GCOMP_HD void ForEach(F&& f) const {
-    for (int t = 0; t < kTeamThreads; ++t) f(t);
+    for (int t = 0; t < kTeamThreads; ++t) f(order != nullptr ? order[t] : t);
   }
   GCOMP_HD void Sync() const {}
 };

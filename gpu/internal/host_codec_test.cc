@@ -82,6 +82,33 @@ TEST(HostCodec, GridBytesMatchCpuAndDecodeRoundTrips) {
   EXPECT_EQ(cases, 3 * GridPolicies().size() * GridSizes().size() * testing::kNumPatterns);
 }
 
+// Between two barriers the workers of a CUDA block run in no fixed order; the emulation in
+// reverse and shuffled order must give the same bytes and outputs (else: a race).
+TEST(HostCodec, BytesDoNotDependOnWorkerOrder) {
+  for (DType dtype : kDTypes) {
+    for (const codec::Policy& policy : GridPolicies()) {
+      for (size_t n : {size_t{65}, size_t{5003}, size_t{100003}}) {
+        for (int pattern = 0; pattern < testing::kNumPatterns; ++pattern) {
+          const std::vector<uint8_t> in = GridValues(dtype, pattern, n, 3 + pattern);
+          absl::StatusOr<std::string> ref = HostEncodeBlock(dtype, in.data(), n, policy);
+          ASSERT_TRUE(ref.ok());
+          std::vector<uint8_t> ref_out(in.size());
+          ASSERT_TRUE(HostDecodeBlock(codec::AsBytes(*ref), dtype, ref_out.data(), n).ok());
+          for (WorkerOrder order : {WorkerOrder::kDescending, WorkerOrder::kShuffled}) {
+            absl::StatusOr<std::string> got = HostEncodeBlock(dtype, in.data(), n, policy, order);
+            ASSERT_TRUE(got.ok());
+            ASSERT_TRUE(*got == *ref) << codec::DTypeName(dtype) << " " << PolicyName(policy)
+                                      << " n=" << n << " " << GridPatternName(pattern);
+            std::vector<uint8_t> out(in.size());
+            ASSERT_TRUE(HostDecodeBlock(codec::AsBytes(*ref), dtype, out.data(), n, order).ok());
+            ASSERT_EQ(out, ref_out);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(HostCodec, ZeroMapKindsAndTableKindsAreAllReached) {
   // The grid above is only convincing if it reaches every section kind.
   bool zmap[4] = {}, table[4] = {};
