@@ -44,12 +44,16 @@ for log in bazel-testlogs/gpu/*/test.log; do
   [[ -f "$log" ]] && cp "$log" "$OUT/$(basename "$(dirname "$log")").test.log"
 done
 
-step "benchmark"
-timeout 120 bazel-bin/bench/gpu_codec_bench --mib=256 --iters=10 >"$OUT/bench.txt" 2>&1
-rc=$?
-[[ $rc -ne 0 ]] && status=1
-echo "benchmark: exit $rc" | tee -a "$OUT/summary.txt"
-cat "$OUT/bench.txt"
+# 1 MiB blocks (the codec's default) and 256 KiB blocks (4x the CUDA blocks in flight).
+for kib in 1024 256; do
+  step "benchmark, ${kib} KiB blocks"
+  timeout 100 bazel-bin/bench/gpu_codec_bench --mib=256 --iters=10 --chunk_kib="$kib" \
+      >"$OUT/bench_${kib}k.txt" 2>&1
+  rc=$?
+  [[ $rc -ne 0 ]] && status=1
+  echo "benchmark ${kib} KiB: exit $rc" | tee -a "$OUT/summary.txt"
+  cat "$OUT/bench_${kib}k.txt"
+done
 
 step "done, status $status"
 exit "$status"

@@ -186,24 +186,33 @@ GCOMP_HD uint64_t XxMerge(uint64_t acc, uint64_t v) {
   return acc * kP1 + kP4;
 }
 
-GCOMP_HD uint64_t Xxh64(const uint8_t* p, size_t len, uint64_t seed) {
+// 8 bytes at p: one load where p is 8-byte aligned (device memory, block payloads), else bytes.
+GCOMP_HD uint64_t Load64Any(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) return *reinterpret_cast<const uint64_t*>(p);
+#endif
+  return LoadLE64(p);
+}
+
+// XXH64 splits input of >= 32 bytes into 32-byte stripes and runs 4 independent accumulators
+// ("lanes") over the 4 words of each stripe; lanes can therefore run on 4 workers. XxLane is
+// lane `lane` over every full stripe; XxFinish merges the lanes and hashes the tail.
+GCOMP_HD uint64_t XxLane(const uint8_t* p, size_t len, uint64_t seed, int lane) {
+  const uint64_t init[4] = {seed + kP1 + kP2, seed + kP2, seed, seed - kP1};
+  uint64_t v = init[lane];
+  const size_t stripes = len / 32;
+  const uint8_t* q = p + 8 * lane;
+  for (size_t i = 0; i < stripes; ++i, q += 32) v = XxRound(v, Load64Any(q));
+  return v;
+}
+
+GCOMP_HD uint64_t XxFinish(const uint8_t* p, size_t len, uint64_t seed, const uint64_t* lanes) {
   const uint8_t* const end = p + len;
   uint64_t h;
   if (len >= 32) {
-    uint64_t v1 = seed + kP1 + kP2, v2 = seed + kP2, v3 = seed, v4 = seed - kP1;
-    const uint8_t* const limit = end - 32;
-    do {
-      v1 = XxRound(v1, LoadLE64(p));
-      v2 = XxRound(v2, LoadLE64(p + 8));
-      v3 = XxRound(v3, LoadLE64(p + 16));
-      v4 = XxRound(v4, LoadLE64(p + 24));
-      p += 32;
-    } while (p <= limit);
-    h = Rotl64(v1, 1) + Rotl64(v2, 7) + Rotl64(v3, 12) + Rotl64(v4, 18);
-    h = XxMerge(h, v1);
-    h = XxMerge(h, v2);
-    h = XxMerge(h, v3);
-    h = XxMerge(h, v4);
+    h = Rotl64(lanes[0], 1) + Rotl64(lanes[1], 7) + Rotl64(lanes[2], 12) + Rotl64(lanes[3], 18);
+    for (int i = 0; i < 4; ++i) h = XxMerge(h, lanes[i]);
+    p += len / 32 * 32;
   } else {
     h = seed + kP5;
   }
@@ -231,11 +240,17 @@ GCOMP_HD uint64_t Xxh64(const uint8_t* p, size_t len, uint64_t seed) {
   return h;
 }
 
-// The block checksum: XXH64 of the sections seeded with XXH64 of header bytes 0..47.
-GCOMP_HD uint64_t BlockChecksum(const uint8_t* block, size_t size) {
-  const uint64_t seed = Xxh64(block, fmt::kOffChecksum, 0);
-  return Xxh64(block + kHeaderBytes, size - kHeaderBytes, seed);
+GCOMP_HD uint64_t Xxh64(const uint8_t* p, size_t len, uint64_t seed) {
+  uint64_t lanes[4] = {};
+  if (len >= 32) {
+    for (int i = 0; i < 4; ++i) lanes[i] = XxLane(p, len, seed, i);
+  }
+  return XxFinish(p, len, seed, lanes);
 }
+
+// The block checksum: XXH64 of the sections seeded with XXH64 of header bytes 0..47. The
+// codec drivers compute it in three steps (seed; 4 lanes on 4 workers; finish):
+GCOMP_HD uint64_t ChecksumSeed(const uint8_t* block) { return Xxh64(block, fmt::kOffChecksum, 0); }
 
 // ---------------------------------------------------------------------------------------------
 // Bit I/O.
@@ -534,6 +549,8 @@ struct EncodeShared {
   uint32_t stream_bytes[4];
   uint32_t total;
   bool stored;
+  uint64_t xx_seed;
+  uint64_t xx_lane[4];
   HuffmanWork huff;
 };
 
@@ -874,10 +891,10 @@ GCOMP_HD void EncodeChunk(const Team& team, EncodeShared& sh, int dtype_code,
   }
   team.Sync();
 
-  // 7. Header and checksum (worker 0).
+  // 7. Header (worker 0), checksum lanes (workers 0-3), checksum (worker 0).
   team.ForEach([&](int t) {
     if (t != 0) return;
-    uint32_t h[14];
+    uint32_t h[12];
     const bool stored = sh.stored;
     h[0] = fmt::kBlockMagic;
     h[1] = uint32_t{fmt::kBlockVersion} | uint32_t(dtype_code) << 8 |
@@ -894,7 +911,18 @@ GCOMP_HD void EncodeChunk(const Team& team, EncodeShared& sh, int dtype_code,
     for (int s = 0; s < 4; ++s) h[8 + s] = stored ? 0 : sh.stream_bytes[s];
     uint32_t* w = reinterpret_cast<uint32_t*>(out);
     for (int i = 0; i < 12; ++i) w[i] = h[i];
-    const uint64_t sum = BlockChecksum(out, total);
+    sh.xx_seed = ChecksumSeed(out);
+  });
+  team.Sync();
+  const uint32_t payload = total - kHeaderBytes;
+  team.ForEach([&](int t) {
+    if (t < 4 && payload >= 32) sh.xx_lane[t] = XxLane(out + kHeaderBytes, payload, sh.xx_seed, t);
+  });
+  team.Sync();
+  team.ForEach([&](int t) {
+    if (t != 0) return;
+    const uint64_t sum = XxFinish(out + kHeaderBytes, payload, sh.xx_seed, sh.xx_lane);
+    uint32_t* w = reinterpret_cast<uint32_t*>(out);
     w[12] = static_cast<uint32_t>(sum);
     w[13] = static_cast<uint32_t>(sum >> 32);
     *job.out_size = total;
@@ -906,6 +934,8 @@ GCOMP_HD void EncodeChunk(const Team& team, EncodeShared& sh, int dtype_code,
 
 struct DecodeShared {
   int32_t status;
+  uint64_t xx_seed;
+  uint64_t xx_lane[4];
   // Header fields.
   uint32_t n, nnz, emax, zmap_kind, table_kind;
   uint32_t mant_bytes, zmap_bytes, table_bytes, stream_bytes[4];
@@ -931,9 +961,9 @@ struct DecodeJob {
   int32_t* status;
 };
 
-// Header checks of docs/FORMAT.md, in the codec's order; fills sh on success.
-GCOMP_HD int32_t ParseHeader(const uint8_t* h, uint32_t size, int dtype_code, uint32_t expected_n,
-                             DecodeShared& sh) {
+// Header checks of docs/FORMAT.md before the checksum, in the codec's order; fills sh
+// (and the checksum seed) on success.
+GCOMP_HD int32_t ParseHeader(const uint8_t* h, uint32_t size, DecodeShared& sh) {
   if (size < kHeaderBytes) return kBlockTooShort;
   if (LoadLE32(h + fmt::kOffMagic) != fmt::kBlockMagic) return kBlockBadMagic;
   if (h[fmt::kOffVersion] != fmt::kBlockVersion) return kBlockBadVersion;
@@ -1003,9 +1033,15 @@ GCOMP_HD int32_t ParseHeader(const uint8_t* h, uint32_t size, int dtype_code, ui
       return kBlockBadSections;
     }
   }
-  if (LoadLE64(h + fmt::kOffChecksum) != BlockChecksum(h, size)) return kBlockBadChecksum;
-  if (dt != dtype_code) return kBlockWrongDType;
-  if (n != expected_n) return kBlockWrongCount;
+  sh.xx_seed = ChecksumSeed(h);
+  return kBlockOk;
+}
+
+// After the checksum: what the caller expects of the block.
+GCOMP_HD int32_t CheckExpected(const uint8_t* h, int dtype_code, uint32_t expected_n,
+                               const DecodeShared& sh) {
+  if (h[fmt::kOffDType] != dtype_code) return kBlockWrongDType;
+  if (sh.n != expected_n) return kBlockWrongCount;
   if (sh.table_kind == 2) return kBlockTableReference;
   return kBlockOk;
 }
@@ -1015,9 +1051,24 @@ GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
                           const DecodeJob<U>& job) {
   const uint8_t* const blk = job.in;
   U* const out = job.out;
-  // 1. Header, sizes and checksum (worker 0).
+  // 1. Header and sizes (worker 0), checksum lanes (workers 0-3), checksum (worker 0).
   team.ForEach([&](int t) {
-    if (t == 0) sh.status = ParseHeader(blk, job.in_size, dtype_code, job.expected_n, sh);
+    if (t == 0) sh.status = ParseHeader(blk, job.in_size, sh);
+  });
+  team.Sync();
+  const uint32_t payload = sh.status == kBlockOk ? job.in_size - kHeaderBytes : 0;
+  team.ForEach([&](int t) {
+    if (t < 4 && payload >= 32) sh.xx_lane[t] = XxLane(blk + kHeaderBytes, payload, sh.xx_seed, t);
+  });
+  team.Sync();
+  team.ForEach([&](int t) {
+    if (t != 0 || sh.status != kBlockOk) return;
+    const uint64_t sum = XxFinish(blk + kHeaderBytes, payload, sh.xx_seed, sh.xx_lane);
+    if (LoadLE64(blk + fmt::kOffChecksum) != sum) {
+      sh.status = kBlockBadChecksum;
+    } else {
+      sh.status = CheckExpected(blk, dtype_code, job.expected_n, sh);
+    }
   });
   team.Sync();
   if (sh.status != kBlockOk) {
