@@ -1046,6 +1046,16 @@ GCOMP_HD int32_t CheckExpected(const uint8_t* h, int dtype_code, uint32_t expect
   return kBlockOk;
 }
 
+// Reads the block's status, then waits until every worker has read it, so that no worker can
+// set it in a later step while another is still deciding on the old value (which would let
+// workers leave at different barriers).
+template <class Team>
+GCOMP_HD bool Failed(const Team& team, const DecodeShared& sh) {
+  const bool failed = sh.status != kBlockOk;
+  team.Sync();
+  return failed;
+}
+
 template <typename U, class Team>
 GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
                           const DecodeJob<U>& job) {
@@ -1071,7 +1081,7 @@ GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
     }
   });
   team.Sync();
-  if (sh.status != kBlockOk) {
+  if (Failed(team, sh)) {
     team.ForEach([&](int t) {
       if (t == 0) *job.status = sh.status;
     });
@@ -1108,7 +1118,7 @@ GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
     sh.k[t] = static_cast<uint8_t>(k);
   });
   team.Sync();
-  if (sh.status != kBlockOk) {
+  if (Failed(team, sh)) {
     team.ForEach([&](int t) {
       if (t == 0) *job.status = sh.status;
     });
@@ -1196,7 +1206,7 @@ GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
     });
   }
   team.Sync();
-  if (sh.status != kBlockOk) {
+  if (Failed(team, sh)) {
     team.ForEach([&](int t) {
       if (t == 0) *job.status = sh.status;
     });
@@ -1223,7 +1233,7 @@ GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
     if (c != nnz) sh.status = kBlockBadZeroMap;
   });
   team.Sync();
-  if (sh.status != kBlockOk) {
+  if (Failed(team, sh)) {
     team.ForEach([&](int t) {
       if (t == 0) *job.status = sh.status;
     });
@@ -1254,7 +1264,7 @@ GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
     }
   });
   team.Sync();
-  if (sh.status != kBlockOk) {
+  if (Failed(team, sh)) {
     team.ForEach([&](int t) {
       if (t == 0) *job.status = sh.status;
     });
