@@ -327,6 +327,11 @@ absl::StatusOr<std::string> HostEncodeTyped(int code, const void* data, size_t n
   std::vector<int> ids;
   EncodeChunk<U>(MakeHostTeam(order, &ids), *sh, code, pol, job);
   if (size > cap) return absl::InternalError("host-run encoder wrote past its bound");
+  // The device writes whole words; none may land past the caller's MaxEncodedBytes.
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(out.data());
+  for (size_t i = cap; i < out.size() * 8; ++i) {
+    if (bytes[i] != 0xA5) return absl::InternalError("host-run encoder wrote past its bound");
+  }
   return std::string(reinterpret_cast<const char*>(out.data()), size);
 }
 

@@ -44,15 +44,17 @@ for log in bazel-testlogs/gpu/*/test.log; do
   [[ -f "$log" ]] && cp "$log" "$OUT/$(basename "$(dirname "$log")").test.log"
 done
 
-# 1 MiB blocks (the codec's default) and 256 KiB blocks (4x the CUDA blocks in flight).
-for kib in 1024 256; do
-  step "benchmark, ${kib} KiB blocks"
-  timeout 100 bazel-bin/bench/gpu_codec_bench --mib=256 --iters=10 --chunk_kib="$kib" \
-      >"$OUT/bench_${kib}k.txt" 2>&1
+# The issue's case (64 MiB of f32) with 1 MiB blocks (the codec's default) and 256 KiB blocks
+# (4x the CUDA blocks in flight), and 256 MiB with 1 MiB blocks.
+for run in "64 1024" "64 256" "256 1024"; do
+  read -r mib kib <<<"$run"
+  step "benchmark, ${mib} MiB, ${kib} KiB blocks"
+  timeout 100 bazel-bin/bench/gpu_codec_bench --mib="$mib" --iters=10 --chunk_kib="$kib" \
+      >"$OUT/bench_${mib}m_${kib}k.txt" 2>&1
   rc=$?
   [[ $rc -ne 0 ]] && status=1
-  echo "benchmark ${kib} KiB: exit $rc" | tee -a "$OUT/summary.txt"
-  cat "$OUT/bench_${kib}k.txt"
+  echo "benchmark ${mib} MiB ${kib} KiB: exit $rc" | tee -a "$OUT/summary.txt"
+  cat "$OUT/bench_${mib}m_${kib}k.txt"
 done
 
 step "done, status $status"

@@ -109,6 +109,26 @@ TEST(HostCodec, BytesDoNotDependOnWorkerOrder) {
   }
 }
 
+TEST(HostCodec, LargeBlockBytesMatchCpu) {
+  const size_t n = (size_t{1} << 22) + 17;  // segments of 16448 elements
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int pattern : {3, 6}) {
+      const std::vector<uint8_t> in = GridValues(dtype, pattern, n, 17);
+      for (const codec::Policy& policy : {GridPolicies()[0], GridPolicies()[1]}) {
+        std::string cpu;
+        ASSERT_TRUE(codec::EncodeBlock(dtype, in.data(), n, policy, &cpu).ok());
+        absl::StatusOr<std::string> gpu = HostEncodeBlock(dtype, in.data(), n, policy);
+        ASSERT_TRUE(gpu.ok()) << gpu.status();
+        ASSERT_TRUE(*gpu == cpu) << "first difference at byte " << FirstDiff(*gpu, cpu);
+        std::vector<uint8_t> want(in.size()), got(in.size());
+        ASSERT_TRUE(codec::DecodeBlock(codec::AsBytes(cpu), dtype, want.data(), n).ok());
+        ASSERT_TRUE(HostDecodeBlock(codec::AsBytes(cpu), dtype, got.data(), n).ok());
+        ASSERT_EQ(got, want);
+      }
+    }
+  }
+}
+
 TEST(HostCodec, ZeroMapKindsAndTableKindsAreAllReached) {
   // The grid above is only convincing if it reaches every section kind.
   bool zmap[4] = {}, table[4] = {};
