@@ -15,7 +15,7 @@ for d in "${GCOMP_GRADIENTS_DIR:-}" "$ROOT/shared/data/gradients" "$ROOT/../shar
 done
 export GCOMP_GRADIENTS_DIR="${GCOMP_GRADIENTS_DIR:-}"
 JOBS="$(nproc)"
-BAZEL=(bazel)
+read -ra BAZEL <<<"${BAZEL:-bazel}"  # e.g. BAZEL="bazel --output_base=/tmp/ob"
 start=$SECONDS
 status=0
 step() { echo "== $1 ($((SECONDS - start)) s)" | tee -a "$OUT/summary.txt"; }
@@ -39,6 +39,11 @@ timeout 150 "${BAZEL[@]}" test --jobs="$JOBS" "$@" --test_tag_filters=gpu --test
 rc=$?
 [[ $rc -ne 0 ]] && status=1
 echo "gpu tests: exit $rc" | tee -a "$OUT/summary.txt"
+if grep -q "SKIPPED \] GpuCodec.GridIsByteIdenticalToCpu" "$OUT/test.log"; then
+  echo "gpu tests SKIPPED: no usable device (see test.log); nothing was checked on a GPU" |
+    tee -a "$OUT/summary.txt"
+  status=1
+fi
 grep -E "^(//|\[  |Executed)|Skipped|Failure" "$OUT/test.log" | head -40
 for log in bazel-testlogs/gpu/*/test.log; do
   [[ -f "$log" ]] && cp "$log" "$OUT/$(basename "$(dirname "$log")").test.log"
