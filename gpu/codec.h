@@ -55,7 +55,8 @@ struct DecodeChunk {
 };
 
 // Decodes block i into chunks[i].out_dev. in_bytes_dev[i] (device memory) is block i's size,
-// e.g. EncodeBatch's out_bytes_dev. Each block's result code goes to status_dev[i] (device
+// e.g. EncodeBatch's out_bytes_dev; it must not exceed the memory readable at chunks[i].in_dev
+// (the bytes themselves are never trusted). Each block's result code goes to status_dev[i] (device
 // memory, 0 = OK); a bad block fails alone and its output is unspecified. Asynchronous.
 absl::Status DecodeBatchAsync(codec::DType dtype, absl::Span<const DecodeChunk> chunks,
                               const uint32_t* in_bytes_dev, int32_t* status_dev,
