@@ -42,6 +42,16 @@ absl::Status CudaStatus(cudaError_t err, const char* what) {
   return absl::InternalError(message);
 }
 
+bool IsDevicePointer(const void* p) {
+  if (p == nullptr || !Available()) return false;
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();  // unregistered host memory on old runtimes: not an error for us
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
 absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
   if (absl::Status s = AvailabilityStatus(); !s.ok()) return s;
   cudaDeviceProp prop;

@@ -27,6 +27,10 @@ absl::Status AvailabilityStatus();
 // naming `what` and CUDA's own message. OK for cudaSuccess.
 absl::Status CudaStatus(cudaError_t err, const char* what);
 
+// True when `p` points into CUDA device (or managed) memory, so a caller can pick the GPU
+// codec for device tensors and the CPU codec for host ones. False without a device.
+bool IsDevicePointer(const void* p);
+
 struct DeviceInfo {
   int device = 0;
   std::string name;

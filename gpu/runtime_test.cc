@@ -24,6 +24,18 @@ TEST(GpuRuntime, AvailabilityIsConsistentAndNeverAborts) {
     EXPECT_FALSE(CudaStream::Create().ok());
     EXPECT_FALSE(DeviceBuffer::Allocate(16).ok());
   }
+  int host = 0;
+  EXPECT_FALSE(IsDevicePointer(&host));
+  EXPECT_FALSE(IsDevicePointer(nullptr));
+}
+
+TEST(GpuRuntime, IsDevicePointerTellsDeviceFromHost) {
+  GCOMP_REQUIRE_GPU();
+  auto buffer = DeviceBuffer::Allocate(64);
+  ASSERT_TRUE(buffer.ok());
+  EXPECT_TRUE(IsDevicePointer(buffer->data()));
+  std::vector<int> host(4);
+  EXPECT_FALSE(IsDevicePointer(host.data()));
 }
 
 TEST(GpuRuntime, MaxAbsFiniteMatchesHost) {
