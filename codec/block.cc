@@ -30,6 +30,8 @@ struct Scratch {
   std::vector<uint8_t> bytes;    // the block being assembled
   std::vector<uint8_t> syms;     // exponent symbols of the nonzero elements
   std::vector<uint64_t> bitmap;  // 1 = nonzero
+  std::vector<uint32_t> fields;  // decoder: sign + mantissa field of each nonzero
+  std::vector<uint8_t> values;   // decoder: the nonzero elements, before the zero map
 };
 Scratch& ThreadScratch() {
   thread_local Scratch scratch;
@@ -130,20 +132,6 @@ absl::Status ReadPositionList(absl::Span<const uint8_t> list, size_t n, size_t e
 uint64_t Checksum(const uint8_t* block, size_t size) {
   const uint64_t seed = XXH64(block, internal::kOffChecksum, 0);
   return XXH64(block + kBlockHeaderBytes, size - kBlockHeaderBytes, seed);
-}
-
-struct Tables {
-  uint8_t k[256];     // mantissa bits per symbol
-  uint8_t drop[256];  // mant_bits - k
-};
-void BuildTables(const Layout& lay, const Policy& p, int emax, Tables* t) {
-  for (int s = 0; s < 256; ++s) {
-    int k = s < lay.alphabet()
-                ? internal::MantissaWidth(lay, p.mode, p.rel_bits, p.abs_log2, emax, s)
-                : lay.mant_bits;
-    t->k[s] = static_cast<uint8_t>(k);
-    t->drop[s] = static_cast<uint8_t>(lay.mant_bits - k);
-  }
 }
 
 void WriteHeader(const BlockInfo& b, uint8_t* h) {
@@ -439,34 +427,6 @@ absl::StatusOr<BlockInfo> ParseBlock(absl::Span<const uint8_t> blk) {
 // ---------------------------------------------------------------------------------------------
 // Decoder.
 
-template <typename U>
-struct ElemDecoder {
-  const uint8_t* syms;
-  const uint8_t* k;
-  int M;
-  int top;
-  inline U One(BitReader& r) {
-    const uint32_t sym = *syms++;
-    const uint32_t kk = k[sym];
-    const uint64_t v = r.Peek();
-    const uint32_t mant = static_cast<uint32_t>(v) & ((1u << kk) - 1);
-    const uint32_t sign = static_cast<uint32_t>(v >> kk) & 1;
-    r.Consume(kk + 1);
-    return static_cast<U>((sign << top) | (sym << M) | (mant << (M - kk)));
-  }
-  // Branch-free: consumes nothing and yields 0 when nz == 0.
-  inline U Maybe(BitReader& r, uint32_t nz) {
-    const uint32_t sym = *syms;
-    const uint32_t kk = k[sym];
-    const uint32_t bits = (kk + 1) & (0u - nz);
-    const uint64_t v = r.Peek();
-    const uint32_t mant = static_cast<uint32_t>(v) & ((1u << kk) - 1);
-    const uint32_t sign = static_cast<uint32_t>(v >> kk) & 1;
-    r.Consume(bits);
-    syms += nz;
-    return static_cast<U>(((sign << top) | (sym << M) | (mant << (M - kk))) & (0u - nz));
-  }
-};
 
 template <typename U>
 absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
@@ -519,67 +479,79 @@ absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
   if (absl::Status st = internal::DecodeStreams(streams, dec, nnz, syms); !st.ok()) return st;
   std::memset(syms + nnz, 0, 8);
 
-  Tables t;
-  BuildTables(lay, b.policy, b.emax, &t);
+  // Serial part: each nonzero element's k + 1 bit field, in order.
+  const internal::QuantParams qp = internal::MakeQuantParams(lay, b.policy, b.emax);
+  uint8_t width[256];
+  for (int sym = 0; sym < 256; ++sym) {
+    width[sym] = static_cast<uint8_t>(internal::WidthOf(qp, sym) + 1);
+  }
+  Grow(sc.fields, nnz + 2);
+  uint32_t* fields = sc.fields.data();
   BitReader r(mant.data(), mant.size());
-  ElemDecoder<U> d{syms, t.k, lay.mant_bits, lay.total_bits - 1};
-  if (b.zero_map == ZeroMapKind::kNone) {
+  {
     size_t i = 0;
-    for (; i + 2 <= n; i += 2) {
+    for (; i + 2 <= nnz; i += 2) {  // two fields of <= 24 bits per refill
       r.Refill();
-      U a = d.One(r);
-      U c = d.One(r);
-      StoreElem<U>(out, i, a);
-      StoreElem<U>(out, i + 1, c);
+      const uint32_t b0 = width[syms[i]];
+      fields[i] = static_cast<uint32_t>(r.Peek()) & ((uint32_t{1} << b0) - 1);
+      r.Consume(b0);
+      const uint32_t b1 = width[syms[i + 1]];
+      fields[i + 1] = static_cast<uint32_t>(r.Peek()) & ((uint32_t{1} << b1) - 1);
+      r.Consume(b1);
     }
-    for (; i < n; ++i) {
+    if (i < nnz) {
       r.Refill();
-      StoreElem<U>(out, i, d.One(r));
-    }
-  } else {
-    const size_t words = (n + 63) / 64;
-    Grow(sc.bitmap, words + 1);
-    uint64_t* bm = sc.bitmap.data();
-    if (b.zero_map == ZeroMapKind::kBitmap) {
-      bm[words - 1] = 0;
-      std::memcpy(bm, zmap.data(), zmap.size());
-      if (n % 64 != 0 && (bm[words - 1] >> (n % 64)) != 0) {
-        return absl::DataLossError("zero map: padding bits set");
-      }
-    } else {
-      const bool nonzero_list = b.zero_map == ZeroMapKind::kNonzeroPositions;
-      absl::Status st = ReadPositionList(zmap, n, nonzero_list ? nnz : n - nnz, nonzero_list, bm);
-      if (!st.ok()) return st;
-    }
-    size_t ones = 0;
-    for (size_t w = 0; w < words; ++w) ones += __builtin_popcountll(bm[w]);
-    if (ones != nnz) return absl::DataLossError("zero map does not match the nonzero count");
-    for (size_t w = 0; w < words; ++w) {
-      const size_t lo = w * 64, cnt = std::min<size_t>(64, n - lo);
-      const uint64_t word = bm[w];
-      if (word == 0) {
-        std::memset(static_cast<uint8_t*>(out) + lo * sizeof(U), 0, cnt * sizeof(U));
-      } else if (cnt == 64 && word == ~uint64_t{0}) {
-        for (size_t i = 0; i < 64; i += 2) {
-          r.Refill();
-          U a = d.One(r);
-          U c = d.One(r);
-          StoreElem<U>(out, lo + i, a);
-          StoreElem<U>(out, lo + i + 1, c);
-        }
-      } else {
-        for (size_t i = 0; i < cnt; i += 2) {
-          r.Refill();
-          U a = d.Maybe(r, (word >> i) & 1);
-          U c = d.Maybe(r, (word >> (i + 1)) & 1);
-          StoreElem<U>(out, lo + i, a);
-          if (i + 1 < cnt) StoreElem<U>(out, lo + i + 1, c);
-        }
-      }
+      const uint32_t b0 = width[syms[i]];
+      fields[i] = static_cast<uint32_t>(r.Peek()) & ((uint32_t{1} << b0) - 1);
+      r.Consume(b0);
     }
   }
   if (!r.AtExactEnd()) {
     return absl::DataLossError("sign/mantissa plane does not end at its last byte");
+  }
+  if (b.zero_map == ZeroMapKind::kNone) {
+    internal::AssembleElements(b.dtype, syms, fields, nnz, qp, out);
+    return absl::OkStatus();
+  }
+
+  // Zeros present: assemble the nonzeros, then spread them out by the zero map.
+  const size_t words = (n + 63) / 64;
+  Grow(sc.bitmap, words + 1);
+  uint64_t* bm = sc.bitmap.data();
+  if (b.zero_map == ZeroMapKind::kBitmap) {
+    bm[words - 1] = 0;
+    std::memcpy(bm, zmap.data(), zmap.size());
+    if (n % 64 != 0 && (bm[words - 1] >> (n % 64)) != 0) {
+      return absl::DataLossError("zero map: padding bits set");
+    }
+  } else {
+    const bool nonzero_list = b.zero_map == ZeroMapKind::kNonzeroPositions;
+    absl::Status st = ReadPositionList(zmap, n, nonzero_list ? nnz : n - nnz, nonzero_list, bm);
+    if (!st.ok()) return st;
+  }
+  size_t ones = 0;
+  for (size_t w = 0; w < words; ++w) ones += __builtin_popcountll(bm[w]);
+  if (ones != nnz) return absl::DataLossError("zero map does not match the nonzero count");
+  Grow(sc.values, (nnz + 1) * sizeof(U));
+  const U* vals = reinterpret_cast<const U*>(sc.values.data());
+  internal::AssembleElements(b.dtype, syms, fields, nnz, qp, sc.values.data());
+  uint8_t* dst = static_cast<uint8_t*>(out);  // may be unaligned: byte copies only
+  size_t j = 0;
+  for (size_t w = 0; w < words; ++w) {
+    const size_t lo = w * 64, cnt = std::min<size_t>(64, n - lo);
+    const uint64_t word = bm[w];
+    if (cnt == 64 && word == ~uint64_t{0}) {
+      std::memcpy(dst + lo * sizeof(U), vals + j, 64 * sizeof(U));
+      j += 64;
+    } else if (word == 0) {
+      std::memset(dst + lo * sizeof(U), 0, cnt * sizeof(U));
+    } else {
+      for (size_t i = 0; i < cnt; ++i) {  // branch-free expand; vals has a spare slot
+        const uint32_t bit = static_cast<uint32_t>(word >> i) & 1;
+        StoreElem<U>(dst, lo + i, static_cast<U>(vals[j] & (U{0} - static_cast<U>(bit))));
+        j += bit;
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -51,6 +51,13 @@ struct Group {
 uint64_t QuantizeGroup(DType dtype, const void* in, size_t count, const QuantParams& q,
                        Group* g);
 
+// The decoder's inverse: element bit patterns (dtype-sized, written to `out`) from each
+// nonzero element's symbol and its k + 1 bit field (mantissa bits, then the sign above them).
+void AssembleElements(DType dtype, const uint8_t* sym, const uint32_t* field, size_t count,
+                      const QuantParams& q, void* out);
+void AssembleElementsScalar(DType dtype, const uint8_t* sym, const uint32_t* field,
+                            size_t count, const QuantParams& q, void* out);
+
 // The largest exponent field among the finite elements of in[0, n) (0 if none).
 int MaxFiniteExponent(DType dtype, const void* in, size_t n);
 
