@@ -8,7 +8,7 @@
 
 namespace gcomp::server {
 
-StepAccumulator::StepAccumulator(StepAccumulatorOptions options, Optimizer optimizer,
+StepAccumulator::StepAccumulator(StepAccumulatorOptions options, cluster::Optimizer optimizer,
                                  Finalizer finalize, WorkerNamer namer)
     : options_(std::move(options)),
       elements_(optimizer.elements()),

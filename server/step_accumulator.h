@@ -30,7 +30,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/block.pb.h"
-#include "server/optimizer.h"
+#include "cluster/optimizer.h"
 
 namespace gcomp::server {
 
@@ -54,7 +54,7 @@ class StepAccumulator {
     bool duplicate = false;
   };
 
-  StepAccumulator(StepAccumulatorOptions options, Optimizer optimizer, Finalizer finalize,
+  StepAccumulator(StepAccumulatorOptions options, cluster::Optimizer optimizer, Finalizer finalize,
                   WorkerNamer namer);
   StepAccumulator(const StepAccumulator&) = delete;
   StepAccumulator& operator=(const StepAccumulator&) = delete;
@@ -95,7 +95,7 @@ class StepAccumulator {
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;
-  Optimizer optimizer_ ABSL_GUARDED_BY(mu_);
+  cluster::Optimizer optimizer_ ABSL_GUARDED_BY(mu_);
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   int64_t current_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::vector<float>> contributions_ ABSL_GUARDED_BY(mu_);

@@ -36,7 +36,7 @@ std::unique_ptr<StepAccumulator> Make(uint32_t workers, size_t n,
   o.workers = workers;
   o.step_timeout = timeout;
   o.label = "key 'w' chunk 0";
-  return std::make_unique<StepAccumulator>(o, Optimizer({}, n), RawFinalizer(),
+  return std::make_unique<StepAccumulator>(o, cluster::Optimizer({}, n), RawFinalizer(),
                                            [](uint32_t w) { return absl::StrCat("worker-", w); });
 }
 
@@ -131,7 +131,7 @@ TEST(StepAccumulator, CallerDeadlineKeepsTheContribution) {
 TEST(StepAccumulator, InitialValueAndCancel) {
   StepAccumulatorOptions o;
   o.label = "x";
-  StepAccumulator acc(o, Optimizer({OptimizerKind::kSgd, 1.0}, 1), RawFinalizer(),
+  StepAccumulator acc(o, cluster::Optimizer({cluster::OptimizerKind::kSgd, 1.0}, 1), RawFinalizer(),
                       [](uint32_t) { return std::string("w"); });
   EXPECT_TRUE(acc.SetInitial(std::vector<float>{5}));
   EXPECT_EQ(Values(**acc.Current())[0], 5.0f);

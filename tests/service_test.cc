@@ -13,9 +13,9 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/aggregation.grpc.pb.h"
-#include "server/cluster_config.h"
+#include "cluster/cluster_config.h"
 #include "server/grpc_service.h"
-#include "server/wire_block.h"
+#include "cluster/wire_block.h"
 #include "worker/client.h"
 
 namespace gcomp {
@@ -33,7 +33,7 @@ std::unique_ptr<Cluster> StartCluster(int shards, int workers, const std::string
                                       uint32_t step_timeout_ms = 5000) {
   std::string placeholders;
   for (int k = 0; k < shards; ++k) placeholders += absl::StrCat(k ? "," : "", "127.0.0.1:", k + 1);
-  absl::StatusOr<proto::ClusterConfig> config = server::ParseClusterConfig(
+  absl::StatusOr<proto::ClusterConfig> config = cluster::ParseClusterConfig(
       "job: test\n", {absl::StrCat("workers=", workers), "shards=" + placeholders,
                       "uplink.mode=" + mode, "downlink.mode=" + mode,
                       absl::StrCat("chunk_bytes=", chunk_bytes),
@@ -137,7 +137,7 @@ TEST(Aggregation, NoneModeIsBitExact) { CheckAggregation(2, 3, 50000, "none"); }
 proto::CompressedBlock RawBlock(const std::vector<float>& v, const std::string& key, int64_t step,
                                 uint32_t worker) {
   proto::CompressedBlock b;
-  EXPECT_TRUE(server::EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), v.size(), &b).ok());
+  EXPECT_TRUE(cluster::EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), v.size(), &b).ok());
   proto::BlockAddress* a = b.mutable_address();
   a->set_job("test");
   a->set_key(key);
@@ -181,7 +181,7 @@ class BadInputTest : public ::testing::Test {
     EXPECT_TRUE(Push(RawBlock(vb, "t", step, 1), &out).ok());
     t.join();
     std::vector<float> v(8);
-    EXPECT_TRUE(server::DecodeWireBlock(out, codec::DType::kF32, 8, v.data()).ok());
+    EXPECT_TRUE(cluster::DecodeWireBlock(out, codec::DType::kF32, 8, v.data()).ok());
     return v;
   }
 
@@ -212,8 +212,8 @@ TEST_F(BadInputTest, RetriedPushesAreCountedOnce) {
   proto::CompressedBlock again;
   ASSERT_TRUE(Push(RawBlock(b, "t", 0, 1), &again).ok());  // retry after completion
   std::vector<float> v(8), w(8);
-  ASSERT_TRUE(server::DecodeWireBlock(out, codec::DType::kF32, 8, v.data()).ok());
-  ASSERT_TRUE(server::DecodeWireBlock(again, codec::DType::kF32, 8, w.data()).ok());
+  ASSERT_TRUE(cluster::DecodeWireBlock(out, codec::DType::kF32, 8, v.data()).ok());
+  ASSERT_TRUE(cluster::DecodeWireBlock(again, codec::DType::kF32, 8, w.data()).ok());
   EXPECT_EQ(v, std::vector<float>(8, 3.0f));
   EXPECT_EQ(w, v);
   EXPECT_EQ(Stats().duplicate_pushes(), 2u);
