@@ -304,5 +304,54 @@ TEST_F(BadInputTest, MissingWorkerIsNamedWithinTheDeadline) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));  // step timeout 500 ms
 }
 
+// Pull end to end: after a step, every worker's Pull returns exactly what its push-pull
+// returned (lossy mode, so this also checks the shard serves the cached encoded result).
+TEST(Pull, ReturnsTheLastStepsResult) {
+  const size_t n = 4097 * 3;  // several chunks over two shards
+  auto cluster = StartCluster(2, 2, "near-lossless");
+  std::vector<std::unique_ptr<worker::Client>> clients;
+  for (uint32_t w = 0; w < 2; ++w) {
+    auto c = worker::Client::Connect(cluster->config, {w, ""});
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
+    clients.push_back(*std::move(c));
+  }
+  std::vector<std::vector<float>> in = {Gradient(n, 1), Gradient(n, 2)};
+  std::vector<std::vector<float>> out(2, std::vector<float>(n));
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::future<absl::Status>> done;
+    for (uint32_t w = 0; w < 2; ++w) {
+      done.push_back(clients[w]->PushPullAsync("t", step, in[w].data(), out[w].data()));
+    }
+    for (auto& d : done) ASSERT_TRUE(d.get().ok());
+  }
+  for (uint32_t w = 0; w < 2; ++w) {
+    std::vector<float> pulled(n, -1.0f);
+    ASSERT_TRUE(clients[w]->Pull("t", pulled.data()).ok());
+    EXPECT_EQ(0, std::memcmp(pulled.data(), out[w].data(), n * 4)) << "worker " << w;
+  }
+}
+
+TEST(Pull, UnknownKeyIsNotFound) {
+  auto cluster = StartCluster(1, 1, "none");
+  auto client = worker::Client::Connect(cluster->config, {0, ""});
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<float> out(4);
+  EXPECT_EQ((*client)->Pull("nope", out.data()).code(), absl::StatusCode::kNotFound);
+
+  // The shard itself, asked directly for a key nobody declared.
+  auto stub = proto::Aggregation::NewStub(
+      grpc::CreateChannel(cluster->config.shards(0), grpc::InsecureChannelCredentials()));
+  proto::PullRequest req;
+  req.set_job("test");
+  req.set_key("nope");
+  req.set_shard_map_epoch(1);
+  proto::CompressedBlock resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = stub->Pull(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("'nope'"));
+}
+
 }  // namespace
 }  // namespace gcomp

@@ -24,6 +24,9 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view context) {
                       absl::StrCat(context, ": ", s.error_message()));
 }
 
+// Longest sleep between two retries of one call, and longest reconnect backoff.
+constexpr int64_t kMaxBackoffMs = 5000;
+
 std::chrono::system_clock::time_point DeadlineIn(uint32_t ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
 }
@@ -76,7 +79,7 @@ struct Client::Impl {
       }
       ++retries;
       const int64_t backoff_ms =
-          std::min<int64_t>(int64_t{config.retry_backoff_ms()} << std::min(attempt, 10u), 5000);
+          std::min<int64_t>(int64_t{config.retry_backoff_ms()} << std::min(attempt, 10u), kMaxBackoffMs);
       absl::SleepFor(absl::Milliseconds(backoff_ms));
     }
   }
@@ -110,6 +113,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
     for (uint32_t c = 0; c < config.channels_per_shard(); ++c) {
       grpc::ChannelArguments args;
       args.SetInt("gcomp.channel_index", static_cast<int>(c));  // distinct connections
+      // Reconnect on the retry schedule: gRPC's default first reconnect waits about 1 s,
+      // longer than a short retry budget, so a shard that comes back would be missed.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(config.retry_backoff_ms()));
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(kMaxBackoffMs));
       args.SetMaxReceiveMessageSize(static_cast<int>(impl->config.max_message_bytes()));
       args.SetMaxSendMessageSize(static_cast<int>(impl->config.max_message_bytes()));
       auto channel =
