@@ -296,8 +296,8 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
   if (!*duplicate) {
     absl::Status decoded;
     absl::Notification done;
+    contribution = acc->TakeBuffer();
     pool_->Schedule([&] {
-      contribution.resize(n);
       if (t->dtype == codec::DType::kF32) {
         decoded = cluster::DecodeWireBlock(request, t->dtype, n, contribution.data());
       } else {

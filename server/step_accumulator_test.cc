@@ -1,5 +1,6 @@
 #include "server/step_accumulator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -142,6 +143,33 @@ TEST(StepAccumulator, InitialValueAndCancel) {
   acc.Cancel(absl::UnavailableError("bye"));
   EXPECT_EQ(acc.Push(0, 1, {1}, absl::InfiniteFuture()).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+TEST(StepAccumulator, ContributionBuffersAreReusedAcrossSteps) {
+  auto acc = Make(1, 1000);
+  std::vector<float> first = acc->TakeBuffer();
+  ASSERT_EQ(first.size(), 1000u);
+  const float* data = first.data();
+  std::fill(first.begin(), first.end(), 2.0f);
+  ASSERT_TRUE(acc->Push(0, 0, std::move(first), absl::InfiniteFuture()).ok());
+  std::vector<float> second = acc->TakeBuffer();  // the step's buffer, not a new one
+  EXPECT_EQ(second.data(), data);
+  EXPECT_EQ(second.size(), 1000u);
+  std::fill(second.begin(), second.end(), 4.0f);
+  auto r = acc->Push(0, 1, std::move(second), absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Values(*r->reply), std::vector<float>(1000, 4.0f));
+}
+
+TEST(StepAccumulator, DuplicateAndRejectedPushesGiveTheirBufferBack) {
+  auto acc = Make(1, 8);
+  ASSERT_TRUE(acc->Push(0, 0, std::vector<float>(8, 1.0f), absl::InfiniteFuture()).ok());
+  for (int64_t step : {0, 5}) {  // a duplicate of the completed step, then a future step
+    std::vector<float> b = acc->TakeBuffer();
+    const float* data = b.data();
+    (void)acc->Push(0, step, std::move(b), absl::InfiniteFuture());
+    EXPECT_EQ(acc->TakeBuffer().data(), data) << "step " << step;
+  }
 }
 
 }  // namespace
