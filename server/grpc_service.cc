@@ -51,6 +51,13 @@ grpc::Status AggregationGrpcService::Stats(grpc::ServerContext*, const proto::St
   return grpc::Status::OK;
 }
 
+grpc::Status AdminGrpcService::Ping(grpc::ServerContext*, const proto::PingRequest*,
+                                    proto::PingResponse* response) {
+  response->set_process(process_);
+  response->set_uptime_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(absl::Now() - started_)));
+  return grpc::Status::OK;
+}
+
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::ClusterConfig& config,
                                                                 const ShardOptions& options,
                                                                 const std::string& listen_address) {
@@ -59,15 +66,21 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   std::unique_ptr<ShardServer> s(new ShardServer());
   s->service_ = *std::move(service);
   s->grpc_service_ = std::make_unique<AggregationGrpcService>(s->service_.get());
+  s->admin_service_ = std::make_unique<AdminGrpcService>(
+      absl::StrCat("gcomp_server shard ", options.shard), absl::Now());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->grpc_service_.get());
+  builder.RegisterService(s->admin_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes()));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));
+  }
+  if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
+    health->SetServingStatus(proto::Aggregation::service_full_name(), true);
   }
   return s;
 }

@@ -4,11 +4,13 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/aggregation.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
 #include "server/shard_service.h"
 
 namespace gcomp::server {
@@ -35,7 +37,23 @@ class AggregationGrpcService final : public proto::Aggregation::Service {
   ShardService* shard_;
 };
 
-// A running shard: ShardService + gRPC server (aggregation and grpc.health.v1).
+// Admin.Ping: who answered and for how long it has been up.
+class AdminGrpcService final : public proto::Admin::Service {
+ public:
+  // `process` names the answering process, e.g. "gcomp_server shard 2".
+  AdminGrpcService(std::string process, absl::Time started)
+      : process_(std::move(process)), started_(started) {}
+
+  grpc::Status Ping(grpc::ServerContext* context, const proto::PingRequest* request,
+                    proto::PingResponse* response) override;
+
+ private:
+  const std::string process_;
+  const absl::Time started_;
+};
+
+// A running shard: ShardService + gRPC server (Aggregation, Admin, and the standard
+// grpc.health.v1 service, SERVING for "" and "gcomp.proto.Aggregation" until Shutdown).
 class ShardServer {
  public:
   // Listens on `listen_address` ("host:port"; port 0 picks a free one, see port()).
@@ -54,6 +72,7 @@ class ShardServer {
   ShardServer() = default;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<AggregationGrpcService> grpc_service_;
+  std::unique_ptr<AdminGrpcService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;

@@ -10,7 +10,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
-#include "server/cluster_config.h"
+#include "cluster/cluster_config.h"
 #include "server/grpc_service.h"
 
 ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   absl::StatusOr<gcomp::proto::ClusterConfig> config =
-      gcomp::server::LoadClusterConfig(absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set));
+      gcomp::cluster::LoadClusterConfig(absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set));
   if (!config.ok()) {
     gcomp::log::Error("{}", config.status().ToString());
     return 2;

@@ -5,15 +5,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "base/logging.h"
-#include "server/wire_block.h"
+#include "cluster/wire_block.h"
 
 namespace gcomp::server {
 
 struct ShardService::Tensor {
   std::string key;
   codec::DType dtype = codec::DType::kF32;
-  ChunkLayout layout;
-  OptimizerOptions optimizer;
+  cluster::ChunkLayout layout;
+  cluster::OptimizerOptions optimizer;
   std::vector<uint32_t> owner;
   // Owned chunks only; constant after creation (the accumulators are thread-safe).
   absl::flat_hash_map<uint32_t, std::unique_ptr<StepAccumulator>> chunks;
@@ -21,16 +21,16 @@ struct ShardService::Tensor {
 
 namespace {
 
-absl::StatusOr<OptimizerOptions> OptimizerFrom(const proto::OptimizerConfig& c) {
-  absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(c.name());
+absl::StatusOr<cluster::OptimizerOptions> OptimizerFrom(const proto::OptimizerConfig& c) {
+  absl::StatusOr<cluster::OptimizerKind> kind = cluster::ParseOptimizerKind(c.name());
   if (!kind.ok()) return kind.status();
-  OptimizerOptions o{*kind, c.learning_rate(), c.momentum(), c.beta1(), c.beta2(), c.epsilon()};
-  absl::Status s = ValidateOptimizerOptions(o);
+  cluster::OptimizerOptions o{*kind, c.learning_rate(), c.momentum(), c.beta1(), c.beta2(), c.epsilon()};
+  absl::Status s = cluster::ValidateOptimizerOptions(o);
   if (!s.ok()) return s;
   return o;
 }
 
-bool SameOptimizer(const OptimizerOptions& a, const OptimizerOptions& b) {
+bool SameOptimizer(const cluster::OptimizerOptions& a, const cluster::OptimizerOptions& b) {
   return a.kind == b.kind && a.learning_rate == b.learning_rate && a.momentum == b.momentum &&
          a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.epsilon == b.epsilon;
 }
@@ -39,7 +39,7 @@ bool SameOptimizer(const OptimizerOptions& a, const OptimizerOptions& b) {
 
 absl::StatusOr<std::unique_ptr<ShardService>> ShardService::Create(
     const proto::ClusterConfig& config, const ShardOptions& options) {
-  absl::Status s = ValidateClusterConfig(config);
+  absl::Status s = cluster::ValidateClusterConfig(config);
   if (!s.ok()) return s;
   if (options.shard >= static_cast<uint32_t>(config.shards_size())) {
     return absl::InvalidArgumentError(absl::StrCat("shard ", options.shard, " out of range: the config lists ",
@@ -55,7 +55,7 @@ ShardService::ShardService(proto::ClusterConfig config, const ShardOptions& opti
     : config_(std::move(config)),
       options_(options),
       shard_map_(config_.shards_size(), config_.shard_map_epoch()),
-      downlink_(DownlinkCodec(config_)),
+      downlink_(cluster::DownlinkCodec(config_)),
       pool_(std::make_unique<ThreadPool>(options.decode_threads)),
       worker_names_(config_.workers()) {
   for (uint32_t w = 0; w < config_.workers(); ++w) worker_names_[w] = absl::StrCat("worker-", w);
@@ -108,13 +108,13 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
                                                       config_.shard_map_epoch()));
   }
   if (r.key().empty()) return absl::InvalidArgumentError("tensor key must not be empty");
-  absl::StatusOr<codec::DType> dtype = FromProto(r.dtype());
+  absl::StatusOr<codec::DType> dtype = cluster::FromProto(r.dtype());
   if (!dtype.ok()) return dtype.status();
   if (r.elements() == 0 || r.elements() > (uint64_t{1} << 36)) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", r.key(), "': elements must be in [1, 2^36], got ",
                                                    r.elements()));
   }
-  absl::StatusOr<OptimizerOptions> opt =
+  absl::StatusOr<cluster::OptimizerOptions> opt =
       OptimizerFrom(r.has_optimizer() ? proto::OptimizerConfig() : config_.optimizer());
   if (r.has_optimizer()) {
     proto::OptimizerConfig oc;
@@ -127,7 +127,7 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
     opt = OptimizerFrom(oc);
   }
   if (!opt.ok()) return opt.status();
-  const ChunkLayout layout(r.elements(), codec::DTypeBytes(*dtype), config_.chunk_bytes());
+  const cluster::ChunkLayout layout(r.elements(), codec::DTypeBytes(*dtype), config_.chunk_bytes());
 
   Tensor* tensor = nullptr;
   {
@@ -160,7 +160,7 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
         const std::string key = r.key();
         const std::string job = config_.job();
         const uint64_t epoch = config_.shard_map_epoch();
-        const DirectionCodec downlink = downlink_;
+        const cluster::DirectionCodec downlink = downlink_;
         auto finalize = [dt, key, job, epoch, c, downlink](int64_t step, absl::Span<const float> v)
             -> absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> {
           auto block = std::make_shared<proto::CompressedBlock>();
@@ -172,17 +172,17 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
           a->set_shard_map_epoch(epoch);
           absl::Status s;
           if (dt == codec::DType::kF32) {
-            s = EncodeWireBlock(downlink, dt, v.data(), v.size(), block.get());
+            s = cluster::EncodeWireBlock(downlink, dt, v.data(), v.size(), block.get());
           } else {
             std::vector<uint16_t> narrow(v.size());
             codec::FromF32(dt, v.data(), v.size(), narrow.data());
-            s = EncodeWireBlock(downlink, dt, narrow.data(), v.size(), block.get());
+            s = cluster::EncodeWireBlock(downlink, dt, narrow.data(), v.size(), block.get());
           }
           if (!s.ok()) return s;
           return std::shared_ptr<const proto::CompressedBlock>(std::move(block));
         };
         t->chunks[c] = std::make_unique<StepAccumulator>(
-            ao, Optimizer(*opt, layout.size(c)), std::move(finalize),
+            ao, cluster::Optimizer(*opt, layout.size(c)), std::move(finalize),
             [this](uint32_t w) { return WorkerName(w); });
       }
       log::Info("shard {}: declared '{}' {} x {} in {} chunks, {} owned here", options_.shard,
@@ -274,7 +274,7 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
   }
   StepAccumulator* acc = it->second.get();
   const size_t n = t->layout.size(a.chunk());
-  if (request.dtype() != ToProto(t->dtype)) {
+  if (request.dtype() != cluster::ToProto(t->dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("block dtype ", proto::DType_Name(request.dtype()),
                                                    " does not match '", a.key(), "' (",
                                                    codec::DTypeName(t->dtype), ")"));
@@ -284,10 +284,10 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
                                                    " elements; chunk ", a.chunk(), " of '",
                                                    a.key(), "' has ", n));
   }
-  if (request.data().size() > MaxWireBytes(n, t->dtype)) {
+  if (request.data().size() > cluster::MaxWireBytes(n, t->dtype)) {
     return absl::ResourceExhaustedError(absl::StrCat("block of ", request.data().size(),
                                                      " bytes exceeds the bound ",
-                                                     MaxWireBytes(n, t->dtype), " for ", n,
+                                                     cluster::MaxWireBytes(n, t->dtype), " for ", n,
                                                      " elements"));
   }
   absl::StatusOr<bool> duplicate = acc->Admit(a.worker(), a.step());
@@ -296,13 +296,13 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
   if (!*duplicate) {
     absl::Status decoded;
     absl::Notification done;
+    contribution = acc->TakeBuffer();
     pool_->Schedule([&] {
-      contribution.resize(n);
       if (t->dtype == codec::DType::kF32) {
-        decoded = DecodeWireBlock(request, t->dtype, n, contribution.data());
+        decoded = cluster::DecodeWireBlock(request, t->dtype, n, contribution.data());
       } else {
         std::vector<uint16_t> narrow(n);
-        decoded = DecodeWireBlock(request, t->dtype, n, narrow.data());
+        decoded = cluster::DecodeWireBlock(request, t->dtype, n, narrow.data());
         if (decoded.ok()) codec::ToF32(t->dtype, narrow.data(), n, contribution.data());
       }
       done.Notify();

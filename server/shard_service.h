@@ -30,8 +30,8 @@
 #include "base/thread_pool.h"
 #include "proto/aggregation.pb.h"
 #include "proto/cluster_config.pb.h"
-#include "server/cluster_config.h"
-#include "server/shard_map.h"
+#include "cluster/cluster_config.h"
+#include "cluster/shard_map.h"
 #include "server/step_accumulator.h"
 
 namespace gcomp::server {
@@ -80,8 +80,8 @@ class ShardService {
   // Constant after construction.
   const proto::ClusterConfig config_;
   const ShardOptions options_;
-  const ShardMap shard_map_;
-  const DirectionCodec downlink_;
+  const cluster::ShardMap shard_map_;
+  const cluster::DirectionCodec downlink_;
   std::unique_ptr<ThreadPool> pool_;
 
   mutable absl::Mutex mu_;

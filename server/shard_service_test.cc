@@ -5,7 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/wire_block.h"
+#include "cluster/wire_block.h"
 
 namespace gcomp::server {
 namespace {
@@ -18,7 +18,7 @@ proto::ClusterConfig Config(uint32_t workers, int shards = 1) {
   std::string s;
   for (int i = 0; i < shards; ++i) s += absl::StrCat(i ? "," : "", "127.0.0.1:", 1000 + i);
   o.push_back("shards=" + s);
-  return *ParseClusterConfig("job: j\n", o);
+  return *cluster::ParseClusterConfig("job: j\n", o);
 }
 
 class ShardServiceTest : public ::testing::Test {
@@ -41,7 +41,7 @@ class ShardServiceTest : public ::testing::Test {
   proto::CompressedBlock Block(uint32_t chunk, int64_t step, float value = 1.0f) {
     std::vector<float> v(chunk == 0 ? 16 : 4, value);
     proto::CompressedBlock b;
-    EXPECT_TRUE(EncodeWireBlock(UplinkCodec(shard_->config()), codec::DType::kF32, v.data(),
+    EXPECT_TRUE(cluster::EncodeWireBlock(cluster::UplinkCodec(shard_->config()), codec::DType::kF32, v.data(),
                                 v.size(), &b).ok());
     proto::BlockAddress* a = b.mutable_address();
     a->set_job("j");
@@ -73,7 +73,7 @@ TEST_F(ShardServiceTest, PushPullReturnsTheMean) {
   proto::CompressedBlock out;
   ASSERT_TRUE(shard_->PushPull(Block(1, 0, 3.0f), absl::Now() + absl::Seconds(5), &out).ok());
   std::vector<float> v(4);
-  ASSERT_TRUE(DecodeWireBlock(out, codec::DType::kF32, 4, v.data()).ok());
+  ASSERT_TRUE(cluster::DecodeWireBlock(out, codec::DType::kF32, 4, v.data()).ok());
   EXPECT_EQ(v, std::vector<float>(4, 3.0f));
   EXPECT_EQ(out.address().chunk(), 1u);
   EXPECT_EQ(out.address().step(), 0);
@@ -185,7 +185,7 @@ TEST(ShardService, MissingWorkerIsNamedAfterStepTimeout) {
   ASSERT_TRUE(shard->DeclareTensor(d, &dr).ok());
   std::vector<float> v(4, 1.0f);
   proto::CompressedBlock b, out;
-  ASSERT_TRUE(EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), 4, &b).ok());
+  ASSERT_TRUE(cluster::EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), 4, &b).ok());
   b.mutable_address()->set_job("j");
   b.mutable_address()->set_key("w");
   b.mutable_address()->set_shard_map_epoch(1);
@@ -214,7 +214,7 @@ TEST(ShardService, ChunkOfAnotherShardIsFailedPrecondition) {
   while (owned[other]) ++other;
   std::vector<float> v(16, 1.0f);
   proto::CompressedBlock b, out;
-  ASSERT_TRUE(EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), 16, &b).ok());
+  ASSERT_TRUE(cluster::EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), 16, &b).ok());
   b.mutable_address()->set_job("j");
   b.mutable_address()->set_key("big");
   b.mutable_address()->set_chunk(other);

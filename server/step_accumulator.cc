@@ -8,7 +8,7 @@
 
 namespace gcomp::server {
 
-StepAccumulator::StepAccumulator(StepAccumulatorOptions options, Optimizer optimizer,
+StepAccumulator::StepAccumulator(StepAccumulatorOptions options, cluster::Optimizer optimizer,
                                  Finalizer finalize, WorkerNamer namer)
     : options_(std::move(options)),
       elements_(optimizer.elements()),
@@ -50,10 +50,35 @@ std::string StepAccumulator::MissingLocked() const {
   return absl::StrJoin(missing, ", ");
 }
 
+std::vector<float> StepAccumulator::TakeBuffer() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!free_.empty()) {
+      std::vector<float> b = std::move(free_.back());
+      free_.pop_back();
+      return b;
+    }
+  }
+  return std::vector<float>(elements_);  // outside the lock: a fresh buffer is zero-filled
+}
+
+void StepAccumulator::RecycleLocked(std::vector<float> buffer) {
+  if (buffer.size() == elements_ && free_.size() <= options_.workers) {
+    free_.push_back(std::move(buffer));
+  }
+}
+
+void StepAccumulator::ClearContributionsLocked() {
+  for (auto& c : contributions_) {
+    if (!c.empty()) RecycleLocked(std::move(c));
+    c = std::vector<float>();
+  }
+}
+
 void StepAccumulator::FailLocked(absl::Status status) {
   log::Warn("{}: step {} failed: {}", options_.label, current_step_, status.ToString());
   last_failure_ = std::move(status);
-  for (auto& c : contributions_) std::vector<float>().swap(c);
+  ClearContributionsLocked();
   arrived_.assign(options_.workers, false);
   arrived_count_ = 0;
   step_deadline_ = absl::InfiniteFuture();
@@ -81,7 +106,7 @@ void StepAccumulator::FinishLocked() {
   result_ = *std::move(reply);
   completed_step_ = current_step_;
   ++current_step_;
-  for (auto& c : contributions_) std::vector<float>().swap(c);
+  ClearContributionsLocked();
   arrived_.assign(options_.workers, false);
   arrived_count_ = 0;
   step_deadline_ = absl::InfiniteFuture();
@@ -94,13 +119,20 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
                                                                absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   absl::Status s = CheckStepLocked(step);
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    RecycleLocked(std::move(contribution));
+    return s;
+  }
   if (!started_) {
     started_ = true;
     current_step_ = step;
   }
-  if (step == completed_step_) return Outcome{result_, true};
+  if (step == completed_step_) {
+    RecycleLocked(std::move(contribution));
+    return Outcome{result_, true};
+  }
   const bool duplicate = arrived_[worker];
+  if (duplicate) RecycleLocked(std::move(contribution));
   if (!duplicate) {
     if (contribution.size() != elements_) {
       return absl::InvalidArgumentError(absl::StrCat("contribution of ", contribution.size(),

@@ -30,7 +30,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/block.pb.h"
-#include "server/optimizer.h"
+#include "cluster/optimizer.h"
 
 namespace gcomp::server {
 
@@ -54,7 +54,7 @@ class StepAccumulator {
     bool duplicate = false;
   };
 
-  StepAccumulator(StepAccumulatorOptions options, Optimizer optimizer, Finalizer finalize,
+  StepAccumulator(StepAccumulatorOptions options, cluster::Optimizer optimizer, Finalizer finalize,
                   WorkerNamer namer);
   StepAccumulator(const StepAccumulator&) = delete;
   StepAccumulator& operator=(const StepAccumulator&) = delete;
@@ -63,8 +63,15 @@ class StepAccumulator {
   // caller need not decode it), false when new; FailedPrecondition if stale or future.
   absl::StatusOr<bool> Admit(uint32_t worker, int64_t step) const;
 
+  // A buffer of elements() floats to decode a contribution into. Buffers are recycled
+  // across steps (after warm-up a push allocates and zero-fills nothing), so the contents
+  // are unspecified: the caller overwrites every element. Give it back through Push (or
+  // drop it).
+  std::vector<float> TakeBuffer();
+
   // Contributes (contribution.size() == elements(), or empty for a duplicate) and waits
-  // until the step completes, fails, or `deadline` passes.
+  // until the step completes, fails, or `deadline` passes. The contribution's buffer is
+  // kept for reuse whatever the outcome.
   absl::StatusOr<Outcome> Push(uint32_t worker, int64_t step, std::vector<float> contribution,
                                absl::Time deadline);
 
@@ -86,6 +93,9 @@ class StepAccumulator {
   void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MissingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void RecycleLocked(std::vector<float> buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves every contribution back to free_.
+  void ClearContributionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const StepAccumulatorOptions options_;
@@ -95,10 +105,13 @@ class StepAccumulator {
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;
-  Optimizer optimizer_ ABSL_GUARDED_BY(mu_);
+  cluster::Optimizer optimizer_ ABSL_GUARDED_BY(mu_);
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   int64_t current_step_ ABSL_GUARDED_BY(mu_) = 0;
+  // contributions_[w] is worker w's decoded push of the step in progress (empty until it
+  // arrives); free_ holds buffers of elements_ floats for TakeBuffer, at most W + 1.
   std::vector<std::vector<float>> contributions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<float>> free_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);
   uint32_t arrived_count_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time step_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();

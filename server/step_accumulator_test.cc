@@ -1,5 +1,6 @@
 #include "server/step_accumulator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -36,7 +37,7 @@ std::unique_ptr<StepAccumulator> Make(uint32_t workers, size_t n,
   o.workers = workers;
   o.step_timeout = timeout;
   o.label = "key 'w' chunk 0";
-  return std::make_unique<StepAccumulator>(o, Optimizer({}, n), RawFinalizer(),
+  return std::make_unique<StepAccumulator>(o, cluster::Optimizer({}, n), RawFinalizer(),
                                            [](uint32_t w) { return absl::StrCat("worker-", w); });
 }
 
@@ -131,7 +132,7 @@ TEST(StepAccumulator, CallerDeadlineKeepsTheContribution) {
 TEST(StepAccumulator, InitialValueAndCancel) {
   StepAccumulatorOptions o;
   o.label = "x";
-  StepAccumulator acc(o, Optimizer({OptimizerKind::kSgd, 1.0}, 1), RawFinalizer(),
+  StepAccumulator acc(o, cluster::Optimizer({cluster::OptimizerKind::kSgd, 1.0}, 1), RawFinalizer(),
                       [](uint32_t) { return std::string("w"); });
   EXPECT_TRUE(acc.SetInitial(std::vector<float>{5}));
   EXPECT_EQ(Values(**acc.Current())[0], 5.0f);
@@ -142,6 +143,33 @@ TEST(StepAccumulator, InitialValueAndCancel) {
   acc.Cancel(absl::UnavailableError("bye"));
   EXPECT_EQ(acc.Push(0, 1, {1}, absl::InfiniteFuture()).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+TEST(StepAccumulator, ContributionBuffersAreReusedAcrossSteps) {
+  auto acc = Make(1, 1000);
+  std::vector<float> first = acc->TakeBuffer();
+  ASSERT_EQ(first.size(), 1000u);
+  const float* data = first.data();
+  std::fill(first.begin(), first.end(), 2.0f);
+  ASSERT_TRUE(acc->Push(0, 0, std::move(first), absl::InfiniteFuture()).ok());
+  std::vector<float> second = acc->TakeBuffer();  // the step's buffer, not a new one
+  EXPECT_EQ(second.data(), data);
+  EXPECT_EQ(second.size(), 1000u);
+  std::fill(second.begin(), second.end(), 4.0f);
+  auto r = acc->Push(0, 1, std::move(second), absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Values(*r->reply), std::vector<float>(1000, 4.0f));
+}
+
+TEST(StepAccumulator, DuplicateAndRejectedPushesGiveTheirBufferBack) {
+  auto acc = Make(1, 8);
+  ASSERT_TRUE(acc->Push(0, 0, std::vector<float>(8, 1.0f), absl::InfiniteFuture()).ok());
+  for (int64_t step : {0, 5}) {  // a duplicate of the completed step, then a future step
+    std::vector<float> b = acc->TakeBuffer();
+    const float* data = b.data();
+    (void)acc->Push(0, step, std::move(b), absl::InfiniteFuture());
+    EXPECT_EQ(acc->TakeBuffer().data(), data) << "step " << step;
+  }
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "server/cluster_config.h"
+#include "cluster/cluster_config.h"
 #include "server/grpc_service.h"
 #include "worker/client.h"
 
@@ -14,7 +14,7 @@ namespace {
 
 TEST(Large, SixtyFourMebibyteTensor) {
   const size_t n = (size_t{64} << 20) / 4;
-  auto config = *server::ParseClusterConfig(
+  auto config = *cluster::ParseClusterConfig(
       "job: big\nworkers: 2\nshards: ['127.0.0.1:1', '127.0.0.1:2']\n"
       "step_timeout_ms: 60000\nrpc_timeout_ms: 120000\n");
   std::vector<std::unique_ptr<server::ShardServer>> shards;

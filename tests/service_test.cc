@@ -13,9 +13,9 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/aggregation.grpc.pb.h"
-#include "server/cluster_config.h"
+#include "cluster/cluster_config.h"
 #include "server/grpc_service.h"
-#include "server/wire_block.h"
+#include "cluster/wire_block.h"
 #include "worker/client.h"
 
 namespace gcomp {
@@ -33,7 +33,7 @@ std::unique_ptr<Cluster> StartCluster(int shards, int workers, const std::string
                                       uint32_t step_timeout_ms = 5000) {
   std::string placeholders;
   for (int k = 0; k < shards; ++k) placeholders += absl::StrCat(k ? "," : "", "127.0.0.1:", k + 1);
-  absl::StatusOr<proto::ClusterConfig> config = server::ParseClusterConfig(
+  absl::StatusOr<proto::ClusterConfig> config = cluster::ParseClusterConfig(
       "job: test\n", {absl::StrCat("workers=", workers), "shards=" + placeholders,
                       "uplink.mode=" + mode, "downlink.mode=" + mode,
                       absl::StrCat("chunk_bytes=", chunk_bytes),
@@ -137,7 +137,7 @@ TEST(Aggregation, NoneModeIsBitExact) { CheckAggregation(2, 3, 50000, "none"); }
 proto::CompressedBlock RawBlock(const std::vector<float>& v, const std::string& key, int64_t step,
                                 uint32_t worker) {
   proto::CompressedBlock b;
-  EXPECT_TRUE(server::EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), v.size(), &b).ok());
+  EXPECT_TRUE(cluster::EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), v.size(), &b).ok());
   proto::BlockAddress* a = b.mutable_address();
   a->set_job("test");
   a->set_key(key);
@@ -181,7 +181,7 @@ class BadInputTest : public ::testing::Test {
     EXPECT_TRUE(Push(RawBlock(vb, "t", step, 1), &out).ok());
     t.join();
     std::vector<float> v(8);
-    EXPECT_TRUE(server::DecodeWireBlock(out, codec::DType::kF32, 8, v.data()).ok());
+    EXPECT_TRUE(cluster::DecodeWireBlock(out, codec::DType::kF32, 8, v.data()).ok());
     return v;
   }
 
@@ -212,8 +212,8 @@ TEST_F(BadInputTest, RetriedPushesAreCountedOnce) {
   proto::CompressedBlock again;
   ASSERT_TRUE(Push(RawBlock(b, "t", 0, 1), &again).ok());  // retry after completion
   std::vector<float> v(8), w(8);
-  ASSERT_TRUE(server::DecodeWireBlock(out, codec::DType::kF32, 8, v.data()).ok());
-  ASSERT_TRUE(server::DecodeWireBlock(again, codec::DType::kF32, 8, w.data()).ok());
+  ASSERT_TRUE(cluster::DecodeWireBlock(out, codec::DType::kF32, 8, v.data()).ok());
+  ASSERT_TRUE(cluster::DecodeWireBlock(again, codec::DType::kF32, 8, w.data()).ok());
   EXPECT_EQ(v, std::vector<float>(8, 3.0f));
   EXPECT_EQ(w, v);
   EXPECT_EQ(Stats().duplicate_pushes(), 2u);
@@ -302,6 +302,55 @@ TEST_F(BadInputTest, MissingWorkerIsNamedWithinTheDeadline) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_THAT(s.error_message(), HasSubstr("missing workers: trainer-1"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));  // step timeout 500 ms
+}
+
+// Pull end to end: after a step, every worker's Pull returns exactly what its push-pull
+// returned (lossy mode, so this also checks the shard serves the cached encoded result).
+TEST(Pull, ReturnsTheLastStepsResult) {
+  const size_t n = 4097 * 3;  // several chunks over two shards
+  auto cluster = StartCluster(2, 2, "near-lossless");
+  std::vector<std::unique_ptr<worker::Client>> clients;
+  for (uint32_t w = 0; w < 2; ++w) {
+    auto c = worker::Client::Connect(cluster->config, {w, ""});
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
+    clients.push_back(*std::move(c));
+  }
+  std::vector<std::vector<float>> in = {Gradient(n, 1), Gradient(n, 2)};
+  std::vector<std::vector<float>> out(2, std::vector<float>(n));
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::future<absl::Status>> done;
+    for (uint32_t w = 0; w < 2; ++w) {
+      done.push_back(clients[w]->PushPullAsync("t", step, in[w].data(), out[w].data()));
+    }
+    for (auto& d : done) ASSERT_TRUE(d.get().ok());
+  }
+  for (uint32_t w = 0; w < 2; ++w) {
+    std::vector<float> pulled(n, -1.0f);
+    ASSERT_TRUE(clients[w]->Pull("t", pulled.data()).ok());
+    EXPECT_EQ(0, std::memcmp(pulled.data(), out[w].data(), n * 4)) << "worker " << w;
+  }
+}
+
+TEST(Pull, UnknownKeyIsNotFound) {
+  auto cluster = StartCluster(1, 1, "none");
+  auto client = worker::Client::Connect(cluster->config, {0, ""});
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<float> out(4);
+  EXPECT_EQ((*client)->Pull("nope", out.data()).code(), absl::StatusCode::kNotFound);
+
+  // The shard itself, asked directly for a key nobody declared.
+  auto stub = proto::Aggregation::NewStub(
+      grpc::CreateChannel(cluster->config.shards(0), grpc::InsecureChannelCredentials()));
+  proto::PullRequest req;
+  req.set_job("test");
+  req.set_key("nope");
+  req.set_shard_map_epoch(1);
+  proto::CompressedBlock resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = stub->Pull(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("'nope'"));
 }
 
 }  // namespace

@@ -11,9 +11,9 @@
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/aggregation.grpc.pb.h"
-#include "server/cluster_config.h"
-#include "server/shard_map.h"
-#include "server/wire_block.h"
+#include "cluster/cluster_config.h"
+#include "cluster/shard_map.h"
+#include "cluster/wire_block.h"
 
 namespace gcomp::worker {
 namespace {
@@ -24,13 +24,16 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view context) {
                       absl::StrCat(context, ": ", s.error_message()));
 }
 
+// Longest sleep between two retries of one call, and longest reconnect backoff.
+constexpr int64_t kMaxBackoffMs = 5000;
+
 std::chrono::system_clock::time_point DeadlineIn(uint32_t ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
 }
 
 struct TensorInfo {
   codec::DType dtype = codec::DType::kF32;
-  server::ChunkLayout layout;
+  cluster::ChunkLayout layout;
   std::vector<uint32_t> owner;
 };
 
@@ -39,8 +42,8 @@ struct TensorInfo {
 struct Client::Impl {
   proto::ClusterConfig config;
   ClientOptions options;
-  server::DirectionCodec uplink;
-  server::ShardMap shard_map{1, 1};
+  cluster::DirectionCodec uplink;
+  cluster::ShardMap shard_map{1, 1};
   // stubs[shard][channel]; constant after Connect.
   std::vector<std::vector<std::unique_ptr<proto::Aggregation::Stub>>> stubs;
   std::atomic<uint64_t> next_channel{0};
@@ -76,7 +79,7 @@ struct Client::Impl {
       }
       ++retries;
       const int64_t backoff_ms =
-          std::min<int64_t>(int64_t{config.retry_backoff_ms()} << std::min(attempt, 10u), 5000);
+          std::min<int64_t>(int64_t{config.retry_backoff_ms()} << std::min(attempt, 10u), kMaxBackoffMs);
       absl::SleepFor(absl::Milliseconds(backoff_ms));
     }
   }
@@ -89,7 +92,7 @@ Client::~Client() = default;
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConfig& config,
                                                         const ClientOptions& options) {
-  absl::Status valid = server::ValidateClusterConfig(config);
+  absl::Status valid = cluster::ValidateClusterConfig(config);
   if (!valid.ok()) return valid;
   if (options.worker >= config.workers()) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", options.worker,
@@ -103,13 +106,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
   }
   impl->options = options;
   if (impl->options.name.empty()) impl->options.name = absl::StrCat("worker-", options.worker);
-  impl->uplink = server::UplinkCodec(config);
-  impl->shard_map = server::ShardMap(config.shards_size(), config.shard_map_epoch());
+  impl->uplink = cluster::UplinkCodec(config);
+  impl->shard_map = cluster::ShardMap(config.shards_size(), config.shard_map_epoch());
   for (int s = 0; s < config.shards_size(); ++s) {
     impl->stubs.emplace_back();
     for (uint32_t c = 0; c < config.channels_per_shard(); ++c) {
       grpc::ChannelArguments args;
       args.SetInt("gcomp.channel_index", static_cast<int>(c));  // distinct connections
+      // Reconnect on the retry schedule: gRPC's default first reconnect waits about 1 s,
+      // longer than a short retry budget, so a shard that comes back would be missed.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(config.retry_backoff_ms()));
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(kMaxBackoffMs));
       args.SetMaxReceiveMessageSize(static_cast<int>(impl->config.max_message_bytes()));
       args.SetMaxSendMessageSize(static_cast<int>(impl->config.max_message_bytes()));
       auto channel =
@@ -142,7 +149,7 @@ absl::Status Client::Declare(const std::string& key, codec::DType dtype, size_t 
   Impl& m = *impl_;
   TensorInfo t;
   t.dtype = dtype;
-  t.layout = server::ChunkLayout(elements, codec::DTypeBytes(dtype), m.config.chunk_bytes());
+  t.layout = cluster::ChunkLayout(elements, codec::DTypeBytes(dtype), m.config.chunk_bytes());
   t.owner = m.shard_map.Assign(key, t.layout);
   const size_t esize = codec::DTypeBytes(dtype);
   const uint64_t batch_bytes = m.config.max_message_bytes() / 2;
@@ -167,7 +174,7 @@ absl::Status Client::Declare(const std::string& key, codec::DType dtype, size_t 
     for (proto::DeclareTensorRequest& req : requests) {
       req.set_job(m.config.job());
       req.set_key(key);
-      req.set_dtype(server::ToProto(dtype));
+      req.set_dtype(cluster::ToProto(dtype));
       req.set_elements(elements);
       req.set_shard_map_epoch(m.config.shard_map_epoch());
       proto::DeclareTensorResponse resp;
@@ -246,7 +253,7 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
         return;
       }
       const size_t n = t.layout.size(chunk);
-      absl::Status d = server::DecodeWireBlock(
+      absl::Status d = cluster::DecodeWireBlock(
           resp, t.dtype, n, static_cast<char*>(output) + t.layout.begin(chunk) * esize);
       if (!d.ok()) {
         fail(absl::Status(d.code(), absl::StrCat(where, ": reply: ", d.message())));
@@ -264,7 +271,7 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
   for (uint32_t c = 0; c < num_chunks && !failed; ++c) {
     auto req = std::make_unique<proto::CompressedBlock>();
     const size_t n = t.layout.size(c);
-    absl::Status s = server::EncodeWireBlock(
+    absl::Status s = cluster::EncodeWireBlock(
         uplink, t.dtype, static_cast<const char*>(input) + t.layout.begin(c) * esize, n,
         req.get());
     if (!s.ok()) {
@@ -325,7 +332,7 @@ absl::Status Client::Pull(const std::string& key, void* output) {
       return m.Stub(t.owner[c])->Pull(&ctx, req, &resp);
     });
     if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
-    absl::Status d = server::DecodeWireBlock(
+    absl::Status d = cluster::DecodeWireBlock(
         resp, t.dtype, t.layout.size(c), static_cast<char*>(output) + t.layout.begin(c) * esize);
     if (!d.ok()) return d;
   }

@@ -30,9 +30,9 @@
 #include "base/logging.h"
 #include "base/npy.h"
 #include "codec/codec.h"
-#include "server/cluster_config.h"
-#include "server/optimizer.h"
-#include "server/shard_map.h"
+#include "cluster/cluster_config.h"
+#include "cluster/optimizer.h"
+#include "cluster/shard_map.h"
 #include "worker/client.h"
 #include "xxhash.h"
 
@@ -60,7 +60,7 @@ struct Tensor {
   std::vector<float> grad;
   std::vector<float> input, output;
   // Optimizer simulation on the exact mean, and error-bound bookkeeping.
-  std::unique_ptr<gcomp::server::Optimizer> reference;
+  std::unique_ptr<gcomp::cluster::Optimizer> reference;
   std::vector<double> velocity_error;  // momentum
   std::vector<double> param_error;     // sgd / momentum
 };
@@ -83,22 +83,22 @@ int main(int argc, char** argv) {
     return ok ? 0 : 1;
   };
   absl::StatusOr<gcomp::proto::ClusterConfig> config =
-      gcomp::server::LoadClusterConfig(absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set));
+      gcomp::cluster::LoadClusterConfig(absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set));
   if (!config.ok()) {
     error = config.status().ToString();
     return finish(false, "");
   }
   const uint32_t workers = config->workers();
-  const gcomp::server::DirectionCodec up = gcomp::server::UplinkCodec(*config);
-  const gcomp::server::DirectionCodec down = gcomp::server::DownlinkCodec(*config);
-  absl::StatusOr<gcomp::server::OptimizerKind> kind =
-      gcomp::server::ParseOptimizerKind(config->optimizer().name());
+  const gcomp::cluster::DirectionCodec up = gcomp::cluster::UplinkCodec(*config);
+  const gcomp::cluster::DirectionCodec down = gcomp::cluster::DownlinkCodec(*config);
+  absl::StatusOr<gcomp::cluster::OptimizerKind> kind =
+      gcomp::cluster::ParseOptimizerKind(config->optimizer().name());
   const gcomp::proto::OptimizerConfig& oc = config->optimizer();
-  gcomp::server::OptimizerOptions opt{*kind, oc.learning_rate(), oc.momentum(), oc.beta1(),
+  gcomp::cluster::OptimizerOptions opt{*kind, oc.learning_rate(), oc.momentum(), oc.beta1(),
                                       oc.beta2(), oc.epsilon()};
   const bool lossless = (up.raw || up.policy.mode == gcomp::codec::Mode::kLossless) &&
                         (down.raw || down.policy.mode == gcomp::codec::Mode::kLossless);
-  const bool bound_checked = lossless || opt.kind != gcomp::server::OptimizerKind::kAdam;
+  const bool bound_checked = lossless || opt.kind != gcomp::cluster::OptimizerKind::kAdam;
 
   std::vector<Tensor> tensors;
   for (const std::string& path : absl::GetFlag(FLAGS_gradients)) {
@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
     t.grad = std::move(a->data);
     t.input.resize(t.grad.size());
     t.output.resize(t.grad.size());
-    t.reference = std::make_unique<gcomp::server::Optimizer>(opt, t.grad.size());
+    t.reference = std::make_unique<gcomp::cluster::Optimizer>(opt, t.grad.size());
     t.velocity_error.assign(t.grad.size(), 0.0);
     t.param_error.assign(t.grad.size(), 0.0);
     tensors.push_back(std::move(t));
@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  const size_t chunk_elements = gcomp::server::ChunkLayout(1, 4, config->chunk_bytes()).chunk_elements;
+  const size_t chunk_elements = gcomp::cluster::ChunkLayout(1, 4, config->chunk_bytes()).chunk_elements;
   double max_abs_error = 0;
   bool bound_ok = true;
   bool exact = true;
@@ -209,19 +209,19 @@ int main(int argc, char** argv) {
         for (size_t i = c0; i < c1; ++i) {
           double e_before_down = 0;
           switch (opt.kind) {
-            case gcomp::server::OptimizerKind::kNone:
+            case gcomp::cluster::OptimizerKind::kNone:
               e_before_down = g_err[i];
               break;
-            case gcomp::server::OptimizerKind::kSgd:
+            case gcomp::cluster::OptimizerKind::kSgd:
               t.param_error[i] += opt.learning_rate * g_err[i] * (1 + 1e-6) + 1e-37;
               e_before_down = t.param_error[i];
               break;
-            case gcomp::server::OptimizerKind::kMomentum:
+            case gcomp::cluster::OptimizerKind::kMomentum:
               t.velocity_error[i] = opt.momentum * t.velocity_error[i] + g_err[i] * (1 + 1e-6);
               t.param_error[i] += opt.learning_rate * t.velocity_error[i] + 1e-37;
               e_before_down = t.param_error[i];
               break;
-            case gcomp::server::OptimizerKind::kAdam:
+            case gcomp::cluster::OptimizerKind::kAdam:
               e_before_down = 0;
               break;
           }

@@ -1,4 +1,4 @@
-#include "server/cluster_config.h"
+#include "cluster/cluster_config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,7 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "yaml-cpp/yaml.h"
 
-namespace gcomp::server {
+namespace gcomp::cluster {
 namespace {
 
 absl::Status FieldError(absl::string_view field, absl::string_view what) {
@@ -428,4 +428,4 @@ DirectionCodec DownlinkCodec(const proto::ClusterConfig& config) {
   return ToDirection(config.downlink());
 }
 
-}  // namespace gcomp::server
+}  // namespace gcomp::cluster

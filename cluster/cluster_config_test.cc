@@ -1,4 +1,4 @@
-#include "server/cluster_config.h"
+#include "cluster/cluster_config.h"
 
 #include <string>
 #include <utility>
@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace gcomp::server {
+namespace gcomp::cluster {
 namespace {
 
 using ::testing::HasSubstr;
@@ -124,4 +124,4 @@ TEST(ClusterConfig, FileErrorsNameTheField) {
 }
 
 }  // namespace
-}  // namespace gcomp::server
+}  // namespace gcomp::cluster

@@ -7,8 +7,8 @@
 //   adam:      m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //              p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
 // Arithmetic is in f32 (the accumulators) with coefficients converted from double once.
-#ifndef GCOMP_SERVER_OPTIMIZER_H_
-#define GCOMP_SERVER_OPTIMIZER_H_
+#ifndef GCOMP_CLUSTER_OPTIMIZER_H_
+#define GCOMP_CLUSTER_OPTIMIZER_H_
 
 #include <cstdint>
 #include <vector>
@@ -17,7 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace gcomp::server {
+namespace gcomp::cluster {
 
 enum class OptimizerKind { kNone, kSgd, kMomentum, kAdam };
 
@@ -57,6 +57,6 @@ class Optimizer {
   int64_t steps_ = 0;
 };
 
-}  // namespace gcomp::server
+}  // namespace gcomp::cluster
 
-#endif  // GCOMP_SERVER_OPTIMIZER_H_
+#endif  // GCOMP_CLUSTER_OPTIMIZER_H_

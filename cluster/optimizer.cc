@@ -1,4 +1,4 @@
-#include "server/optimizer.h"
+#include "cluster/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace gcomp::server {
+namespace gcomp::cluster {
 
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name) {
   if (name == "none") return OptimizerKind::kNone;
@@ -89,4 +89,4 @@ void Optimizer::Step(absl::Span<const float> g) {
   }
 }
 
-}  // namespace gcomp::server
+}  // namespace gcomp::cluster

@@ -6,8 +6,8 @@
 // (unknown field, wrong type, value out of range) is InvalidArgument naming the field,
 // e.g. "cluster config field 'uplink.rel_bits': must be in [0, 23], got 40".
 // docs/SERVICE.md lists every field. Thread-compatible free functions.
-#ifndef GCOMP_SERVER_CLUSTER_CONFIG_H_
-#define GCOMP_SERVER_CLUSTER_CONFIG_H_
+#ifndef GCOMP_CLUSTER_CLUSTER_CONFIG_H_
+#define GCOMP_CLUSTER_CLUSTER_CONFIG_H_
 
 #include <string>
 #include <vector>
@@ -18,7 +18,7 @@
 #include "codec/codec.h"
 #include "proto/cluster_config.pb.h"
 
-namespace gcomp::server {
+namespace gcomp::cluster {
 
 proto::ClusterConfig DefaultClusterConfig();
 
@@ -45,6 +45,6 @@ struct DirectionCodec {
 DirectionCodec UplinkCodec(const proto::ClusterConfig& config);
 DirectionCodec DownlinkCodec(const proto::ClusterConfig& config);
 
-}  // namespace gcomp::server
+}  // namespace gcomp::cluster
 
-#endif  // GCOMP_SERVER_CLUSTER_CONFIG_H_
+#endif  // GCOMP_CLUSTER_CLUSTER_CONFIG_H_

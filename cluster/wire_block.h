@@ -1,17 +1,17 @@
 // CompressedBlock <-> element buffers, shared by shards and workers: encodes one chunk
 // raw (mode "none") or as one GComp block, and decodes with every check the wire needs.
 // Thread-safe free functions.
-#ifndef GCOMP_SERVER_WIRE_BLOCK_H_
-#define GCOMP_SERVER_WIRE_BLOCK_H_
+#ifndef GCOMP_CLUSTER_WIRE_BLOCK_H_
+#define GCOMP_CLUSTER_WIRE_BLOCK_H_
 
 #include <cstddef>
 
 #include "absl/status/status.h"
 #include "codec/codec.h"
 #include "proto/block.pb.h"
-#include "server/cluster_config.h"
+#include "cluster/cluster_config.h"
 
-namespace gcomp::server {
+namespace gcomp::cluster {
 
 proto::DType ToProto(codec::DType dtype);
 // InvalidArgument for DTYPE_UNSPECIFIED or unknown values.
@@ -31,6 +31,6 @@ absl::Status EncodeWireBlock(const DirectionCodec& codec, codec::DType dtype, co
 absl::Status DecodeWireBlock(const proto::CompressedBlock& block, codec::DType dtype, size_t n,
                              void* out);
 
-}  // namespace gcomp::server
+}  // namespace gcomp::cluster
 
-#endif  // GCOMP_SERVER_WIRE_BLOCK_H_
+#endif  // GCOMP_CLUSTER_WIRE_BLOCK_H_

@@ -6,8 +6,8 @@
 // of (key, chunk, shard) and takes the best-ranked shard whose load stays within
 // (1 + kSlack) times the fair share. The epoch names the layout; every call carries it.
 // Thread-safe (immutable).
-#ifndef GCOMP_SERVER_SHARD_MAP_H_
-#define GCOMP_SERVER_SHARD_MAP_H_
+#ifndef GCOMP_CLUSTER_SHARD_MAP_H_
+#define GCOMP_CLUSTER_SHARD_MAP_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -15,7 +15,7 @@
 
 #include "absl/strings/string_view.h"
 
-namespace gcomp::server {
+namespace gcomp::cluster {
 
 // How a tensor of `elements` elements of `element_bytes` bytes is cut into chunks of
 // chunk_bytes (rounded down to whole elements, at least one element each).
@@ -48,6 +48,6 @@ class ShardMap {
   uint64_t epoch_;
 };
 
-}  // namespace gcomp::server
+}  // namespace gcomp::cluster
 
-#endif  // GCOMP_SERVER_SHARD_MAP_H_
+#endif  // GCOMP_CLUSTER_SHARD_MAP_H_

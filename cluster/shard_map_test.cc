@@ -1,11 +1,11 @@
-#include "server/shard_map.h"
+#include "cluster/shard_map.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "gtest/gtest.h"
 
-namespace gcomp::server {
+namespace gcomp::cluster {
 namespace {
 
 TEST(ChunkLayout, CutsWholeElements) {
@@ -49,4 +49,4 @@ TEST(ShardMap, AddingAShardMovesFewChunks) {
 }
 
 }  // namespace
-}  // namespace gcomp::server
+}  // namespace gcomp::cluster

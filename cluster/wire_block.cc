@@ -1,11 +1,11 @@
-#include "server/wire_block.h"
+#include "cluster/wire_block.h"
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "xxhash.h"
 
-namespace gcomp::server {
+namespace gcomp::cluster {
 
 proto::DType ToProto(codec::DType dtype) { return static_cast<proto::DType>(dtype); }
 
@@ -108,4 +108,4 @@ absl::Status DecodeWireBlock(const proto::CompressedBlock& block, codec::DType d
   return s;
 }
 
-}  // namespace gcomp::server
+}  // namespace gcomp::cluster

@@ -1,11 +1,11 @@
-#include "server/optimizer.h"
+#include "cluster/optimizer.h"
 
 #include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
 
-namespace gcomp::server {
+namespace gcomp::cluster {
 namespace {
 
 TEST(Optimizer, NoneReturnsTheMean) {
@@ -47,4 +47,4 @@ TEST(Optimizer, ParsesAndValidates) {
 }
 
 }  // namespace
-}  // namespace gcomp::server
+}  // namespace gcomp::cluster

@@ -1,4 +1,4 @@
-#include "server/shard_map.h"
+#include "cluster/shard_map.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include "xxhash.h"
 
-namespace gcomp::server {
+namespace gcomp::cluster {
 
 ChunkLayout::ChunkLayout(size_t elements, size_t element_bytes, size_t chunk_bytes)
     : elements(elements),
@@ -50,4 +50,4 @@ std::vector<uint32_t> ShardMap::Assign(absl::string_view key, const ChunkLayout&
   return owner;
 }
 
-}  // namespace gcomp::server
+}  // namespace gcomp::cluster

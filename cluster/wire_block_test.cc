@@ -1,11 +1,11 @@
-#include "server/wire_block.h"
+#include "cluster/wire_block.h"
 
 #include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
 
-namespace gcomp::server {
+namespace gcomp::cluster {
 namespace {
 
 std::vector<float> Ramp(size_t n) {
@@ -59,4 +59,4 @@ TEST(WireBlock, WrongDtypeOrSizeIsInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace gcomp::server
+}  // namespace gcomp::cluster

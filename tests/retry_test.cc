@@ -1,0 +1,205 @@
+// Client retries on UNAVAILABLE over real gRPC on loopback: a shard that is not listening
+// yet, a shard whose replies are lost, and a retry budget that runs out.
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cluster/cluster_config.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/aggregation.grpc.pb.h"
+#include "server/grpc_service.h"
+#include "server/shard_service.h"
+#include "worker/client.h"
+
+namespace gcomp {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr size_t kElements = 3000;  // 3 chunks of 4 KiB
+
+// A grpc::Server over a ShardService it borrows, so the shard's state outlives the
+// listener: the test stops listening and listens again on the same port.
+class Listener {
+ public:
+  // `service` must outlive the listener.
+  Listener(grpc::Service* service, const std::string& address) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(service);
+    server_ = builder.BuildAndStart();
+  }
+  ~Listener() { Stop(); }
+  void Stop() {
+    if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now()));
+    server_.reset();
+  }
+  int port() const { return port_; }
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+// Forwards to the shard, but answers the first `lose` PushPulls that the shard completed
+// with UNAVAILABLE, as if the reply had been lost on the way back.
+class LossyReplies final : public proto::Aggregation::Service {
+ public:
+  // `shard` must outlive this service.
+  LossyReplies(server::ShardService* shard, int lose) : inner_(shard), lose_(lose) {}
+
+  grpc::Status RegisterWorker(grpc::ServerContext* c, const proto::RegisterWorkerRequest* r,
+                              proto::RegisterWorkerResponse* out) override {
+    return inner_.RegisterWorker(c, r, out);
+  }
+  grpc::Status DeclareTensor(grpc::ServerContext* c, const proto::DeclareTensorRequest* r,
+                             proto::DeclareTensorResponse* out) override {
+    return inner_.DeclareTensor(c, r, out);
+  }
+  grpc::Status PushPull(grpc::ServerContext* c, const proto::CompressedBlock* r,
+                        proto::CompressedBlock* out) override {
+    grpc::Status s = inner_.PushPull(c, r, out);
+    if (s.ok() && lose_.fetch_sub(1) > 0) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "reply lost (test)");
+    }
+    return s;
+  }
+  grpc::Status Pull(grpc::ServerContext* c, const proto::PullRequest* r,
+                    proto::CompressedBlock* out) override {
+    return inner_.Pull(c, r, out);
+  }
+  grpc::Status Stats(grpc::ServerContext* c, const proto::StatsRequest* r,
+                     proto::StatsResponse* out) override {
+    return inner_.Stats(c, r, out);
+  }
+
+ private:
+  server::AggregationGrpcService inner_;
+  std::atomic<int> lose_;
+};
+
+proto::ClusterConfig Config(int port, uint32_t workers, uint32_t max_retries) {
+  absl::StatusOr<proto::ClusterConfig> c = cluster::ParseClusterConfig(
+      "job: retry\n",
+      {absl::StrCat("shards=127.0.0.1:", port), absl::StrCat("workers=", workers),
+       "uplink.mode=lossless", "downlink.mode=lossless", "chunk_bytes=4096",
+       absl::StrCat("max_retries=", max_retries), "retry_backoff_ms=20",
+       "step_timeout_ms=10000", "rpc_timeout_ms=20000", "channels_per_shard=1"});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+std::vector<float> Input(uint32_t worker) {
+  std::vector<float> v(kElements);
+  for (size_t i = 0; i < kElements; ++i) v[i] = 0.25f * (worker + 1) * static_cast<float>(i % 97);
+  return v;
+}
+
+// The f32 mean in worker order, as the shard computes it.
+std::vector<float> Mean(uint32_t workers) {
+  std::vector<float> m = Input(0);
+  for (uint32_t w = 1; w < workers; ++w) {
+    std::vector<float> in = Input(w);
+    for (size_t i = 0; i < kElements; ++i) m[i] += in[i];
+  }
+  for (float& x : m) x /= static_cast<float>(workers);
+  return m;
+}
+
+// The shard is created before its port is known: its config names a placeholder address
+// (shards check only the job and epoch), the clients get the real one.
+std::unique_ptr<server::ShardService> NewShard(uint32_t workers, uint32_t max_retries) {
+  auto shard = server::ShardService::Create(Config(1, workers, max_retries), {0, 2});
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  return *std::move(shard);
+}
+
+TEST(Retry, PushSucceedsOnceTheShardListensAgain) {
+  auto shard = NewShard(2, 20);
+  server::AggregationGrpcService service(shard.get());
+  auto first = std::make_unique<Listener>(&service, "127.0.0.1:0");
+  const int port = first->port();
+  ASSERT_GT(port, 0);
+  const proto::ClusterConfig config = Config(port, 2, 20);
+  std::vector<std::unique_ptr<worker::Client>> clients;
+  for (uint32_t w = 0; w < 2; ++w) {
+    auto c = worker::Client::Connect(config, {w, ""});
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, kElements).ok());
+    clients.push_back(*std::move(c));
+  }
+  first->Stop();  // the shard keeps its state; nothing listens on `port` now
+
+  std::vector<std::vector<float>> in = {Input(0), Input(1)};
+  std::vector<std::vector<float>> out(2, std::vector<float>(kElements));
+  std::vector<std::future<absl::Status>> done;
+  for (uint32_t w = 0; w < 2; ++w) {
+    done.push_back(clients[w]->PushPullAsync("t", 0, in[w].data(), out[w].data()));
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  Listener second(&service, absl::StrCat("127.0.0.1:", port));
+  ASSERT_EQ(second.port(), port);
+  for (auto& d : done) ASSERT_TRUE(d.get().ok());
+
+  EXPECT_GT(clients[0]->stats().retries + clients[1]->stats().retries, 0u);
+  const std::vector<float> mean = Mean(2);
+  for (uint32_t w = 0; w < 2; ++w) {
+    EXPECT_EQ(0, std::memcmp(out[w].data(), mean.data(), kElements * 4)) << "worker " << w;
+  }
+  proto::StatsResponse stats;
+  shard->Stats(&stats);
+  EXPECT_EQ(stats.pushes(), 2u * 3u);  // each worker's 3 chunks arrived once
+  EXPECT_EQ(stats.duplicate_pushes(), 0u);
+  EXPECT_EQ(stats.steps_completed(), 3u);
+  EXPECT_EQ(stats.rejected_pushes(), 0u);
+}
+
+TEST(Retry, LostRepliesAreRetriedAndCountedOnce) {
+  auto shard = NewShard(1, 5);
+  LossyReplies service(shard.get(), 2);
+  Listener listener(&service, "127.0.0.1:0");
+  auto client = worker::Client::Connect(Config(listener.port(), 1, 5), {0, ""});
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, kElements).ok());
+  std::vector<float> in = Input(0), out(kElements);
+  ASSERT_TRUE((*client)->PushPull("t", 0, in.data(), out.data()).ok());
+  EXPECT_EQ(0, std::memcmp(out.data(), Mean(1).data(), kElements * 4));
+  EXPECT_EQ((*client)->stats().retries, 2u);
+  proto::StatsResponse stats;
+  shard->Stats(&stats);
+  EXPECT_EQ(stats.steps_completed(), 3u);  // one step per chunk: no double count
+  EXPECT_EQ(stats.pushes(), 3u + 2u);
+  EXPECT_EQ(stats.duplicate_pushes(), 2u);  // the retries got the cached result
+}
+
+TEST(Retry, ExhaustedBudgetIsUnavailableNamingTheShard) {
+  auto shard = NewShard(1, 2);
+  server::AggregationGrpcService service(shard.get());
+  auto listener = std::make_unique<Listener>(&service, "127.0.0.1:0");
+  const int port = listener->port();
+  auto client = worker::Client::Connect(Config(port, 1, 2), {0, ""});
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, 1000).ok());  // one chunk
+  listener->Stop();
+  std::vector<float> in(1000, 1.0f), out(1000);
+  const absl::Time start = absl::Now();
+  absl::Status s = (*client)->PushPull("t", 0, in.data(), out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(absl::StrCat("127.0.0.1:", port)));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shard 0"));
+  EXPECT_EQ((*client)->stats().retries, 2u);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  proto::StatsResponse stats;
+  shard->Stats(&stats);
+  EXPECT_EQ(stats.pushes(), 0u);
+}
+
+}  // namespace
+}  // namespace gcomp
