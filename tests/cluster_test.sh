@@ -26,7 +26,7 @@ fi
 
 out="$("$CLUSTER" --shards 2 --workers 3 --steps 2 --gradients "$GRAD" | tail -1)"
 echo "$out"
-[[ "$out" == *'"bound_ok":true'* && "$out" == *'"identical":true'* && "$out" == *'"ok":true'* ]] \
+[[ "$out" == *'"bound_ok":true'* && "$out" == *'"bound_checked":true'* && "$out" == *'"identical":true'* && "$out" == *'"ok":true'* ]] \
   || fail "near-lossless cluster run"
 
 out="$("$CLUSTER" --shards 3 --workers 2 --steps 2 --mode lossless --gradients "$GRAD" | tail -1)"

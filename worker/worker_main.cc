@@ -2,9 +2,12 @@
 //
 // Replays real gradients as worker W of a job: each file is one f32 tensor (key = its
 // index, "g0", "g1", ...), declared once, then pushed every step scaled by
-// ScaleFactor(w, step) so that the mean over workers is known. Every result is checked
-// against the uncompressed reference computed locally (the same sums in the same order)
-// and the codec's error bound. Prints one JSON line on stdout:
+// ScaleFactor(w, step) so that the mean over workers is known. With --verify (the default)
+// every result is checked against the uncompressed reference computed locally (the same
+// sums in the same order) and the codec's error bound; the launcher verifies on one worker
+// only, since it checks separately that all workers got identical bytes (the digest), and
+// W workers each recomputing the reference would crowd the CPU the steps are timed on.
+// Prints one JSON line on stdout:
 //   {"worker":..,"ok":..,"steps":..,"raw_bytes":..,"wire_bytes":..,"max_abs_error":..,
 //    "bound_ok":..,"bound_checked":..,"exact":..,"digest":"..","step_ms":[..],"retries":..,
 //    "error":".."}
@@ -42,6 +45,8 @@ ABSL_FLAG(int, worker, 0, "This worker's id.");
 ABSL_FLAG(std::string, name, "", "Name the shards use for this worker in errors.");
 ABSL_FLAG(std::vector<std::string>, gradients, {}, "Comma-separated float32 .npy files.");
 ABSL_FLAG(int, steps, 3, "Steps to run.");
+ABSL_FLAG(bool, verify, true,
+          "Check every result against the locally computed reference and error bound.");
 ABSL_FLAG(int, kill_at_step, -1,
           "Testing: SIGKILL this process in the middle of this step (after its pushes start).");
 ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error|off");
@@ -98,7 +103,22 @@ int main(int argc, char** argv) {
                                       oc.beta2(), oc.epsilon()};
   const bool lossless = (up.raw || up.policy.mode == gcomp::codec::Mode::kLossless) &&
                         (down.raw || down.policy.mode == gcomp::codec::Mode::kLossless);
-  const bool bound_checked = lossless || opt.kind != gcomp::cluster::OptimizerKind::kAdam;
+  const bool verify = absl::GetFlag(FLAGS_verify);
+  const bool bound_checked =
+      verify && (lossless || opt.kind != gcomp::cluster::OptimizerKind::kAdam);
+  // codec::ErrorBound with its powers of two hoisted out of the element loops (scaling by a
+  // power of two is exact, so the values are the same).
+  auto bound_of = [](const gcomp::cluster::DirectionCodec& dir) {
+    const bool zero = dir.raw || dir.policy.mode == gcomp::codec::Mode::kLossless;
+    const double rel = std::ldexp(1.0, -(dir.policy.rel_bits + 1));
+    const double floor = std::ldexp(1.0, dir.policy.abs_log2);
+    return [zero, rel, floor](double x, double block_max) {
+      if (zero || !std::isfinite(x)) return 0.0;
+      return std::max(std::fabs(x) * rel, block_max * floor);
+    };
+  };
+  const auto up_bound = bound_of(up);
+  const auto down_bound = bound_of(down);
 
   std::vector<Tensor> tensors;
   for (const std::string& path : absl::GetFlag(FLAGS_gradients)) {
@@ -170,6 +190,10 @@ int main(int argc, char** argv) {
 
     // Reference: the same f32 sums in worker order, then the bound per element.
     for (Tensor& t : tensors) {
+      if (!verify) {
+        digest = XXH64(t.output.data(), t.grad.size() * 4, digest);
+        continue;
+      }
       const size_t n = t.grad.size();
       std::vector<float> scaled(n), sum(n), abs_sum(n, 0.0f);
       std::vector<double> up_err(n, 0.0);
@@ -183,7 +207,7 @@ int main(int argc, char** argv) {
             if (std::isfinite(scaled[i])) m = std::max(m, std::fabs(double(scaled[i])));
           }
           for (size_t i = c0; i < c1; ++i) {
-            if (!up.raw) up_err[i] += gcomp::codec::ErrorBound(up.policy, scaled[i], m);
+            up_err[i] += up_bound(scaled[i], m);
           }
         }
         for (size_t i = 0; i < n; ++i) {
@@ -232,10 +256,8 @@ int main(int argc, char** argv) {
           if (std::memcmp(&t.output[i], &ref[i], 4) != 0) exact = false;
           if (!bound_checked) continue;
           double bound = e_before_down;
-          if (!down.raw) {
-            bound += gcomp::codec::ErrorBound(down.policy, std::fabs(double(ref[i])) + e_before_down,
-                                              m + merr + e_before_down);
-          }
+          bound += down_bound(std::fabs(double(ref[i])) + e_before_down,
+                              m + merr + e_before_down);
           if (lossless ? err != 0 : err > bound * (1 + 1e-9)) {
             if (bound_ok) {
               gcomp::log::Error("step {} {}[{}]: got {} want {} err {} bound {}", step, t.key, i,
