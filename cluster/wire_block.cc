@@ -26,17 +26,17 @@ size_t MaxWireBytes(size_t n, codec::DType dtype) {
   return std::max(codec::MaxBlockEncodedBytes(n, dtype), n * codec::DTypeBytes(dtype));
 }
 
-absl::Status EncodeWireBlock(const DirectionCodec& dc, codec::DType dtype, const void* data,
-                             size_t n, proto::CompressedBlock* out) {
+absl::Status FillWireBlock(const DirectionCodec& dc, codec::DType dtype, size_t n,
+                           std::string bytes, proto::CompressedBlock* out) {
   out->set_dtype(ToProto(dtype));
   out->set_elements(n);
-  std::string* bytes = out->mutable_data();
-  bytes->clear();
   if (dc.raw) {
+    if (bytes.size() != n * codec::DTypeBytes(dtype)) {
+      return absl::InternalError("raw chunk of the wrong size");
+    }
     out->set_codec(proto::CODEC_RAW);
     out->clear_policy();
     out->clear_sections();
-    bytes->assign(static_cast<const char*>(data), n * codec::DTypeBytes(dtype));
   } else {
     out->set_codec(proto::CODEC_GCOMP);
     proto::Policy* p = out->mutable_policy();
@@ -44,10 +44,11 @@ absl::Status EncodeWireBlock(const DirectionCodec& dc, codec::DType dtype, const
                                                          : proto::CODEC_MODE_NEAR_LOSSLESS);
     p->set_rel_bits(dc.policy.rel_bits);
     p->set_abs_log2(dc.policy.abs_log2);
-    absl::Status s = codec::EncodeBlock(dtype, data, n, dc.policy, bytes);
-    if (!s.ok()) return s;
-    absl::StatusOr<codec::BlockInfo> info = codec::InspectBlock(codec::AsBytes(*bytes));
-    if (!info.ok()) return absl::InternalError(absl::StrCat("own block unreadable: ", info.status().message()));
+    absl::StatusOr<codec::BlockInfo> info = codec::InspectBlock(codec::AsBytes(bytes));
+    if (!info.ok()) {
+      return absl::InternalError(
+          absl::StrCat("own block unreadable: ", info.status().message()));
+    }
     proto::SectionSizes* sec = out->mutable_sections();
     sec->set_header_bytes(info->header_bytes);
     sec->set_zero_map_bytes(info->zero_map_bytes);
@@ -55,12 +56,26 @@ absl::Status EncodeWireBlock(const DirectionCodec& dc, codec::DType dtype, const
     sec->set_exponent_bytes(info->exponent_bytes);
     sec->set_mantissa_bytes(info->mantissa_bytes);
   }
-  out->set_checksum(XXH64(bytes->data(), bytes->size(), 0));
+  out->set_checksum(XXH64(bytes.data(), bytes.size(), 0));
+  *out->mutable_data() = std::move(bytes);
   return absl::OkStatus();
 }
 
-absl::Status DecodeWireBlock(const proto::CompressedBlock& block, codec::DType dtype, size_t n,
-                             void* out) {
+absl::Status EncodeWireBlock(const DirectionCodec& dc, codec::DType dtype, const void* data,
+                             size_t n, proto::CompressedBlock* out) {
+  std::string bytes = std::move(*out->mutable_data());
+  bytes.clear();
+  if (dc.raw) {
+    bytes.assign(static_cast<const char*>(data), n * codec::DTypeBytes(dtype));
+  } else {
+    absl::Status s = codec::EncodeBlock(dtype, data, n, dc.policy, &bytes);
+    if (!s.ok()) return s;
+  }
+  return FillWireBlock(dc, dtype, n, std::move(bytes), out);
+}
+
+absl::Status CheckWireBlock(const proto::CompressedBlock& block, codec::DType dtype,
+                            size_t n) {
   if (block.dtype() != ToProto(dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("block dtype ", proto::DType_Name(block.dtype()),
                                                    " does not match tensor dtype ",
@@ -80,7 +95,6 @@ absl::Status DecodeWireBlock(const proto::CompressedBlock& block, codec::DType d
                                                      " bytes, expected ",
                                                      n * codec::DTypeBytes(dtype)));
     }
-    std::memcpy(out, data.data(), data.size());
     return absl::OkStatus();
   }
   if (block.codec() != proto::CODEC_GCOMP) {
@@ -100,6 +114,17 @@ absl::Status DecodeWireBlock(const proto::CompressedBlock& block, codec::DType d
        block.sections().zero_map_bytes() != info->zero_map_bytes ||
        block.sections().table_bytes() != info->table_bytes)) {
     return absl::InvalidArgumentError("mirrored section sizes disagree with the codec block");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeWireBlock(const proto::CompressedBlock& block, codec::DType dtype, size_t n,
+                             void* out) {
+  if (absl::Status s = CheckWireBlock(block, dtype, n); !s.ok()) return s;
+  const std::string& data = block.data();
+  if (block.codec() == proto::CODEC_RAW) {
+    std::memcpy(out, data.data(), data.size());
+    return absl::OkStatus();
   }
   absl::Status s = codec::DecodeBlock(codec::AsBytes(data), dtype, out, n);
   if (!s.ok() && s.code() != absl::StatusCode::kInvalidArgument) {

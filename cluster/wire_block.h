@@ -5,6 +5,7 @@
 #define GCOMP_CLUSTER_WIRE_BLOCK_H_
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/status.h"
 #include "codec/codec.h"
@@ -24,6 +25,15 @@ size_t MaxWireBytes(size_t n, codec::DType dtype);
 // address). `data` holds n elements of `dtype`.
 absl::Status EncodeWireBlock(const DirectionCodec& codec, codec::DType dtype, const void* data,
                              size_t n, proto::CompressedBlock* out);
+
+// Fills the same fields from bytes already encoded elsewhere (the GPU codec, or raw
+// elements when dc.raw): one GComp block of n elements, or n raw elements.
+absl::Status FillWireBlock(const DirectionCodec& codec, codec::DType dtype, size_t n,
+                           std::string bytes, proto::CompressedBlock* out);
+
+// Every check DecodeWireBlock makes short of decoding the payload: fields, checksum, the
+// codec block's header and section sizes. Same errors.
+absl::Status CheckWireBlock(const proto::CompressedBlock& block, codec::DType dtype, size_t n);
 
 // Decodes `block` into out[0, n) as `dtype`. Errors: InvalidArgument (dtype, element count,
 // codec or size fields disagree with what is expected), DataLoss (checksum mismatch or a

@@ -27,6 +27,7 @@ echo "gradients: ${GCOMP_GRADIENTS_DIR:-none}" | tee -a "$OUT/summary.txt"
 
 step "build"
 if ! timeout 330 "${BAZEL[@]}" build --jobs="$JOBS" "$@" //gpu/... //bench:gpu_codec_bench \
+    //tests:device_push_pull_test \
     >"$OUT/build.log" 2>&1; then
   echo "build FAILED (see build.log)" | tee -a "$OUT/summary.txt"
   tail -30 "$OUT/build.log"
@@ -35,7 +36,8 @@ fi
 
 step "gpu tests"
 timeout 150 "${BAZEL[@]}" test --jobs="$JOBS" "$@" --test_tag_filters=gpu --test_output=all \
-    --test_env=GCOMP_GRADIENTS_DIR="$GCOMP_GRADIENTS_DIR" //gpu/... >"$OUT/test.log" 2>&1
+    --test_env=GCOMP_GRADIENTS_DIR="$GCOMP_GRADIENTS_DIR" //gpu/... \
+    //tests:device_push_pull_test >"$OUT/test.log" 2>&1
 rc=$?
 [[ $rc -ne 0 ]] && status=1
 echo "gpu tests: exit $rc" | tee -a "$OUT/summary.txt"
@@ -45,7 +47,7 @@ if grep -q "SKIPPED \] GpuCodec.GridIsByteIdenticalToCpu" "$OUT/test.log"; then
   status=1
 fi
 grep -E "^(//|\[  |Executed)|Skipped|Failure" "$OUT/test.log" | head -40
-for log in bazel-testlogs/gpu/*/test.log; do
+for log in bazel-testlogs/gpu/*/test.log bazel-testlogs/tests/device_push_pull_test/test.log; do
   [[ -f "$log" ]] && cp "$log" "$OUT/$(basename "$(dirname "$log")").test.log"
 done
 

@@ -14,6 +14,8 @@
 #include "cluster/cluster_config.h"
 #include "cluster/shard_map.h"
 #include "cluster/wire_block.h"
+#include "gpu/runtime.h"
+#include "worker/device_chunks.h"
 
 namespace gcomp::worker {
 namespace {
@@ -202,6 +204,23 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
   const size_t num_chunks = t.layout.num_chunks;
   const size_t senders = std::min<size_t>(config.max_inflight_chunks(), num_chunks);
 
+  // Device tensors: every chunk is encoded up front in one GPU batch, and the replies are
+  // kept (checked) to be decoded in one GPU batch at the end.
+  const bool on_device = gpu::IsDevicePointer(input);
+  if (on_device != gpu::IsDevicePointer(output)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push-pull of '", key, "': input and output must both be host or both be CUDA memory"));
+  }
+  std::vector<std::string> device_encoded;
+  std::vector<proto::CompressedBlock> device_replies;
+  if (on_device) {
+    absl::StatusOr<std::vector<std::string>> enc =
+        EncodeDeviceChunks(uplink, t.dtype, input, t.layout);
+    if (!enc.ok()) return enc.status();
+    device_encoded = *std::move(enc);
+    device_replies.resize(num_chunks);
+  }
+
   // Encoded chunks wait here for a sender; bounded so encoding runs at most `senders`
   // chunks ahead of the network.
   std::mutex qmu;
@@ -253,8 +272,11 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
         return;
       }
       const size_t n = t.layout.size(chunk);
-      absl::Status d = cluster::DecodeWireBlock(
-          resp, t.dtype, n, static_cast<char*>(output) + t.layout.begin(chunk) * esize);
+      absl::Status d =
+          on_device ? cluster::CheckWireBlock(resp, t.dtype, n)
+                    : cluster::DecodeWireBlock(
+                          resp, t.dtype, n,
+                          static_cast<char*>(output) + t.layout.begin(chunk) * esize);
       if (!d.ok()) {
         fail(absl::Status(d.code(), absl::StrCat(where, ": reply: ", d.message())));
         return;
@@ -262,6 +284,7 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
       raw_received += n * esize;
       wire_received += resp.data().size();
       ++chunks;
+      if (on_device) device_replies[chunk] = std::move(resp);  // each chunk has one sender
     }
   };
 
@@ -271,9 +294,12 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
   for (uint32_t c = 0; c < num_chunks && !failed; ++c) {
     auto req = std::make_unique<proto::CompressedBlock>();
     const size_t n = t.layout.size(c);
-    absl::Status s = cluster::EncodeWireBlock(
-        uplink, t.dtype, static_cast<const char*>(input) + t.layout.begin(c) * esize, n,
-        req.get());
+    absl::Status s =
+        on_device
+            ? cluster::FillWireBlock(uplink, t.dtype, n, std::move(device_encoded[c]), req.get())
+            : cluster::EncodeWireBlock(uplink, t.dtype,
+                                       static_cast<const char*>(input) + t.layout.begin(c) * esize,
+                                       n, req.get());
     if (!s.ok()) {
       fail(s);
       break;
@@ -298,6 +324,9 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
     qcv.notify_all();
   }
   for (std::thread& th : threads) th.join();
+  if (first_error.ok() && on_device) {
+    return DecodeDeviceChunks(t.dtype, device_replies, t.layout, output);
+  }
   return first_error;
 }
 
@@ -319,6 +348,8 @@ absl::Status Client::Pull(const std::string& key, void* output) {
   if (!found.ok()) return found.status();
   const TensorInfo& t = *found;
   const size_t esize = codec::DTypeBytes(t.dtype);
+  const bool on_device = gpu::IsDevicePointer(output);
+  std::vector<proto::CompressedBlock> device_replies(on_device ? t.layout.num_chunks : 0);
   for (uint32_t c = 0; c < t.layout.num_chunks; ++c) {
     proto::PullRequest req;
     req.set_job(m.config.job());
@@ -332,10 +363,18 @@ absl::Status Client::Pull(const std::string& key, void* output) {
       return m.Stub(t.owner[c])->Pull(&ctx, req, &resp);
     });
     if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
+    if (on_device) {
+      if (absl::Status d = cluster::CheckWireBlock(resp, t.dtype, t.layout.size(c)); !d.ok()) {
+        return d;
+      }
+      device_replies[c] = std::move(resp);
+      continue;
+    }
     absl::Status d = cluster::DecodeWireBlock(
         resp, t.dtype, t.layout.size(c), static_cast<char*>(output) + t.layout.begin(c) * esize);
     if (!d.ok()) return d;
   }
+  if (on_device) return DecodeDeviceChunks(t.dtype, device_replies, t.layout, output);
   return absl::OkStatus();
 }
 
