@@ -1,11 +1,7 @@
 #include "base/npy.h"
 
-#include <unistd.h>
 
-#include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -13,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/files.h"
 
 namespace gcomp {
 namespace {
@@ -107,11 +104,9 @@ absl::StatusOr<NpyArray> ParseNpyF32(absl::string_view bytes) {
 }
 
 absl::StatusOr<NpyArray> ReadNpyF32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  absl::StatusOr<NpyArray> array = ParseNpyF32(ss.str());
+  absl::StatusOr<std::string> bytes = ReadFile(path);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<NpyArray> array = ParseNpyF32(*bytes);
   if (!array.ok()) {
     return absl::Status(array.status().code(), absl::StrCat(path, ": ", array.status().message()));
   }
@@ -139,23 +134,7 @@ std::string SerializeNpyF32(absl::Span<const float> data, absl::Span<const size_
 
 absl::Status WriteNpyF32(const std::string& path, absl::Span<const float> data,
                          absl::Span<const size_t> shape) {
-  const std::string bytes = SerializeNpyF32(data, shape);
-  const std::string tmp = absl::StrCat(path, ".tmp", getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp));
-    out.write(bytes.data(), bytes.size());
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::DataLossError(absl::StrCat("cannot write ", tmp));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::PermissionDeniedError(absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, SerializeNpyF32(data, shape));
 }
 
 }  // namespace gcomp

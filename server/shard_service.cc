@@ -115,17 +115,7 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
                                                    r.elements()));
   }
   absl::StatusOr<cluster::OptimizerOptions> opt =
-      OptimizerFrom(r.has_optimizer() ? proto::OptimizerConfig() : config_.optimizer());
-  if (r.has_optimizer()) {
-    proto::OptimizerConfig oc;
-    oc.set_name(r.optimizer().name());
-    oc.set_learning_rate(r.optimizer().learning_rate());
-    oc.set_momentum(r.optimizer().momentum());
-    oc.set_beta1(r.optimizer().beta1());
-    oc.set_beta2(r.optimizer().beta2());
-    oc.set_epsilon(r.optimizer().epsilon());
-    opt = OptimizerFrom(oc);
-  }
+      OptimizerFrom(r.has_optimizer() ? r.optimizer() : config_.optimizer());
   if (!opt.ok()) return opt.status();
   const cluster::ChunkLayout layout(r.elements(), codec::DTypeBytes(*dtype), config_.chunk_bytes());
 

@@ -1,13 +1,11 @@
 #include "codec/cli/commands.h"
 
 #include <lz4.h>
-#include <unistd.h>
 #include <zstd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -17,40 +15,13 @@
 #include "absl/strings/str_format.h"
 #include "base/npy.h"
 #include "base/thread_pool.h"
+#include "base/files.h"
 #include "codec/cli/gcz.h"
 
 namespace gcomp::cli {
 namespace {
 
 using codec::DType;
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Never leaves `path` half-written: write a temporary file beside it, then rename.
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
-  const std::string tmp = absl::StrCat(path, ".tmp", getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp));
-    out.write(bytes.data(), bytes.size());
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::DataLossError(absl::StrCat("cannot write ", tmp));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::PermissionDeniedError(absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status Annotate(const absl::Status& st, const std::string& path) {
   return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
