@@ -1,0 +1,161 @@
+#include "base/npy.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace gcomp {
+namespace {
+
+constexpr char kMagic[] = "\x93NUMPY";
+constexpr size_t kMaxElements = size_t{1} << 34;
+
+// The value text after `'key':` in the header dict, up to the next top-level comma.
+absl::StatusOr<absl::string_view> DictValue(absl::string_view dict, absl::string_view key) {
+  const std::string quoted = absl::StrCat("'", key, "'");
+  size_t at = dict.find(quoted);
+  if (at == absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("npy header has no '", key, "' entry"));
+  }
+  absl::string_view rest = dict.substr(at + quoted.size());
+  rest = absl::StripLeadingAsciiWhitespace(rest);
+  if (!absl::ConsumePrefix(&rest, ":")) {
+    return absl::InvalidArgumentError("npy header: malformed dict");
+  }
+  rest = absl::StripLeadingAsciiWhitespace(rest);
+  size_t end = 0;
+  int depth = 0;
+  for (; end < rest.size(); ++end) {
+    char c = rest[end];
+    if (c == '(') ++depth;
+    if (c == ')') --depth;
+    if ((c == ',' || c == '}') && depth == 0) break;
+  }
+  return absl::StripTrailingAsciiWhitespace(rest.substr(0, end));
+}
+
+}  // namespace
+
+absl::StatusOr<NpyArray> ParseNpyF32(absl::string_view bytes) {
+  if (bytes.size() < 10 || bytes.substr(0, 6) != absl::string_view(kMagic, 6)) {
+    return absl::InvalidArgumentError("not a .npy file (bad magic)");
+  }
+  const int major = static_cast<uint8_t>(bytes[6]);
+  size_t header_len, offset;
+  if (major == 1) {
+    header_len = static_cast<uint8_t>(bytes[8]) | (static_cast<uint8_t>(bytes[9]) << 8);
+    offset = 10;
+  } else if (major == 2 || major == 3) {
+    if (bytes.size() < 12) return absl::InvalidArgumentError(".npy file truncated in its header");
+    header_len = 0;
+    for (int i = 0; i < 4; ++i) header_len |= size_t{static_cast<uint8_t>(bytes[8 + i])} << (8 * i);
+    offset = 12;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported .npy version ", major));
+  }
+  if (bytes.size() < offset + header_len) {
+    return absl::InvalidArgumentError(".npy file truncated in its header");
+  }
+  const absl::string_view dict = bytes.substr(offset, header_len);
+  absl::StatusOr<absl::string_view> descr = DictValue(dict, "descr");
+  if (!descr.ok()) return descr.status();
+  if (*descr != "'<f4'" && *descr != "'=f4'") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported .npy dtype ", *descr, " (want little-endian float32 '<f4')"));
+  }
+  absl::StatusOr<absl::string_view> fortran = DictValue(dict, "fortran_order");
+  if (!fortran.ok()) return fortran.status();
+  if (*fortran != "False") {
+    return absl::InvalidArgumentError(".npy array is in Fortran order (want C order)");
+  }
+  absl::StatusOr<absl::string_view> shape_text = DictValue(dict, "shape");
+  if (!shape_text.ok()) return shape_text.status();
+  absl::string_view s = *shape_text;
+  if (!absl::ConsumePrefix(&s, "(") || !absl::ConsumeSuffix(&s, ")")) {
+    return absl::InvalidArgumentError(absl::StrCat("npy header: bad shape ", *shape_text));
+  }
+  NpyArray array;
+  size_t count = 1;
+  for (absl::string_view dim : absl::StrSplit(s, ',', absl::SkipWhitespace())) {
+    uint64_t d;
+    if (!absl::SimpleAtoi(dim, &d) || d > kMaxElements) {
+      return absl::InvalidArgumentError(absl::StrCat("npy header: bad shape ", *shape_text));
+    }
+    array.shape.push_back(d);
+    count *= d;
+    if (count > kMaxElements) return absl::InvalidArgumentError(".npy array too large");
+  }
+  const size_t data_bytes = bytes.size() - offset - header_len;
+  if (data_bytes != count * 4) {
+    return absl::InvalidArgumentError(absl::StrCat(".npy data is ", data_bytes,
+                                                   " bytes but the shape needs ", count * 4,
+                                                   data_bytes < count * 4 ? " (truncated)" : ""));
+  }
+  array.data.resize(count);
+  std::memcpy(array.data.data(), bytes.data() + offset + header_len, count * 4);
+  return array;
+}
+
+absl::StatusOr<NpyArray> ReadNpyF32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  absl::StatusOr<NpyArray> array = ParseNpyF32(ss.str());
+  if (!array.ok()) {
+    return absl::Status(array.status().code(), absl::StrCat(path, ": ", array.status().message()));
+  }
+  return array;
+}
+
+std::string SerializeNpyF32(absl::Span<const float> data, absl::Span<const size_t> shape) {
+  std::string dims = absl::StrJoin(shape, ", ");
+  if (shape.size() == 1) dims += ",";
+  std::string dict =
+      absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (", dims, "), }");
+  // Pad so that the data starts on a 64-byte boundary; the header ends with '\n'.
+  size_t total = 10 + dict.size() + 1;
+  dict.append((64 - total % 64) % 64, ' ');
+  dict.push_back('\n');
+  std::string out(kMagic, 6);
+  out.push_back(1);
+  out.push_back(0);
+  out.push_back(static_cast<char>(dict.size() & 0xff));
+  out.push_back(static_cast<char>(dict.size() >> 8));
+  out += dict;
+  out.append(reinterpret_cast<const char*>(data.data()), data.size() * 4);
+  return out;
+}
+
+absl::Status WriteNpyF32(const std::string& path, absl::Span<const float> data,
+                         absl::Span<const size_t> shape) {
+  const std::string bytes = SerializeNpyF32(data, shape);
+  const std::string tmp = absl::StrCat(path, ".tmp", getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp));
+    out.write(bytes.data(), bytes.size());
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      return absl::DataLossError(absl::StrCat("cannot write ", tmp));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::PermissionDeniedError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gcomp

@@ -1,0 +1,656 @@
+// One block: header, sign + mantissa plane, zero map, code table, 4 exponent streams.
+// docs/FORMAT.md specifies every byte.
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "codec/codec.h"
+#include "codec/internal/bits.h"
+#include "codec/internal/format.h"
+#include "codec/internal/huffman.h"
+
+namespace gcomp::codec {
+namespace {
+
+using internal::BitReader;
+using internal::BitWriter;
+using internal::HuffmanCode;
+using internal::Layout;
+using internal::Load32;
+using internal::Load64;
+using internal::Store32;
+using internal::Store64;
+
+// Per-thread scratch so that encoding many blocks does not allocate (or zero) per block.
+struct Scratch {
+  std::vector<uint8_t> bytes;    // the block being assembled
+  std::vector<uint8_t> syms;     // exponent symbols of the nonzero elements
+  std::vector<uint64_t> bitmap;  // 1 = nonzero
+};
+Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+template <typename V>
+void Grow(V& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+// Element bits as an unsigned integer of the dtype's width.
+template <typename U>
+inline U LoadElem(const void* p, size_t i) {
+  U u;
+  std::memcpy(&u, static_cast<const uint8_t*>(p) + i * sizeof(U), sizeof(U));
+  return u;
+}
+template <typename U>
+inline void StoreElem(void* p, size_t i, U u) {
+  std::memcpy(static_cast<uint8_t*>(p) + i * sizeof(U), &u, sizeof(U));
+}
+
+size_t VarintBytes(uint32_t v) {
+  size_t n = 1;
+  while (v >= 128) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+uint8_t* PutVarint(uint8_t* p, uint32_t v) {
+  while (v >= 128) {
+    *p++ = static_cast<uint8_t>(v | 128);
+    v >>= 7;
+  }
+  *p++ = static_cast<uint8_t>(v);
+  return p;
+}
+
+// Bytes of the gap-varint list of the positions whose bit equals `want`.
+size_t PositionListBytes(const uint64_t* bitmap, size_t n, bool want) {
+  size_t bytes = 0;
+  size_t prev = 0;  // next position a gap of 0 refers to
+  for (size_t w = 0; w * 64 < n; ++w) {
+    uint64_t bits = want ? bitmap[w] : ~bitmap[w];
+    if (w * 64 + 64 > n) bits &= (uint64_t{1} << (n - w * 64)) - 1;
+    while (bits) {
+      size_t pos = w * 64 + __builtin_ctzll(bits);
+      bits &= bits - 1;
+      bytes += VarintBytes(static_cast<uint32_t>(pos - prev));
+      prev = pos + 1;
+    }
+  }
+  return bytes;
+}
+uint8_t* WritePositionList(const uint64_t* bitmap, size_t n, bool want, uint8_t* p) {
+  size_t prev = 0;
+  for (size_t w = 0; w * 64 < n; ++w) {
+    uint64_t bits = want ? bitmap[w] : ~bitmap[w];
+    if (w * 64 + 64 > n) bits &= (uint64_t{1} << (n - w * 64)) - 1;
+    while (bits) {
+      size_t pos = w * 64 + __builtin_ctzll(bits);
+      bits &= bits - 1;
+      p = PutVarint(p, static_cast<uint32_t>(pos - prev));
+      prev = pos + 1;
+    }
+  }
+  return p;
+}
+
+// Rebuilds the nonzero bitmap from a position list; checks every byte of it.
+absl::Status ReadPositionList(absl::Span<const uint8_t> list, size_t n, size_t entries,
+                              bool want, uint64_t* bitmap) {
+  const size_t words = (n + 63) / 64;
+  std::fill(bitmap, bitmap + words, want ? 0 : ~uint64_t{0});
+  if (!want && n % 64 != 0) bitmap[words - 1] = (uint64_t{1} << (n % 64)) - 1;
+  size_t p = 0, next = 0;
+  for (size_t e = 0; e < entries; ++e) {
+    uint64_t gap = 0;
+    for (int shift = 0;; shift += 7) {
+      if (p >= list.size() || shift > 28) {
+        return absl::DataLossError("zero map: truncated or overlong position varint");
+      }
+      uint8_t b = list[p++];
+      gap |= uint64_t{b & 127u} << shift;
+      if (b < 128) break;
+    }
+    const uint64_t pos = next + gap;
+    if (pos >= n) return absl::DataLossError("zero map: position past the element count");
+    bitmap[pos / 64] ^= uint64_t{1} << (pos % 64);
+    next = pos + 1;
+  }
+  if (p != list.size()) return absl::DataLossError("zero map: trailing bytes after positions");
+  return absl::OkStatus();
+}
+
+// XXH64 of the payload, seeded with XXH64 of the header bytes before the checksum field.
+uint64_t Checksum(const uint8_t* block, size_t size) {
+  const uint64_t seed = XXH64(block, internal::kOffChecksum, 0);
+  return XXH64(block + kBlockHeaderBytes, size - kBlockHeaderBytes, seed);
+}
+
+struct Tables {
+  uint8_t k[256];     // mantissa bits per symbol
+  uint8_t drop[256];  // mant_bits - k
+};
+void BuildTables(const Layout& lay, const Policy& p, int emax, Tables* t) {
+  for (int s = 0; s < 256; ++s) {
+    int k = s < lay.alphabet()
+                ? internal::MantissaWidth(lay, p.mode, p.rel_bits, p.abs_log2, emax, s)
+                : lay.mant_bits;
+    t->k[s] = static_cast<uint8_t>(k);
+    t->drop[s] = static_cast<uint8_t>(lay.mant_bits - k);
+  }
+}
+
+void WriteHeader(const BlockInfo& b, uint8_t* h) {
+  Store32(h + internal::kOffMagic, internal::kBlockMagic);
+  h[internal::kOffVersion] = internal::kBlockVersion;
+  h[internal::kOffDType] = static_cast<uint8_t>(b.dtype);
+  h[internal::kOffMode] = static_cast<uint8_t>(b.policy.mode);
+  h[internal::kOffRelBits] = static_cast<uint8_t>(b.policy.rel_bits);
+  h[internal::kOffAbsLog2] = static_cast<uint8_t>(static_cast<int8_t>(b.policy.abs_log2));
+  h[internal::kOffZeroMap] = static_cast<uint8_t>(b.zero_map);
+  h[internal::kOffTable] = static_cast<uint8_t>(b.table);
+  h[internal::kOffEmax] = static_cast<uint8_t>(b.emax);
+  Store32(h + internal::kOffElements, b.elements);
+  Store32(h + internal::kOffNonzeros, b.nonzeros);
+  Store32(h + internal::kOffMantissaBytes, static_cast<uint32_t>(b.mantissa_bytes));
+  Store32(h + internal::kOffZeroMapBytes, static_cast<uint32_t>(b.zero_map_bytes));
+  Store32(h + internal::kOffTableBytes, static_cast<uint32_t>(b.table_bytes));
+  for (int s = 0; s < 4; ++s) Store32(h + internal::kOffStreamBytes + 4 * s, b.stream_bytes[s]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoder.
+
+template <typename U>
+absl::Status EncodeTyped(DType dtype, const void* data, size_t n, const BlockEncodeOptions& opt,
+                         std::string* out) {
+  const Layout lay = internal::LayoutOf(dtype);
+  const int M = lay.mant_bits;
+  const int top = lay.total_bits - 1;
+  const U mag_mask = static_cast<U>((uint32_t{1} << top) - 1);
+  const U mant_mask = static_cast<U>((uint32_t{1} << M) - 1);
+  const Policy& pol = opt.policy;
+  const bool lossless = pol.mode == Mode::kLossless;
+
+  BlockInfo b;
+  b.dtype = dtype;
+  b.policy = pol;
+  b.elements = static_cast<uint32_t>(n);
+
+  // Pass 1: the largest exponent field among finite elements.
+  uint32_t emax = 0;
+  {
+    const uint32_t all_ones = lay.all_ones();
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t e = (LoadElem<U>(data, i) & mag_mask) >> M;
+      uint32_t f = e == all_ones ? 0 : e;
+      emax = f > emax ? f : emax;
+    }
+  }
+  b.emax = static_cast<int>(emax);
+  Tables t;
+  BuildTables(lay, pol, b.emax, &t);
+  // Near-lossless zeroes elements more than -A binades below emax: e < emax + A.
+  const uint32_t zero_below =
+      lossless ? 0 : static_cast<uint32_t>(std::max(0, b.emax + pol.abs_log2));
+  const U zero_test = lossless ? static_cast<U>(~U{0}) : mag_mask;
+
+  Scratch& sc = ThreadScratch();
+  const size_t mant_max = (n * (M + 1) + 7) / 8 + 16;
+  const size_t words = (n + 63) / 64;
+  const size_t cap = kBlockHeaderBytes + mant_max + words * 8 + 16 + 2 + 128 + 8 +
+                     internal::MaxStreamBytes(n) + 16;
+  Grow(sc.bytes, cap);
+  Grow(sc.syms, n + 8);
+  Grow(sc.bitmap, words + 1);
+  uint8_t* blk = sc.bytes.data();
+  uint8_t* syms = sc.syms.data();
+  uint64_t* bitmap = sc.bitmap.data();
+
+  // Pass 2: round, split into symbol / sign + mantissa, record zeros. Branch-free.
+  BitWriter mw(blk + kBlockHeaderBytes);
+  size_t j = 0;
+  for (size_t w = 0; w < words; ++w) {
+    const size_t lo = w * 64, hi = std::min(n, lo + 64);
+    uint64_t word = 0;
+    for (size_t i = lo; i < hi; ++i) {
+      const U u = LoadElem<U>(data, i);
+      const uint32_t mag = u & mag_mask;
+      const uint32_t e = mag >> M;
+      const uint32_t nz = (e >= zero_below) & ((u & zero_test) != 0);
+      const uint32_t drop = t.drop[e];
+      const uint32_t r = (mag + ((1u << drop) >> 1)) & (~0u << drop);
+      const uint32_t e2 = r >> M;
+      const uint32_t k2 = t.k[e2];
+      const uint64_t v = (((r & mant_mask) >> (M - k2)) | (static_cast<uint64_t>(u >> top) << k2)) &
+                         (uint64_t{0} - nz);
+      mw.Put(v, (k2 + 1) & (0u - nz));
+      mw.Flush();
+      syms[j] = static_cast<uint8_t>(e2);
+      j += nz;
+      word |= uint64_t{nz} << (i - lo);
+    }
+    bitmap[w] = word;
+  }
+  const size_t nnz = j;
+  b.nonzeros = static_cast<uint32_t>(nnz);
+  b.mantissa_bytes = mw.Finish();
+  uint8_t* p = blk + kBlockHeaderBytes + b.mantissa_bytes;
+
+  // Zero map: the smallest of none / bitmap / zero positions / nonzero positions.
+  const size_t zeros = n - nnz;
+  if (zeros == 0) {
+    b.zero_map = ZeroMapKind::kNone;
+  } else {
+    size_t best = (n + 7) / 8;
+    b.zero_map = ZeroMapKind::kBitmap;
+    if (zeros < best) {
+      size_t bytes = PositionListBytes(bitmap, n, false);
+      if (bytes < best) best = bytes, b.zero_map = ZeroMapKind::kZeroPositions;
+    }
+    if (nnz < best) {
+      size_t bytes = PositionListBytes(bitmap, n, true);
+      if (bytes < best) best = bytes, b.zero_map = ZeroMapKind::kNonzeroPositions;
+    }
+    uint8_t* q = p;
+    if (b.zero_map == ZeroMapKind::kBitmap) {
+      std::memcpy(q, bitmap, best);
+      q += best;
+    } else {
+      q = WritePositionList(bitmap, n, b.zero_map == ZeroMapKind::kNonzeroPositions, q);
+    }
+    b.zero_map_bytes = static_cast<size_t>(q - p);
+    p = q;
+  }
+
+  // Exponent code: the block's own table, or a shared one when that is no larger.
+  if (nnz > 0) {
+    uint64_t freq[256] = {};
+    {
+      uint64_t f[4][256] = {};
+      size_t i = 0;
+      for (; i + 4 <= nnz; i += 4) {
+        ++f[0][syms[i]];
+        ++f[1][syms[i + 1]];
+        ++f[2][syms[i + 2]];
+        ++f[3][syms[i + 3]];
+      }
+      for (; i < nnz; ++i) ++f[0][syms[i]];
+      for (int s = 0; s < 256; ++s) freq[s] = f[0][s] + f[1][s] + f[2][s] + f[3][s];
+    }
+    HuffmanCode own;
+    internal::BuildLengths(freq, lay.alphabet(), &own);
+    internal::AssignCodes(&own);
+    std::string own_table;
+    internal::SerializeTable(own, &own_table);
+    const HuffmanCode* code = &own;
+    HuffmanCode shared;
+    b.table = TableKind::kInline;
+    if (opt.shared_table != nullptr && opt.shared_table->dtype() == dtype) {
+      absl::Status st = internal::ParseTable(AsBytes(opt.shared_table->bytes()),
+                                             lay.alphabet(), &shared);
+      if (!st.ok()) return st;
+      const uint64_t shared_bits = internal::CodedBits(shared, freq);
+      const uint64_t own_bits = internal::CodedBits(own, freq);
+      if (shared_bits != UINT64_MAX && shared_bits + 64 <= own_bits + 8 * own_table.size()) {
+        code = &shared;
+        b.table = TableKind::kReference;
+        b.table_id = opt.shared_table->id();
+      }
+    }
+    if (b.table == TableKind::kInline) {
+      std::memcpy(p, own_table.data(), own_table.size());
+      b.table_bytes = own_table.size();
+    } else {
+      Store64(p, b.table_id);
+      b.table_bytes = 8;
+    }
+    p += b.table_bytes;
+    internal::EncodeStreams(syms, nnz, *code, p, b.stream_bytes);
+    for (int s = 0; s < 4; ++s) b.exponent_bytes += b.stream_bytes[s];
+    p += b.exponent_bytes;
+  }
+
+  size_t total = static_cast<size_t>(p - blk);
+  if (total - kBlockHeaderBytes > n * sizeof(U)) {
+    // Incompressible: store the raw elements.
+    BlockInfo raw;
+    raw.dtype = dtype;
+    raw.policy = pol;
+    raw.emax = b.emax;
+    raw.elements = b.elements;
+    raw.nonzeros = b.elements;
+    raw.table = TableKind::kStored;
+    raw.mantissa_bytes = n * sizeof(U);
+    std::memcpy(blk + kBlockHeaderBytes, data, n * sizeof(U));
+    b = raw;
+    total = kBlockHeaderBytes + raw.mantissa_bytes;
+  }
+  WriteHeader(b, blk);
+  Store64(blk + internal::kOffChecksum, Checksum(blk, total));
+  out->append(reinterpret_cast<const char*>(blk), total);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Header parsing and validation: everything is checked before any allocation.
+
+absl::StatusOr<BlockInfo> ParseBlock(absl::Span<const uint8_t> blk) {
+  if (blk.size() < kBlockHeaderBytes) {
+    return absl::DataLossError(
+        absl::StrCat("block of ", blk.size(), " bytes is shorter than its 56-byte header"));
+  }
+  const uint8_t* h = blk.data();
+  if (Load32(h + internal::kOffMagic) != internal::kBlockMagic) {
+    return absl::DataLossError("not a GComp block (bad magic)");
+  }
+  if (h[internal::kOffVersion] != internal::kBlockVersion) {
+    return absl::DataLossError(
+        absl::StrCat("unsupported block format version ", h[internal::kOffVersion]));
+  }
+  if (!internal::IsValidDType(h[internal::kOffDType])) {
+    return absl::DataLossError(absl::StrCat("bad dtype code ", h[internal::kOffDType]));
+  }
+  BlockInfo b;
+  b.dtype = static_cast<DType>(h[internal::kOffDType]);
+  const Layout lay = internal::LayoutOf(b.dtype);
+  if (h[internal::kOffMode] > 1) return absl::DataLossError("bad mode code");
+  b.policy.mode = static_cast<Mode>(h[internal::kOffMode]);
+  b.policy.rel_bits = h[internal::kOffRelBits];
+  b.policy.abs_log2 = static_cast<int8_t>(h[internal::kOffAbsLog2]);
+  if (absl::Status st = ValidatePolicy(b.policy); !st.ok()) {
+    return absl::DataLossError(absl::StrCat("block policy: ", st.message()));
+  }
+  if (h[internal::kOffZeroMap] > 3) return absl::DataLossError("bad zero map kind");
+  if (h[internal::kOffTable] > 3) return absl::DataLossError("bad table kind");
+  b.zero_map = static_cast<ZeroMapKind>(h[internal::kOffZeroMap]);
+  b.table = static_cast<TableKind>(h[internal::kOffTable]);
+  b.emax = h[internal::kOffEmax];
+  if (b.emax >= lay.all_ones()) return absl::DataLossError("bad largest exponent");
+  b.elements = Load32(h + internal::kOffElements);
+  b.nonzeros = Load32(h + internal::kOffNonzeros);
+  b.mantissa_bytes = Load32(h + internal::kOffMantissaBytes);
+  b.zero_map_bytes = Load32(h + internal::kOffZeroMapBytes);
+  b.table_bytes = Load32(h + internal::kOffTableBytes);
+  for (int s = 0; s < 4; ++s) {
+    b.stream_bytes[s] = Load32(h + internal::kOffStreamBytes + 4 * s);
+    b.exponent_bytes += b.stream_bytes[s];
+  }
+  b.total_bytes = blk.size();
+  const size_t n = b.elements, nnz = b.nonzeros;
+  if (n > kMaxBlockElements) {
+    return absl::DataLossError(absl::StrCat("block claims ", n, " elements (limit 2^26)"));
+  }
+  if (nnz > n) return absl::DataLossError("more nonzeros than elements");
+  const uint64_t sum = uint64_t{b.mantissa_bytes} + b.zero_map_bytes + b.table_bytes +
+                       b.exponent_bytes + kBlockHeaderBytes;
+  if (sum != blk.size()) {
+    return absl::DataLossError(absl::StrCat("section sizes sum to ", sum,
+                                            " bytes but the block has ", blk.size()));
+  }
+  const size_t elem_bytes = DTypeBytes(b.dtype);
+  if (b.table == TableKind::kStored) {
+    if (b.zero_map != ZeroMapKind::kNone || b.zero_map_bytes || b.table_bytes ||
+        b.exponent_bytes || nnz != n || b.mantissa_bytes != n * elem_bytes) {
+      return absl::DataLossError("stored block with inconsistent sections");
+    }
+  } else {
+    if ((b.table == TableKind::kNone) != (nnz == 0)) {
+      return absl::DataLossError("table kind does not match the nonzero count");
+    }
+    if (b.table == TableKind::kNone &&
+        (b.table_bytes || b.exponent_bytes || b.mantissa_bytes)) {
+      return absl::DataLossError("block without nonzeros has nonempty sections");
+    }
+    if (b.table == TableKind::kInline && (b.table_bytes < 3 || b.table_bytes > 130)) {
+      return absl::DataLossError("bad inline table size");
+    }
+    if (b.table == TableKind::kReference && b.table_bytes != 8) {
+      return absl::DataLossError("bad table reference size");
+    }
+    const size_t zeros = n - nnz;
+    switch (b.zero_map) {
+      case ZeroMapKind::kNone:
+        if (zeros != 0 || b.zero_map_bytes != 0) {
+          return absl::DataLossError("zero map kind 'none' but the block has zeros");
+        }
+        break;
+      case ZeroMapKind::kBitmap:
+        if (b.zero_map_bytes != (n + 7) / 8) return absl::DataLossError("bad bitmap size");
+        break;
+      case ZeroMapKind::kZeroPositions:
+      case ZeroMapKind::kNonzeroPositions: {
+        const size_t entries = b.zero_map == ZeroMapKind::kZeroPositions ? zeros : nnz;
+        if (b.zero_map_bytes < entries || b.zero_map_bytes > 4 * entries) {
+          return absl::DataLossError("bad position list size");
+        }
+        break;
+      }
+    }
+    for (int s = 0; s < 4; ++s) {
+      if (b.stream_bytes[s] > (internal::StreamCount(nnz, s) * internal::kMaxCodeLen + 7) / 8) {
+        return absl::DataLossError("exponent stream larger than its symbols allow");
+      }
+    }
+    if (b.mantissa_bytes > (nnz * (lay.mant_bits + 1) + 7) / 8 ||
+        b.mantissa_bytes < (nnz + 7) / 8) {
+      return absl::DataLossError("bad sign/mantissa plane size");
+    }
+  }
+  if (Load64(h + internal::kOffChecksum) != Checksum(h, blk.size())) {
+    return absl::DataLossError("block checksum mismatch");
+  }
+  if (b.table == TableKind::kReference) {
+    b.table_id = Load64(h + kBlockHeaderBytes + b.mantissa_bytes + b.zero_map_bytes);
+  }
+  return b;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoder.
+
+template <typename U>
+struct ElemDecoder {
+  const uint8_t* syms;
+  const uint8_t* k;
+  int M;
+  int top;
+  inline U One(BitReader& r) {
+    const uint32_t sym = *syms++;
+    const uint32_t kk = k[sym];
+    const uint64_t v = r.Peek();
+    const uint32_t mant = static_cast<uint32_t>(v) & ((1u << kk) - 1);
+    const uint32_t sign = static_cast<uint32_t>(v >> kk) & 1;
+    r.Consume(kk + 1);
+    return static_cast<U>((sign << top) | (sym << M) | (mant << (M - kk)));
+  }
+  // Branch-free: consumes nothing and yields 0 when nz == 0.
+  inline U Maybe(BitReader& r, uint32_t nz) {
+    const uint32_t sym = *syms;
+    const uint32_t kk = k[sym];
+    const uint32_t bits = (kk + 1) & (0u - nz);
+    const uint64_t v = r.Peek();
+    const uint32_t mant = static_cast<uint32_t>(v) & ((1u << kk) - 1);
+    const uint32_t sign = static_cast<uint32_t>(v >> kk) & 1;
+    r.Consume(bits);
+    syms += nz;
+    return static_cast<U>(((sign << top) | (sym << M) | (mant << (M - kk))) & (0u - nz));
+  }
+};
+
+template <typename U>
+absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
+                         const BlockDecodeOptions& opt, void* out) {
+  const Layout lay = internal::LayoutOf(b.dtype);
+  const size_t n = b.elements, nnz = b.nonzeros;
+  const uint8_t* p = blk.data() + kBlockHeaderBytes;
+  if (b.table == TableKind::kStored) {
+    std::memcpy(out, p, n * sizeof(U));
+    return absl::OkStatus();
+  }
+  if (nnz == 0) {
+    std::memset(out, 0, n * sizeof(U));
+    return absl::OkStatus();
+  }
+  const absl::Span<const uint8_t> mant(p, b.mantissa_bytes);
+  p += b.mantissa_bytes;
+  const absl::Span<const uint8_t> zmap(p, b.zero_map_bytes);
+  p += b.zero_map_bytes;
+  const absl::Span<const uint8_t> table(p, b.table_bytes);
+  p += b.table_bytes;
+  absl::Span<const uint8_t> streams[4];
+  for (int s = 0; s < 4; ++s) {
+    streams[s] = absl::Span<const uint8_t>(p, b.stream_bytes[s]);
+    p += b.stream_bytes[s];
+  }
+
+  HuffmanCode code;
+  if (b.table == TableKind::kInline) {
+    if (absl::Status st = internal::ParseTable(table, lay.alphabet(), &code); !st.ok()) return st;
+  } else {
+    if (opt.tables == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("block refers to code table ", b.table_id, " but no tables are known"));
+    }
+    absl::StatusOr<CodeTable> t = opt.tables->Find(b.table_id);
+    if (!t.ok()) return t.status();
+    if (t->dtype() != b.dtype) return absl::DataLossError("referenced table has another dtype");
+    if (absl::Status st = internal::ParseTable(AsBytes(t->bytes()), lay.alphabet(), &code);
+        !st.ok()) {
+      return st;
+    }
+  }
+  uint16_t dec[internal::kDecodeTableSize];
+  internal::BuildDecodeTable(code, dec);
+
+  Scratch& sc = ThreadScratch();
+  Grow(sc.syms, nnz + 8);
+  uint8_t* syms = sc.syms.data();
+  if (absl::Status st = internal::DecodeStreams(streams, dec, nnz, syms); !st.ok()) return st;
+  std::memset(syms + nnz, 0, 8);
+
+  Tables t;
+  BuildTables(lay, b.policy, b.emax, &t);
+  BitReader r(mant.data(), mant.size());
+  ElemDecoder<U> d{syms, t.k, lay.mant_bits, lay.total_bits - 1};
+  if (b.zero_map == ZeroMapKind::kNone) {
+    size_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+      r.Refill();
+      U a = d.One(r);
+      U c = d.One(r);
+      StoreElem<U>(out, i, a);
+      StoreElem<U>(out, i + 1, c);
+    }
+    for (; i < n; ++i) {
+      r.Refill();
+      StoreElem<U>(out, i, d.One(r));
+    }
+  } else {
+    const size_t words = (n + 63) / 64;
+    Grow(sc.bitmap, words + 1);
+    uint64_t* bm = sc.bitmap.data();
+    if (b.zero_map == ZeroMapKind::kBitmap) {
+      bm[words - 1] = 0;
+      std::memcpy(bm, zmap.data(), zmap.size());
+      if (n % 64 != 0 && (bm[words - 1] >> (n % 64)) != 0) {
+        return absl::DataLossError("zero map: padding bits set");
+      }
+    } else {
+      const bool nonzero_list = b.zero_map == ZeroMapKind::kNonzeroPositions;
+      absl::Status st = ReadPositionList(zmap, n, nonzero_list ? nnz : n - nnz, nonzero_list, bm);
+      if (!st.ok()) return st;
+    }
+    size_t ones = 0;
+    for (size_t w = 0; w < words; ++w) ones += __builtin_popcountll(bm[w]);
+    if (ones != nnz) return absl::DataLossError("zero map does not match the nonzero count");
+    for (size_t w = 0; w < words; ++w) {
+      const size_t lo = w * 64, cnt = std::min<size_t>(64, n - lo);
+      const uint64_t word = bm[w];
+      if (word == 0) {
+        std::memset(static_cast<uint8_t*>(out) + lo * sizeof(U), 0, cnt * sizeof(U));
+      } else if (cnt == 64 && word == ~uint64_t{0}) {
+        for (size_t i = 0; i < 64; i += 2) {
+          r.Refill();
+          U a = d.One(r);
+          U c = d.One(r);
+          StoreElem<U>(out, lo + i, a);
+          StoreElem<U>(out, lo + i + 1, c);
+        }
+      } else {
+        for (size_t i = 0; i < cnt; i += 2) {
+          r.Refill();
+          U a = d.Maybe(r, (word >> i) & 1);
+          U c = d.Maybe(r, (word >> (i + 1)) & 1);
+          StoreElem<U>(out, lo + i, a);
+          if (i + 1 < cnt) StoreElem<U>(out, lo + i + 1, c);
+        }
+      }
+    }
+  }
+  if (!r.AtExactEnd()) {
+    return absl::DataLossError("sign/mantissa plane does not end at its last byte");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t MaxBlockEncodedBytes(size_t n, DType dtype) {
+  return kBlockHeaderBytes + n * DTypeBytes(dtype);
+}
+
+absl::Status EncodeBlock(DType dtype, const void* data, size_t n, const Policy& policy,
+                         std::string* out) {
+  BlockEncodeOptions options;
+  options.policy = policy;
+  return EncodeBlock(dtype, data, n, options, out);
+}
+
+absl::Status EncodeBlock(DType dtype, const void* data, size_t n,
+                         const BlockEncodeOptions& options, std::string* out) {
+  if (absl::Status st = ValidatePolicy(options.policy); !st.ok()) return st;
+  if (!internal::IsValidDType(static_cast<uint8_t>(dtype))) {
+    return absl::InvalidArgumentError("bad dtype");
+  }
+  if (n > kMaxBlockElements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a block holds at most 2^26 elements, got ", n));
+  }
+  if (n > 0 && data == nullptr) return absl::InvalidArgumentError("null data");
+  if (dtype == DType::kF32) return EncodeTyped<uint32_t>(dtype, data, n, options, out);
+  return EncodeTyped<uint16_t>(dtype, data, n, options, out);
+}
+
+absl::StatusOr<BlockInfo> InspectBlock(absl::Span<const uint8_t> block) {
+  return ParseBlock(block);
+}
+
+absl::Status DecodeBlock(absl::Span<const uint8_t> block, DType expected_dtype, void* out,
+                         size_t n) {
+  return DecodeBlock(block, expected_dtype, out, n, BlockDecodeOptions());
+}
+
+absl::Status DecodeBlock(absl::Span<const uint8_t> block, DType expected_dtype, void* out,
+                         size_t n, const BlockDecodeOptions& options) {
+  absl::StatusOr<BlockInfo> info = ParseBlock(block);
+  if (!info.ok()) return info.status();
+  if (info->dtype != expected_dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("block holds ", DTypeName(info->dtype),
+                                                   ", expected ", DTypeName(expected_dtype)));
+  }
+  if (info->elements != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block holds ", info->elements, " elements, expected ", n));
+  }
+  if (n > 0 && out == nullptr) return absl::InvalidArgumentError("null output");
+  if (expected_dtype == DType::kF32) return DecodeTyped<uint32_t>(*info, block, options, out);
+  return DecodeTyped<uint16_t>(*info, block, options, out);
+}
+
+}  // namespace gcomp::codec

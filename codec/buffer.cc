@@ -1,0 +1,173 @@
+// Frames: a buffer cut into blocks, encoded and decoded in parallel. See docs/FORMAT.md.
+#include <xxhash.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/thread_pool.h"
+#include "codec/codec.h"
+#include "codec/internal/bits.h"
+#include "codec/internal/format.h"
+
+namespace gcomp::codec {
+namespace {
+
+constexpr size_t kFrameFixedBytes = 24;  // before the block size table
+
+size_t BlockElements(size_t block_bytes, DType dtype) {
+  return std::clamp<size_t>(block_bytes / DTypeBytes(dtype), 1, kMaxBlockElements);
+}
+
+// Runs fn(i) for i < n on the given pool, or on a pool of `threads` made for this call.
+void RunParallel(ThreadPool* pool, int threads, size_t n,
+                 const std::function<void(size_t)>& fn) {
+  if (pool != nullptr) {
+    pool->ParallelFor(n, fn);
+  } else if (threads <= 1 || n <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+  } else {
+    ThreadPool local(static_cast<int>(std::min<size_t>(threads, n)) - 1);
+    local.ParallelFor(n, fn);
+  }
+}
+
+}  // namespace
+
+size_t MaxEncodedBytes(size_t n, DType dtype, size_t block_bytes) {
+  const size_t per = BlockElements(block_bytes, dtype);
+  const size_t blocks = (n + per - 1) / per;
+  return kFrameFixedBytes + blocks * (4 + kBlockHeaderBytes) + 8 + n * DTypeBytes(dtype);
+}
+
+size_t MaxEncodedBytes(size_t n, DType dtype) {
+  return MaxEncodedBytes(n, dtype, BufferOptions().block_bytes);
+}
+
+absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferOptions& options,
+                          std::string* out) {
+  if (!internal::IsValidDType(static_cast<uint8_t>(dtype))) {
+    return absl::InvalidArgumentError("bad dtype");
+  }
+  if (absl::Status st = ValidatePolicy(options.policy); !st.ok()) return st;
+  if (n > 0 && data == nullptr) return absl::InvalidArgumentError("null data");
+  const size_t per = BlockElements(options.block_bytes, dtype);
+  const size_t count = (n + per - 1) / per;
+  if (count > UINT32_MAX) return absl::InvalidArgumentError("too many blocks");
+  const size_t elem = DTypeBytes(dtype);
+
+  std::vector<std::string> blocks(count);
+  std::vector<absl::Status> status(count);
+  BlockEncodeOptions block_options;
+  block_options.policy = options.policy;
+  block_options.shared_table = options.shared_table;
+  RunParallel(options.pool, options.threads, count, [&](size_t i) {
+    const size_t lo = i * per, m = std::min(per, n - lo);
+    status[i] = EncodeBlock(dtype, static_cast<const uint8_t*>(data) + lo * elem, m,
+                            block_options, &blocks[i]);
+  });
+  for (const absl::Status& st : status) {
+    if (!st.ok()) return st;
+  }
+
+  const size_t header = kFrameFixedBytes + 4 * count + 8;
+  const size_t base = out->size();
+  size_t total = header;
+  for (const std::string& b : blocks) total += b.size();
+  out->resize(base + header);
+  uint8_t* h = reinterpret_cast<uint8_t*>(&(*out)[base]);
+  internal::Store32(h, internal::kFrameMagic);
+  h[4] = internal::kFrameVersion;
+  h[5] = static_cast<uint8_t>(dtype);
+  h[6] = h[7] = 0;
+  internal::Store64(h + 8, n);
+  internal::Store32(h + 16, static_cast<uint32_t>(per));
+  internal::Store32(h + 20, static_cast<uint32_t>(count));
+  for (size_t i = 0; i < count; ++i) {
+    internal::Store32(h + kFrameFixedBytes + 4 * i, static_cast<uint32_t>(blocks[i].size()));
+  }
+  internal::Store64(h + header - 8, XXH64(h, header - 8, 0));
+  out->reserve(base + total);
+  for (const std::string& b : blocks) out->append(b);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FrameInfo> InspectFrame(absl::Span<const uint8_t> frame) {
+  if (frame.size() < kFrameFixedBytes + 8) {
+    return absl::DataLossError(absl::StrCat("frame of ", frame.size(), " bytes is too short"));
+  }
+  const uint8_t* h = frame.data();
+  if (internal::Load32(h) != internal::kFrameMagic) {
+    return absl::DataLossError("not a GComp frame (bad magic)");
+  }
+  if (h[4] != internal::kFrameVersion) {
+    return absl::DataLossError(absl::StrCat("unsupported frame version ", h[4]));
+  }
+  if (!internal::IsValidDType(h[5]) || h[6] != 0 || h[7] != 0) {
+    return absl::DataLossError("bad frame dtype or reserved bytes");
+  }
+  FrameInfo info;
+  info.dtype = static_cast<DType>(h[5]);
+  info.elements = internal::Load64(h + 8);
+  info.block_elements = internal::Load32(h + 16);
+  const uint32_t count = internal::Load32(h + 20);
+  if (info.block_elements == 0 || info.block_elements > kMaxBlockElements) {
+    return absl::DataLossError("bad frame block size");
+  }
+  const uint64_t want = (info.elements + info.block_elements - 1) / info.block_elements;
+  if (count != want) return absl::DataLossError("frame block count does not match its size");
+  const uint64_t header = kFrameFixedBytes + uint64_t{4} * count + 8;
+  if (header > frame.size()) return absl::DataLossError("frame truncated in its block table");
+  if (internal::Load64(h + header - 8) != XXH64(h, header - 8, 0)) {
+    return absl::DataLossError("frame header checksum mismatch");
+  }
+  uint64_t pos = header;
+  info.blocks.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint32_t size = internal::Load32(h + kFrameFixedBytes + 4 * i);
+    if (size > frame.size() - pos) return absl::DataLossError("frame truncated in its blocks");
+    info.blocks.push_back(frame.subspan(pos, size));
+    pos += size;
+  }
+  if (pos != frame.size()) return absl::DataLossError("trailing bytes after the frame's blocks");
+  return info;
+}
+
+absl::Status DecodeBuffer(absl::Span<const uint8_t> frame, DType dtype, void* out, size_t n,
+                          int threads) {
+  BufferDecodeOptions options;
+  options.threads = threads;
+  return DecodeBuffer(frame, dtype, out, n, options);
+}
+
+absl::Status DecodeBuffer(absl::Span<const uint8_t> frame, DType dtype, void* out, size_t n,
+                          const BufferDecodeOptions& options) {
+  absl::StatusOr<FrameInfo> info = InspectFrame(frame);
+  if (!info.ok()) return info.status();
+  if (info->dtype != dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("frame holds ", DTypeName(info->dtype),
+                                                   ", expected ", DTypeName(dtype)));
+  }
+  if (info->elements != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame holds ", info->elements, " elements, expected ", n));
+  }
+  const size_t per = info->block_elements, elem = DTypeBytes(dtype);
+  std::vector<absl::Status> status(info->blocks.size());
+  BlockDecodeOptions block_options;
+  block_options.tables = options.tables;
+  RunParallel(options.pool, options.threads, info->blocks.size(), [&](size_t i) {
+    const size_t lo = i * per, m = std::min(per, n - lo);
+    status[i] = DecodeBlock(info->blocks[i], dtype, static_cast<uint8_t*>(out) + lo * elem, m,
+                            block_options);
+  });
+  for (size_t i = 0; i < status.size(); ++i) {
+    if (!status[i].ok()) {
+      return absl::Status(status[i].code(), absl::StrCat("block ", i, ": ", status[i].message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gcomp::codec

@@ -1,0 +1,264 @@
+#include "codec/internal/huffman.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "codec/internal/bits.h"
+
+namespace gcomp::codec::internal {
+namespace {
+
+// Plain Huffman lengths by the two-queue method over leaves sorted by (freq, symbol), so the
+// result depends only on the frequencies.
+void HuffmanLengths(const std::vector<std::pair<uint64_t, int>>& leaves, uint8_t* len) {
+  const size_t m = leaves.size();
+  std::vector<uint64_t> weight(2 * m);
+  std::vector<int> parent(2 * m, -1);
+  for (size_t i = 0; i < m; ++i) weight[i] = leaves[i].first;
+  size_t next_leaf = 0, next_inner = m, end_inner = m;
+  auto pop = [&]() -> size_t {
+    if (next_leaf < m && (next_inner == end_inner || weight[next_leaf] <= weight[next_inner])) {
+      return next_leaf++;
+    }
+    return next_inner++;
+  };
+  for (size_t k = 0; k + 1 < m; ++k) {
+    size_t a = pop(), b = pop();
+    weight[end_inner] = weight[a] + weight[b];
+    parent[a] = parent[b] = static_cast<int>(end_inner);
+    ++end_inner;
+  }
+  // Depths: the root is the last inner node; parents always come after children.
+  std::vector<int> depth(2 * m, 0);
+  for (size_t i = end_inner - 1; i-- > 0;) depth[i] = depth[parent[i]] + 1;
+  for (size_t i = 0; i < m; ++i) len[leaves[i].second] = static_cast<uint8_t>(depth[i]);
+}
+
+uint16_t Reverse(uint16_t code, int len) {
+  uint16_t r = 0;
+  for (int i = 0; i < len; ++i) r |= ((code >> i) & 1) << (len - 1 - i);
+  return r;
+}
+
+}  // namespace
+
+void BuildLengths(const uint64_t* freq, int alphabet, HuffmanCode* code) {
+  code->alphabet = alphabet;
+  std::memset(code->len, 0, sizeof(code->len));
+  std::vector<std::pair<uint64_t, int>> leaves;
+  for (int s = 0; s < alphabet; ++s) {
+    if (freq[s] > 0) leaves.push_back({freq[s], s});
+  }
+  code->num_symbols = static_cast<int>(leaves.size());
+  code->single_symbol = leaves.size() == 1 ? leaves[0].second : -1;
+  if (leaves.size() <= 1) return;  // empty, or one symbol coded in 0 bits
+  std::sort(leaves.begin(), leaves.end());
+  // Rebuild with flattened frequencies until the cap holds (always reached: 256 <= 2^11).
+  for (;;) {
+    HuffmanLengths(leaves, code->len);
+    int max_len = 0;
+    for (const auto& leaf : leaves) max_len = std::max<int>(max_len, code->len[leaf.second]);
+    if (max_len <= kMaxCodeLen) return;
+    for (auto& leaf : leaves) leaf.first = (leaf.first + 1) / 2;
+    std::sort(leaves.begin(), leaves.end());
+  }
+}
+
+void AssignCodes(HuffmanCode* code) {
+  std::memset(code->code, 0, sizeof(code->code));
+  int count[kMaxCodeLen + 2] = {};
+  for (int s = 0; s < code->alphabet; ++s) ++count[code->len[s]];
+  count[0] = 0;
+  uint32_t next[kMaxCodeLen + 2] = {};
+  uint32_t c = 0;
+  for (int l = 1; l <= kMaxCodeLen; ++l) {
+    c = (c + count[l - 1]) << 1;
+    next[l] = c;
+  }
+  for (int s = 0; s < code->alphabet; ++s) {
+    int l = code->len[s];
+    if (l > 0) code->code[s] = Reverse(static_cast<uint16_t>(next[l]++), l);
+  }
+}
+
+uint64_t CodedBits(const HuffmanCode& code, const uint64_t* freq) {
+  uint64_t bits = 0;
+  for (int s = 0; s < code.alphabet; ++s) {
+    if (freq[s] == 0) continue;
+    if (code.num_symbols == 1) {
+      if (s != code.single_symbol) return UINT64_MAX;
+    } else if (code.len[s] == 0) {
+      return UINT64_MAX;
+    }
+    bits += freq[s] * code.len[s];
+  }
+  return bits;
+}
+
+void SerializeTable(const HuffmanCode& code, std::string* out) {
+  int lo = code.single_symbol, hi = code.single_symbol;
+  if (code.num_symbols != 1) {
+    lo = hi = -1;
+    for (int s = 0; s < code.alphabet; ++s) {
+      if (code.len[s] > 0) {
+        if (lo < 0) lo = s;
+        hi = s;
+      }
+    }
+  }
+  out->push_back(static_cast<char>(lo));
+  out->push_back(static_cast<char>(hi - lo));
+  for (int s = lo; s <= hi; s += 2) {
+    uint8_t b = code.len[s] | ((s + 1 <= hi ? code.len[s + 1] : 0) << 4);
+    out->push_back(static_cast<char>(b));
+  }
+}
+
+absl::Status ParseTable(absl::Span<const uint8_t> bytes, int alphabet, HuffmanCode* code) {
+  code->alphabet = alphabet;
+  code->single_symbol = -1;
+  std::memset(code->len, 0, sizeof(code->len));
+  if (bytes.size() < 2) return absl::DataLossError("code table: too short");
+  const int lo = bytes[0];
+  const int count = bytes[1] + 1;
+  if (lo + count > alphabet) {
+    return absl::DataLossError(absl::StrCat("code table: symbols ", lo, "..", lo + count - 1,
+                                            " outside the alphabet of ", alphabet));
+  }
+  if (bytes.size() != 2 + static_cast<size_t>((count + 1) / 2)) {
+    return absl::DataLossError("code table: size does not match its symbol count");
+  }
+  uint32_t kraft = 0;
+  int present = 0;
+  for (int i = 0; i < count; ++i) {
+    int l = (bytes[2 + i / 2] >> (4 * (i & 1))) & 15;
+    if (l > kMaxCodeLen) return absl::DataLossError("code table: code length above 11");
+    code->len[lo + i] = static_cast<uint8_t>(l);
+    if (l > 0) {
+      kraft += 1u << (kMaxCodeLen - l);
+      ++present;
+    }
+  }
+  if (count % 2 == 1 && (bytes.back() >> 4) != 0) {
+    return absl::DataLossError("code table: nonzero padding nibble");
+  }
+  if (count == 1 && present == 0) {
+    code->num_symbols = 1;  // single-symbol code: 0 bits per symbol
+    code->single_symbol = lo;
+    return absl::OkStatus();
+  }
+  if (present < 2 || kraft != (1u << kMaxCodeLen)) {
+    return absl::DataLossError("code table: lengths do not form a complete prefix code");
+  }
+  code->num_symbols = present;
+  AssignCodes(code);
+  return absl::OkStatus();
+}
+
+void BuildDecodeTable(const HuffmanCode& code, uint16_t* table) {
+  if (code.num_symbols == 1) {
+    std::fill(table, table + kDecodeTableSize, static_cast<uint16_t>(code.single_symbol));
+    return;
+  }
+  for (int s = 0; s < code.alphabet; ++s) {
+    int l = code.len[s];
+    if (l == 0) continue;
+    for (uint32_t j = code.code[s]; j < kDecodeTableSize; j += 1u << l) {
+      table[j] = static_cast<uint16_t>(s | (l << 8));
+    }
+  }
+}
+
+void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
+                   uint32_t sizes[kNumStreams]) {
+  // Code words with their lengths packed for one load: bits 0-15 code, 16-23 length.
+  uint32_t word[256];
+  for (int s = 0; s < 256; ++s) word[s] = code.code[s] | (uint32_t{code.len[s]} << 16);
+  const uint8_t* in[kNumStreams];
+  size_t start = 0;
+  for (int s = 0; s < kNumStreams; ++s) {
+    in[s] = syms + start;
+    start += StreamCount(n, s);
+  }
+  // Streams are written one after another; each needs to know where it starts, so code them
+  // one at a time (the decoder is where interleaving pays).
+  uint8_t* p = out;
+  for (int s = 0; s < kNumStreams; ++s) {
+    const size_t m = StreamCount(n, s);
+    BitWriter w(p);
+    size_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      uint32_t a = word[in[s][i]], b = word[in[s][i + 1]], c = word[in[s][i + 2]],
+               d = word[in[s][i + 3]];
+      w.Put(a & 0xffff, a >> 16);
+      w.Put(b & 0xffff, b >> 16);
+      w.Put(c & 0xffff, c >> 16);
+      w.Put(d & 0xffff, d >> 16);
+      w.Flush();
+    }
+    for (; i < m; ++i) {
+      uint32_t a = word[in[s][i]];
+      w.Put(a & 0xffff, a >> 16);
+      w.Flush();
+    }
+    sizes[s] = static_cast<uint32_t>(w.Finish());
+    p += sizes[s];
+  }
+}
+
+absl::Status DecodeStreams(const absl::Span<const uint8_t> streams[kNumStreams],
+                           const uint16_t* table, size_t n, uint8_t* syms) {
+  BitReader r0(streams[0].data(), streams[0].size());
+  BitReader r1(streams[1].data(), streams[1].size());
+  BitReader r2(streams[2].data(), streams[2].size());
+  BitReader r3(streams[3].data(), streams[3].size());
+  const size_t q = n / 4;
+  uint8_t* o0 = syms;
+  uint8_t* o1 = o0 + StreamCount(n, 0);
+  uint8_t* o2 = o1 + StreamCount(n, 1);
+  uint8_t* o3 = o2 + StreamCount(n, 2);
+  constexpr uint64_t kMask = kDecodeTableSize - 1;
+#define GCOMP_DECODE_ONE(r, o, i)                  \
+  do {                                             \
+    uint16_t e = table[r.Peek() & kMask];          \
+    o[i] = static_cast<uint8_t>(e);                \
+    r.Consume(e >> 8);                             \
+  } while (0)
+  size_t i = 0;
+  // 4 symbols per stream per refill: 44 bits <= 56.
+  for (; i + 4 <= q; i += 4) {
+    r0.Refill();
+    r1.Refill();
+    r2.Refill();
+    r3.Refill();
+    for (int k = 0; k < 4; ++k) {
+      GCOMP_DECODE_ONE(r0, o0, i + k);
+      GCOMP_DECODE_ONE(r1, o1, i + k);
+      GCOMP_DECODE_ONE(r2, o2, i + k);
+      GCOMP_DECODE_ONE(r3, o3, i + k);
+    }
+  }
+  BitReader* rs[kNumStreams] = {&r0, &r1, &r2, &r3};
+  uint8_t* os[kNumStreams] = {o0, o1, o2, o3};
+  for (int s = 0; s < kNumStreams; ++s) {
+    const size_t m = StreamCount(n, s);
+    BitReader& r = *rs[s];
+    uint8_t* o = os[s];
+    for (size_t j = i; j < m; ++j) {
+      r.Refill();
+      GCOMP_DECODE_ONE(r, o, j);
+    }
+  }
+#undef GCOMP_DECODE_ONE
+  for (int s = 0; s < kNumStreams; ++s) {
+    if (!rs[s]->AtExactEnd()) {
+      return absl::DataLossError(
+          absl::StrCat("exponent stream ", s, " does not end at its last byte"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gcomp::codec::internal

@@ -1,0 +1,60 @@
+// Length-limited canonical Huffman codes for exponent symbols and their 4-stream coding.
+// Internal to codec/; the serialized table and the bit order are in docs/FORMAT.md.
+#ifndef GCOMP_CODEC_INTERNAL_HUFFMAN_H_
+#define GCOMP_CODEC_INTERNAL_HUFFMAN_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace gcomp::codec::internal {
+
+inline constexpr int kMaxCodeLen = 11;
+inline constexpr int kDecodeTableSize = 1 << kMaxCodeLen;
+inline constexpr int kNumStreams = 4;
+
+// A prefix code over an alphabet of up to 256 symbols. len[s] == 0 means "absent", except in
+// a single-symbol code, where the one symbol takes 0 bits.
+struct HuffmanCode {
+  int alphabet = 0;
+  int num_symbols = 0;     // symbols present
+  int single_symbol = -1;  // the symbol of a single-symbol code
+  uint8_t len[256] = {};
+  uint16_t code[256] = {};  // canonical codes, bit-reversed for LSB-first emission
+};
+
+// Builds code lengths (<= kMaxCodeLen) from frequencies; deterministic.
+void BuildLengths(const uint64_t* freq, int alphabet, HuffmanCode* code);
+// Fills code->code from code->len (canonical order: by length, then symbol).
+void AssignCodes(HuffmanCode* code);
+// Total bits to code the frequencies with this code; UINT64_MAX if a used symbol is absent.
+uint64_t CodedBits(const HuffmanCode& code, const uint64_t* freq);
+
+// Appends the serialized table (min symbol, count - 1, 4-bit lengths).
+void SerializeTable(const HuffmanCode& code, std::string* out);
+// Parses and validates (complete code, lengths <= kMaxCodeLen, in-alphabet) a table.
+absl::Status ParseTable(absl::Span<const uint8_t> bytes, int alphabet, HuffmanCode* code);
+
+// Entry: symbol | length << 8.
+void BuildDecodeTable(const HuffmanCode& code, uint16_t* table /*[kDecodeTableSize]*/);
+
+// Sizes of the 4 quarters of n symbols: n/4 each, the first n%4 get one more.
+inline size_t StreamCount(size_t n, int s) { return n / 4 + (static_cast<size_t>(s) < n % 4); }
+
+// Codes syms[0, n) as 4 streams, written back to back at `out` (which needs
+// MaxStreamBytes(n) + 8 writable bytes). Returns each stream's byte size.
+void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
+                   uint32_t sizes[kNumStreams]);
+inline size_t MaxStreamBytes(size_t n) { return (n * kMaxCodeLen + 7) / 8 + kNumStreams; }
+
+// Decodes n symbols from the 4 streams (spans of the block) into syms[0, n). DataLoss if a
+// stream does not end exactly at its last byte.
+absl::Status DecodeStreams(const absl::Span<const uint8_t> streams[kNumStreams],
+                           const uint16_t* table, size_t n, uint8_t* syms);
+
+}  // namespace gcomp::codec::internal
+
+#endif  // GCOMP_CODEC_INTERNAL_HUFFMAN_H_
