@@ -1,6 +1,7 @@
 // Shared exponent code tables (CodeTable, CodeTableStore).
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -22,9 +23,7 @@ absl::StatusOr<CodeTable> CodeTable::Build(DType dtype, const void* data, size_t
   absl::StatusOr<FrameInfo> info = InspectFrame(AsBytes(frame));
   if (!info.ok()) return info.status();
   const internal::Layout lay = internal::LayoutOf(dtype);
-  // Every symbol gets at least weight 1 so the table codes any block.
   uint64_t freq[256] = {};
-  for (int s = 0; s < lay.alphabet(); ++s) freq[s] = 1;
   std::vector<uint8_t> syms;
   for (absl::Span<const uint8_t> block : info->blocks) {
     absl::StatusOr<BlockInfo> b = InspectBlock(block);
@@ -42,6 +41,17 @@ absl::StatusOr<CodeTable> CodeTable::Build(DType dtype, const void* data, size_t
       if (mag == 0) continue;
       freq[mag >> lay.mant_bits] += 1;
     }
+  }
+  // Symbols within kMargin of the sample's range get weight 1, so the table also codes blocks
+  // whose exponents reach a little further; a block with a symbol outside it carries its own.
+  constexpr int kMargin = 4;
+  int lo = lay.alphabet(), hi = -1;
+  for (int s = 0; s < lay.alphabet(); ++s) {
+    if (freq[s] > 0) lo = std::min(lo, s), hi = std::max(hi, s);
+  }
+  if (hi < 0) lo = hi = 0;
+  for (int s = std::max(0, lo - kMargin); s <= std::min(lay.alphabet() - 1, hi + kMargin); ++s) {
+    freq[s] += 1;
   }
   internal::HuffmanCode code;
   internal::BuildLengths(freq, lay.alphabet(), &code);

@@ -84,8 +84,8 @@ double ErrorBound(const Policy& policy, double x, double block_max_abs);
 // An exponent code table (opaque; its serialized form is specified in docs/FORMAT.md).
 class CodeTable {
  public:
-  // Builds a table from a sample of data encoded under `policy`. Every symbol of the dtype's
-  // alphabet gets a code, so the table can encode any block of that dtype.
+  // Builds a table from a sample of data encoded under `policy`. Exponents within 4 binades of
+  // the sample's range get a code; a block using any other falls back to its own table.
   static absl::StatusOr<CodeTable> Build(DType dtype, const void* data, size_t n,
                                          const Policy& policy);
   // Parses and validates serialized table bytes.

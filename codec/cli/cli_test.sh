@@ -1,0 +1,63 @@
+#!/bin/bash
+# End-to-end checks of the gcomp tool: round trips, inspect, and clean failures.
+set -u
+GCOMP="${TEST_SRCDIR}/${TEST_WORKSPACE}/gcomp"
+DIR="${TEST_TMPDIR:-$(mktemp -d)}"
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# A small float32 .npy: zeros, specials and gradient-like values.
+python3 - "$DIR/in.npy" <<'PY'
+import math, random, struct, sys
+random.seed(1)
+vals = [0.0 if i % 3 == 0 else random.gauss(0, 1) * 2.0 ** random.randint(-20, 0)
+        for i in range(300000)]
+vals[5:9] = [float("inf"), -float("inf"), -0.0, 1e-42]
+hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % len(vals)
+hdr += " " * ((64 - (10 + len(hdr) + 1) % 64) % 64) + "\n"
+with open(sys.argv[1], "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode())
+    f.write(struct.pack("<%df" % len(vals), *vals))
+PY
+
+"$GCOMP" compress --mode lossless --threads 2 "$DIR/in.npy" "$DIR/a.gcz" || fail "compress lossless"
+"$GCOMP" decompress --threads 2 "$DIR/a.gcz" "$DIR/a.npy" || fail "decompress"
+cmp -s <(tail -c 1200000 "$DIR/in.npy") <(tail -c 1200000 "$DIR/a.npy") || fail "lossless round trip differs"
+
+"$GCOMP" compress --rel-bits 5 --abs-log2=-12 "$DIR/in.npy" "$DIR/b.gcz" || fail "compress near-lossless"
+"$GCOMP" inspect "$DIR/b.gcz" > "$DIR/b.json" || fail "inspect"
+grep -q '"elements": 300000' "$DIR/b.json" || fail "inspect elements"
+grep -q '"rel_bits": 5' "$DIR/b.json" || fail "inspect policy"
+grep -q '"exponents"' "$DIR/b.json" || fail "inspect sections"
+[ "$(stat -c %s "$DIR/b.gcz")" -lt "$(stat -c %s "$DIR/a.gcz")" ] || fail "near-lossless not smaller"
+
+for dt in bf16 f16; do
+  "$GCOMP" compress --dtype "$dt" --mode lossless "$DIR/in.npy" "$DIR/$dt.gcz" || fail "compress $dt"
+  "$GCOMP" decompress "$DIR/$dt.gcz" "$DIR/$dt.npy" || fail "decompress $dt"
+done
+
+# Failures: one line on stderr, non-zero exit, an existing output left alone.
+echo keep > "$DIR/out.npy"
+head -c 500 "$DIR/a.gcz" > "$DIR/cut.gcz"
+check_fails() {
+  local what="$1"; shift
+  if "$@" 2> "$DIR/err"; then fail "$what: exit 0"; fi
+  [ "$(wc -l < "$DIR/err")" -eq 1 ] || { fail "$what: stderr not one line"; cat "$DIR/err"; }
+}
+check_fails "truncated input" "$GCOMP" decompress "$DIR/cut.gcz" "$DIR/out.npy"
+[ "$(cat "$DIR/out.npy")" = keep ] || fail "existing output was touched"
+check_fails "missing input" "$GCOMP" compress "$DIR/nope.npy" "$DIR/x.gcz"
+check_fails "bad mode" "$GCOMP" compress --mode lossy "$DIR/in.npy" "$DIR/x.gcz"
+check_fails "bad rel-bits" "$GCOMP" compress --rel-bits 40 "$DIR/in.npy" "$DIR/x.gcz"
+check_fails "bad dtype" "$GCOMP" compress --dtype f64 "$DIR/in.npy" "$DIR/x.gcz"
+check_fails "not npy" "$GCOMP" compress "$DIR/a.gcz" "$DIR/x.gcz"
+check_fails "not gcz" "$GCOMP" inspect "$DIR/in.npy"
+check_fails "unknown subcommand" "$GCOMP" frobnicate
+[ ! -e "$DIR/x.gcz" ] || fail "output written on failure"
+ls "$DIR" | grep -q tmp && fail "temporary file left behind"
+
+"$GCOMP" bench --threads 2 --repeats 1 "$DIR/in.npy" > "$DIR/bench.txt" || fail "bench"
+grep -q "zstd -1" "$DIR/bench.txt" || fail "bench output"
+
+[ "$fails" -eq 0 ] && echo PASS
+exit "$fails"

@@ -1,0 +1,207 @@
+// Bit-exact lossless round trips over dtype x size x pattern, blocks and frames.
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "base/npy.h"
+#include "codec/codec.h"
+#include "codec/testing/gradients.h"
+#include "codec/testing/values.h"
+#include "gtest/gtest.h"
+
+namespace gcomp::codec {
+namespace {
+
+using testing::MakeValues;
+using testing::Pattern;
+
+constexpr size_t kBlockElems = 1000;  // small blocks so sizes around a block are cheap
+
+using Params = std::tuple<DType, size_t, Pattern>;
+
+class LosslessRoundTrip : public ::testing::TestWithParam<Params> {};
+
+TEST_P(LosslessRoundTrip, FrameIsBitExact) {
+  const auto [dtype, n, pattern] = GetParam();
+  const std::vector<uint8_t> in = MakeValues(dtype, pattern, n, 42 + n);
+  BufferOptions options;
+  options.policy.mode = Mode::kLossless;
+  options.block_bytes = kBlockElems * DTypeBytes(dtype);
+  std::string frame;
+  ASSERT_TRUE(EncodeBuffer(dtype, in.data(), n, options, &frame).ok());
+  EXPECT_LE(frame.size(), MaxEncodedBytes(n, dtype, options.block_bytes));
+  std::vector<uint8_t> out(in.size() + 1, 0xAB);
+  ASSERT_TRUE(DecodeBuffer(AsBytes(frame), dtype, out.data(), n, 2).ok());
+  EXPECT_EQ(0, std::memcmp(in.data(), out.data(), in.size()));
+  EXPECT_EQ(out.back(), 0xAB) << "wrote past the output";
+}
+
+TEST_P(LosslessRoundTrip, BlockIsBitExact) {
+  const auto [dtype, n, pattern] = GetParam();
+  const std::vector<uint8_t> in = MakeValues(dtype, pattern, n, 7 + n);
+  Policy policy;
+  policy.mode = Mode::kLossless;
+  std::string block;
+  ASSERT_TRUE(EncodeBlock(dtype, in.data(), n, policy, &block).ok());
+  EXPECT_LE(block.size(), MaxBlockEncodedBytes(n, dtype));
+  absl::StatusOr<BlockInfo> info = InspectBlock(AsBytes(block));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->elements, n);
+  std::vector<uint8_t> out(in.size());
+  ASSERT_TRUE(DecodeBlock(AsBytes(block), dtype, out.data(), n).ok());
+  EXPECT_EQ(0, std::memcmp(in.data(), out.data(), in.size()));
+}
+
+std::string ParamName(const ::testing::TestParamInfo<Params>& info) {
+  return std::string(DTypeName(std::get<0>(info.param))) + "_n" +
+         std::to_string(std::get<1>(info.param)) + "_" +
+         testing::PatternName(std::get<2>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, LosslessRoundTrip,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                       ::testing::Values(size_t{0}, size_t{1}, size_t{7}, kBlockElems - 1,
+                                         kBlockElems, kBlockElems + 1, 5 * kBlockElems + 3),
+                       ::testing::Values(Pattern::kZeros, Pattern::kConstant,
+                                         Pattern::kRandomBits, Pattern::kGradientLike,
+                                         Pattern::kSpecials, Pattern::kBoundaries)),
+    ParamName);
+
+TEST(LosslessRoundTrip, AllZeroBlockIsHeaderOnly) {
+  std::vector<float> zeros(5000, 0.f);
+  std::string block;
+  ASSERT_TRUE(EncodeBlock(DType::kF32, zeros.data(), zeros.size(), Policy(), &block).ok());
+  EXPECT_EQ(block.size(), kBlockHeaderBytes);
+}
+
+TEST(LosslessRoundTrip, NegativeZeroIsKept) {
+  const float in[3] = {-0.f, 0.f, -0.f};
+  Policy policy;
+  policy.mode = Mode::kLossless;
+  std::string block;
+  ASSERT_TRUE(EncodeBlock(DType::kF32, in, 3, policy, &block).ok());
+  float out[3];
+  ASSERT_TRUE(DecodeBlock(AsBytes(block), DType::kF32, out, 3).ok());
+  EXPECT_EQ(0, std::memcmp(in, out, sizeof(in)));
+}
+
+TEST(LosslessRoundTrip, ZeroMapKindFollowsDensity) {
+  for (auto [every, kind] : {std::pair<int, ZeroMapKind>{0, ZeroMapKind::kNone},
+                             {2, ZeroMapKind::kBitmap},
+                             {100, ZeroMapKind::kZeroPositions},
+                             {-100, ZeroMapKind::kNonzeroPositions}}) {
+    std::vector<float> in(10000);
+    for (size_t i = 0; i < in.size(); ++i) {
+      bool zero = every == 0 ? false : every > 0 ? (i % every == 1) : (i % -every != 1);
+      in[i] = zero ? 0.f : 1.f + i;
+    }
+    std::string block;
+    ASSERT_TRUE(EncodeBlock(DType::kF32, in.data(), in.size(), Policy(), &block).ok());
+    absl::StatusOr<BlockInfo> info = InspectBlock(AsBytes(block));
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->zero_map, kind) << "every " << every;
+    std::vector<float> out(in.size());
+    ASSERT_TRUE(DecodeBlock(AsBytes(block), DType::kF32, out.data(), out.size()).ok());
+    for (size_t i = 0; i < in.size(); ++i) ASSERT_EQ(in[i] == 0, out[i] == 0) << i;
+  }
+}
+
+TEST(LosslessRoundTrip, RealGradientsAreBitExact) {
+  absl::StatusOr<std::vector<std::string>> files = testing::GradientFiles();
+  if (!files.ok()) GTEST_SKIP() << files.status().message();
+  for (const std::string& path : *files) {
+    absl::StatusOr<NpyArray> array = ReadNpyF32(path);
+    ASSERT_TRUE(array.ok()) << array.status();
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      const size_t n = array->data.size();
+      std::vector<uint8_t> in(n * DTypeBytes(dtype));
+      FromF32(dtype, array->data.data(), n, in.data());
+      BufferOptions options;
+      options.policy.mode = Mode::kLossless;
+      options.threads = 2;
+      std::string frame;
+      ASSERT_TRUE(EncodeBuffer(dtype, in.data(), n, options, &frame).ok());
+      std::vector<uint8_t> out(in.size());
+      ASSERT_TRUE(DecodeBuffer(AsBytes(frame), dtype, out.data(), n, 2).ok());
+      EXPECT_EQ(0, std::memcmp(in.data(), out.data(), in.size())) << path << " " << DTypeName(dtype);
+      EXPECT_LT(frame.size(), in.size()) << path;
+    }
+  }
+}
+
+TEST(Determinism, SameBytesForAnyThreadCount) {
+  const std::vector<uint8_t> in = MakeValues(DType::kF32, Pattern::kGradientLike, 100000, 3);
+  BufferOptions options;
+  options.block_bytes = 4096;
+  std::string one, four;
+  options.threads = 1;
+  ASSERT_TRUE(EncodeBuffer(DType::kF32, in.data(), 100000, options, &one).ok());
+  options.threads = 4;
+  ASSERT_TRUE(EncodeBuffer(DType::kF32, in.data(), 100000, options, &four).ok());
+  EXPECT_EQ(one, four);
+  std::string again;
+  ASSERT_TRUE(EncodeBuffer(DType::kF32, in.data(), 100000, options, &again).ok());
+  EXPECT_EQ(one, again);
+}
+
+TEST(Api, RejectsMismatches) {
+  const std::vector<float> in(100, 1.f);
+  std::string block;
+  ASSERT_TRUE(EncodeBlock(DType::kF32, in.data(), in.size(), Policy(), &block).ok());
+  std::vector<float> out(100);
+  EXPECT_EQ(DecodeBlock(AsBytes(block), DType::kF32, out.data(), 99).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeBlock(AsBytes(block), DType::kBF16, out.data(), 100).code(),
+            absl::StatusCode::kInvalidArgument);
+  Policy bad;
+  bad.rel_bits = 24;
+  EXPECT_FALSE(EncodeBlock(DType::kF32, in.data(), in.size(), bad, &block).ok());
+  bad = Policy();
+  bad.abs_log2 = 1;
+  EXPECT_FALSE(ValidatePolicy(bad).ok());
+  EXPECT_EQ(*ParseMode("lossless"), Mode::kLossless);
+  EXPECT_EQ(*ParseMode("near-lossless"), Mode::kNearLossless);
+  EXPECT_FALSE(ParseMode("lossy").ok());
+  EXPECT_EQ(*ParseDType("bf16"), DType::kBF16);
+  EXPECT_FALSE(ParseDType("f64").ok());
+}
+
+TEST(SharedTable, ReferencedTableRoundTripsAndUnknownIsNotFound) {
+  const std::vector<uint8_t> in = MakeValues(DType::kF32, Pattern::kGradientLike, 20000, 9);
+  absl::StatusOr<CodeTable> table = CodeTable::Build(DType::kF32, in.data(), 20000, Policy());
+  ASSERT_TRUE(table.ok()) << table.status();
+  BlockEncodeOptions options;
+  options.shared_table = &*table;
+  std::string block;
+  ASSERT_TRUE(EncodeBlock(DType::kF32, in.data(), 20000, options, &block).ok());
+  absl::StatusOr<BlockInfo> info = InspectBlock(AsBytes(block));
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->table, TableKind::kReference);
+  EXPECT_EQ(info->table_id, table->id());
+  EXPECT_EQ(info->table_bytes, 8u);
+
+  std::vector<float> out(20000);
+  EXPECT_EQ(DecodeBlock(AsBytes(block), DType::kF32, out.data(), 20000).code(),
+            absl::StatusCode::kNotFound);
+  CodeTableStore store;
+  BlockDecodeOptions decode;
+  decode.tables = &store;
+  EXPECT_EQ(DecodeBlock(AsBytes(block), DType::kF32, out.data(), 20000, decode).code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<CodeTable> parsed = CodeTable::Parse(DType::kF32, AsBytes(table->bytes()));
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(store.Add(*parsed), table->id());
+  ASSERT_TRUE(DecodeBlock(AsBytes(block), DType::kF32, out.data(), 20000, decode).ok());
+
+  // Same values as decoding a block that carries its own table.
+  std::string inline_block;
+  ASSERT_TRUE(EncodeBlock(DType::kF32, in.data(), 20000, Policy(), &inline_block).ok());
+  std::vector<float> expect(20000);
+  ASSERT_TRUE(DecodeBlock(AsBytes(inline_block), DType::kF32, expect.data(), 20000).ok());
+  EXPECT_EQ(0, std::memcmp(out.data(), expect.data(), 20000 * 4));
+}
+
+}  // namespace
+}  // namespace gcomp::codec

@@ -1,0 +1,96 @@
+#include "codec/internal/huffman.h"
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace gcomp::codec::internal {
+namespace {
+
+uint32_t Kraft(const HuffmanCode& code) {
+  uint32_t k = 0;
+  for (int s = 0; s < code.alphabet; ++s) {
+    if (code.len[s]) k += 1u << (kMaxCodeLen - code.len[s]);
+  }
+  return k;
+}
+
+TEST(Huffman, FibonacciFrequenciesAreCappedAtElevenBits) {
+  uint64_t freq[256] = {};
+  uint64_t a = 1, b = 1;
+  for (int s = 0; s < 40; ++s) {
+    freq[s] = a;
+    uint64_t c = a + b;
+    a = b;
+    b = c;
+  }
+  HuffmanCode code;
+  BuildLengths(freq, 256, &code);
+  for (int s = 0; s < 40; ++s) {
+    EXPECT_GE(code.len[s], 1);
+    EXPECT_LE(code.len[s], kMaxCodeLen);
+  }
+  EXPECT_EQ(Kraft(code), 1u << kMaxCodeLen);
+}
+
+TEST(Huffman, SerializeParseRoundTripAndStreams) {
+  std::mt19937 rng(2);
+  for (int alphabet : {32, 256}) {
+    for (int trial = 0; trial < 50; ++trial) {
+      const size_t n = rng() % 5000;
+      std::vector<uint8_t> syms(n + 8);
+      uint64_t freq[256] = {};
+      const int spread = 1 + rng() % alphabet;
+      const int base = rng() % (alphabet - spread + 1);
+      for (size_t i = 0; i < n; ++i) {
+        syms[i] = static_cast<uint8_t>(base + std::min<int>(spread - 1, __builtin_ctz(rng() | 1u << 30)));
+        ++freq[syms[i]];
+      }
+      HuffmanCode code;
+      BuildLengths(freq, alphabet, &code);
+      AssignCodes(&code);
+      if (n == 0) continue;
+      std::string table;
+      SerializeTable(code, &table);
+      HuffmanCode parsed;
+      ASSERT_TRUE(ParseTable(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(table.data()),
+                                                 table.size()),
+                             alphabet, &parsed)
+                      .ok());
+      ASSERT_EQ(0, std::memcmp(parsed.len, code.len, sizeof(code.len)));
+      std::vector<uint8_t> buf(MaxStreamBytes(n) + 8);
+      uint32_t sizes[4];
+      EncodeStreams(syms.data(), n, code, buf.data(), sizes);
+      absl::Span<const uint8_t> streams[4];
+      size_t off = 0;
+      for (int s = 0; s < 4; ++s) {
+        streams[s] = absl::MakeConstSpan(buf.data() + off, sizes[s]);
+        off += sizes[s];
+      }
+      uint16_t dec[kDecodeTableSize];
+      BuildDecodeTable(parsed, dec);
+      std::vector<uint8_t> out(n);
+      ASSERT_TRUE(DecodeStreams(streams, dec, n, out.data()).ok());
+      ASSERT_EQ(0, std::memcmp(out.data(), syms.data(), n));
+    }
+  }
+}
+
+TEST(Huffman, ParseRejectsBadTables) {
+  const uint8_t incomplete[] = {0, 2, 0x11, 0x02};  // lengths 1,1,2: over-full
+  HuffmanCode code;
+  EXPECT_FALSE(ParseTable(absl::MakeConstSpan(incomplete), 256, &code).ok());
+  const uint8_t too_long[] = {0, 1, 0xcc};
+  EXPECT_FALSE(ParseTable(absl::MakeConstSpan(too_long), 256, &code).ok());
+  const uint8_t out_of_alphabet[] = {31, 1, 0x11};
+  EXPECT_FALSE(ParseTable(absl::MakeConstSpan(out_of_alphabet), 32, &code).ok());
+  const uint8_t single[] = {7, 0, 0x00};
+  ASSERT_TRUE(ParseTable(absl::MakeConstSpan(single), 32, &code).ok());
+  EXPECT_EQ(code.single_symbol, 7);
+}
+
+}  // namespace
+}  // namespace gcomp::codec::internal
