@@ -1,0 +1,431 @@
+#include "server/cluster_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "yaml-cpp/yaml.h"
+
+namespace gcomp::server {
+namespace {
+
+absl::Status FieldError(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("cluster config field '", field, "': ", what));
+}
+
+absl::StatusOr<std::string> Scalar(const YAML::Node& node, absl::string_view field) {
+  if (!node.IsScalar()) return FieldError(field, "expected a scalar value");
+  return node.Scalar();
+}
+
+absl::StatusOr<uint64_t> ParseU64(const YAML::Node& node, absl::string_view field,
+                                  uint64_t max = std::numeric_limits<uint64_t>::max()) {
+  absl::StatusOr<std::string> s = Scalar(node, field);
+  if (!s.ok()) return s.status();
+  uint64_t v = 0;
+  if (!absl::SimpleAtoi(*s, &v)) {
+    return FieldError(field, absl::StrCat("expected a non-negative integer, got '", *s, "'"));
+  }
+  if (v > max) return FieldError(field, absl::StrCat("must be at most ", max, ", got ", v));
+  return v;
+}
+
+absl::StatusOr<int64_t> ParseI64(const YAML::Node& node, absl::string_view field) {
+  absl::StatusOr<std::string> s = Scalar(node, field);
+  if (!s.ok()) return s.status();
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(*s, &v)) {
+    return FieldError(field, absl::StrCat("expected an integer, got '", *s, "'"));
+  }
+  return v;
+}
+
+absl::StatusOr<double> ParseDouble(const YAML::Node& node, absl::string_view field) {
+  absl::StatusOr<std::string> s = Scalar(node, field);
+  if (!s.ok()) return s.status();
+  double v = 0;
+  if (!absl::SimpleAtod(*s, &v) || !std::isfinite(v)) {
+    return FieldError(field, absl::StrCat("expected a finite number, got '", *s, "'"));
+  }
+  return v;
+}
+
+using Setter = std::function<absl::Status(const YAML::Node&, proto::ClusterConfig*)>;
+
+Setter U32(absl::string_view field, void (proto::ClusterConfig::*set)(uint32_t)) {
+  std::string name(field);
+  return [name, set](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
+    absl::StatusOr<uint64_t> v = ParseU64(n, name, std::numeric_limits<uint32_t>::max());
+    if (!v.ok()) return v.status();
+    (c->*set)(static_cast<uint32_t>(*v));
+    return absl::OkStatus();
+  };
+}
+
+Setter U64(absl::string_view field, void (proto::ClusterConfig::*set)(uint64_t)) {
+  std::string name(field);
+  return [name, set](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
+    absl::StatusOr<uint64_t> v = ParseU64(n, name);
+    if (!v.ok()) return v.status();
+    (c->*set)(*v);
+    return absl::OkStatus();
+  };
+}
+
+// Every settable field, by dotted name.
+const std::map<std::string, Setter>& Setters() {
+  static const auto* setters = [] {
+    auto* m = new std::map<std::string, Setter>;
+    (*m)["job"] = [](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
+      absl::StatusOr<std::string> s = Scalar(n, "job");
+      if (!s.ok()) return s.status();
+      c->set_job(*s);
+      return absl::OkStatus();
+    };
+    (*m)["workers"] = U32("workers", &proto::ClusterConfig::set_workers);
+    (*m)["shards"] = [](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
+      c->clear_shards();
+      if (n.IsScalar()) {
+        for (absl::string_view s : absl::StrSplit(n.Scalar(), ',', absl::SkipEmpty())) {
+          c->add_shards(std::string(s));
+        }
+        return absl::OkStatus();
+      }
+      if (!n.IsSequence()) return FieldError("shards", "expected a list of host:port");
+      for (size_t i = 0; i < n.size(); ++i) {
+        absl::StatusOr<std::string> s = Scalar(n[i], absl::StrCat("shards[", i, "]"));
+        if (!s.ok()) return s.status();
+        c->add_shards(*s);
+      }
+      return absl::OkStatus();
+    };
+    (*m)["shard_map_epoch"] = U64("shard_map_epoch", &proto::ClusterConfig::set_shard_map_epoch);
+    (*m)["chunk_bytes"] = U64("chunk_bytes", &proto::ClusterConfig::set_chunk_bytes);
+    for (const char* dir : {"uplink", "downlink"}) {
+      auto get = std::string(dir) == "uplink" ? &proto::ClusterConfig::mutable_uplink
+                                              : &proto::ClusterConfig::mutable_downlink;
+      std::string d(dir);
+      (*m)[d + ".mode"] = [get, d](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
+        absl::StatusOr<std::string> s = Scalar(n, d + ".mode");
+        if (!s.ok()) return s.status();
+        (c->*get)()->set_mode(*s);
+        return absl::OkStatus();
+      };
+      (*m)[d + ".rel_bits"] = [get, d](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
+        absl::StatusOr<int64_t> v = ParseI64(n, d + ".rel_bits");
+        if (!v.ok()) return v.status();
+        (c->*get)()->set_rel_bits(static_cast<int32_t>(std::clamp<int64_t>(*v, -1000, 1000)));
+        return absl::OkStatus();
+      };
+      (*m)[d + ".abs_log2"] = [get, d](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
+        absl::StatusOr<int64_t> v = ParseI64(n, d + ".abs_log2");
+        if (!v.ok()) return v.status();
+        (c->*get)()->set_abs_log2(static_cast<int32_t>(std::clamp<int64_t>(*v, -1000, 1000)));
+        return absl::OkStatus();
+      };
+    }
+    (*m)["optimizer.name"] = [](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
+      absl::StatusOr<std::string> s = Scalar(n, "optimizer.name");
+      if (!s.ok()) return s.status();
+      c->mutable_optimizer()->set_name(*s);
+      return absl::OkStatus();
+    };
+    using OptSet = void (proto::OptimizerConfig::*)(double);
+    for (auto [name, set] : std::vector<std::pair<std::string, OptSet>>{
+             {"learning_rate", &proto::OptimizerConfig::set_learning_rate},
+             {"momentum", &proto::OptimizerConfig::set_momentum},
+             {"beta1", &proto::OptimizerConfig::set_beta1},
+             {"beta2", &proto::OptimizerConfig::set_beta2},
+             {"epsilon", &proto::OptimizerConfig::set_epsilon}}) {
+      std::string field = "optimizer." + name;
+      (*m)[field] = [field, set = set](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
+        absl::StatusOr<double> v = ParseDouble(n, field);
+        if (!v.ok()) return v.status();
+        (c->mutable_optimizer()->*set)(*v);
+        return absl::OkStatus();
+      };
+    }
+    (*m)["step_timeout_ms"] = U32("step_timeout_ms", &proto::ClusterConfig::set_step_timeout_ms);
+    (*m)["rpc_timeout_ms"] = U32("rpc_timeout_ms", &proto::ClusterConfig::set_rpc_timeout_ms);
+    (*m)["connect_timeout_ms"] =
+        U32("connect_timeout_ms", &proto::ClusterConfig::set_connect_timeout_ms);
+    (*m)["channels_per_shard"] =
+        U32("channels_per_shard", &proto::ClusterConfig::set_channels_per_shard);
+    (*m)["max_inflight_chunks"] =
+        U32("max_inflight_chunks", &proto::ClusterConfig::set_max_inflight_chunks);
+    (*m)["max_retries"] = U32("max_retries", &proto::ClusterConfig::set_max_retries);
+    (*m)["retry_backoff_ms"] = U32("retry_backoff_ms", &proto::ClusterConfig::set_retry_backoff_ms);
+    (*m)["max_message_bytes"] =
+        U64("max_message_bytes", &proto::ClusterConfig::set_max_message_bytes);
+    return m;
+  }();
+  return *setters;
+}
+
+absl::Status ApplyNode(const YAML::Node& node, const std::string& prefix,
+                       proto::ClusterConfig* config) {
+  if (!node.IsMap()) {
+    return FieldError(prefix.empty() ? "<root>" : prefix, "expected a mapping");
+  }
+  for (const auto& kv : node) {
+    std::string key = kv.first.as<std::string>();
+    std::string field = prefix.empty() ? key : prefix + "." + key;
+    auto it = Setters().find(field);
+    if (it != Setters().end()) {
+      absl::Status s = it->second(kv.second, config);
+      if (!s.ok()) return s;
+      continue;
+    }
+    if ((field == "uplink" || field == "downlink" || field == "optimizer") &&
+        kv.second.IsMap()) {
+      absl::Status s = ApplyNode(kv.second, field, config);
+      if (!s.ok()) return s;
+      continue;
+    }
+    return FieldError(field, "unknown field");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCodec(const proto::CodecConfig& c, const std::string& dir) {
+  if (c.mode() == "none") return absl::OkStatus();
+  absl::StatusOr<codec::Mode> mode = codec::ParseMode(c.mode());
+  if (!mode.ok()) {
+    return FieldError(dir + ".mode", absl::StrCat("must be none, lossless or near-lossless, got '",
+                                                  c.mode(), "'"));
+  }
+  if (c.rel_bits() < 0 || c.rel_bits() > 23) {
+    return FieldError(dir + ".rel_bits", absl::StrCat("must be in [0, 23], got ", c.rel_bits()));
+  }
+  if (c.abs_log2() < -128 || c.abs_log2() > 0) {
+    return FieldError(dir + ".abs_log2",
+                      absl::StrCat("must be in [-128, 0], got ", c.abs_log2()));
+  }
+  return absl::OkStatus();
+}
+
+bool ValidAddress(absl::string_view a) {
+  size_t colon = a.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) return false;
+  uint32_t port = 0;
+  return absl::SimpleAtoi(a.substr(colon + 1), &port) && port >= 1 && port <= 65535;
+}
+
+DirectionCodec ToDirection(const proto::CodecConfig& c) {
+  DirectionCodec d;
+  d.raw = c.mode() == "none";
+  if (!d.raw) {
+    d.policy.mode = *codec::ParseMode(c.mode());
+    d.policy.rel_bits = c.rel_bits();
+    d.policy.abs_log2 = c.abs_log2();
+  }
+  return d;
+}
+
+void EmitCodec(YAML::Emitter& out, const char* name, const proto::CodecConfig& c) {
+  out << YAML::Key << name << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "mode" << YAML::Value << c.mode();
+  out << YAML::Key << "rel_bits" << YAML::Value << c.rel_bits();
+  out << YAML::Key << "abs_log2" << YAML::Value << c.abs_log2();
+  out << YAML::EndMap;
+}
+
+}  // namespace
+
+proto::ClusterConfig DefaultClusterConfig() {
+  proto::ClusterConfig c;
+  c.set_job("default");
+  c.set_workers(1);
+  c.set_shard_map_epoch(1);
+  c.set_chunk_bytes(1 << 20);
+  for (proto::CodecConfig* d : {c.mutable_uplink(), c.mutable_downlink()}) {
+    d->set_mode("near-lossless");
+    d->set_rel_bits(7);
+    d->set_abs_log2(-16);
+  }
+  proto::OptimizerConfig* o = c.mutable_optimizer();
+  o->set_name("none");
+  o->set_learning_rate(0.01);
+  o->set_momentum(0.9);
+  o->set_beta1(0.9);
+  o->set_beta2(0.999);
+  o->set_epsilon(1e-8);
+  c.set_step_timeout_ms(10000);
+  c.set_rpc_timeout_ms(30000);
+  c.set_connect_timeout_ms(5000);
+  c.set_channels_per_shard(2);
+  c.set_max_inflight_chunks(8);
+  c.set_max_retries(5);
+  c.set_retry_backoff_ms(50);
+  c.set_max_message_bytes(0);  // 0: derived from chunk_bytes
+  return c;
+}
+
+absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
+  if (c.job().empty()) return FieldError("job", "must not be empty");
+  if (c.workers() < 1 || c.workers() > 4096) {
+    return FieldError("workers", absl::StrCat("must be in [1, 4096], got ", c.workers()));
+  }
+  if (c.shards_size() < 1) return FieldError("shards", "must list at least one host:port");
+  for (int i = 0; i < c.shards_size(); ++i) {
+    if (!ValidAddress(c.shards(i))) {
+      return FieldError(absl::StrCat("shards[", i, "]"),
+                        absl::StrCat("expected host:port with port in [1, 65535], got '",
+                                     c.shards(i), "'"));
+    }
+  }
+  if (c.shard_map_epoch() < 1) return FieldError("shard_map_epoch", "must be at least 1");
+  if (c.chunk_bytes() < 4 || c.chunk_bytes() > (uint64_t{1} << 28)) {
+    return FieldError("chunk_bytes",
+                      absl::StrCat("must be in [4, 268435456], got ", c.chunk_bytes()));
+  }
+  absl::Status s = ValidateCodec(c.uplink(), "uplink");
+  if (!s.ok()) return s;
+  s = ValidateCodec(c.downlink(), "downlink");
+  if (!s.ok()) return s;
+  const proto::OptimizerConfig& o = c.optimizer();
+  if (o.name() != "none" && o.name() != "sgd" && o.name() != "momentum" && o.name() != "adam") {
+    return FieldError("optimizer.name",
+                      absl::StrCat("must be none, sgd, momentum or adam, got '", o.name(), "'"));
+  }
+  if (!(o.learning_rate() > 0)) {
+    return FieldError("optimizer.learning_rate", absl::StrCat("must be > 0, got ", o.learning_rate()));
+  }
+  if (!(o.momentum() >= 0 && o.momentum() < 1)) {
+    return FieldError("optimizer.momentum", absl::StrCat("must be in [0, 1), got ", o.momentum()));
+  }
+  if (!(o.beta1() >= 0 && o.beta1() < 1)) {
+    return FieldError("optimizer.beta1", absl::StrCat("must be in [0, 1), got ", o.beta1()));
+  }
+  if (!(o.beta2() >= 0 && o.beta2() < 1)) {
+    return FieldError("optimizer.beta2", absl::StrCat("must be in [0, 1), got ", o.beta2()));
+  }
+  if (!(o.epsilon() > 0)) {
+    return FieldError("optimizer.epsilon", absl::StrCat("must be > 0, got ", o.epsilon()));
+  }
+  if (c.step_timeout_ms() < 1) return FieldError("step_timeout_ms", "must be at least 1");
+  if (c.rpc_timeout_ms() <= c.step_timeout_ms()) {
+    return FieldError("rpc_timeout_ms",
+                      absl::StrCat("must exceed step_timeout_ms (", c.step_timeout_ms(),
+                                   ") so that a failed step's status reaches the worker, got ",
+                                   c.rpc_timeout_ms()));
+  }
+  if (c.connect_timeout_ms() < 1) return FieldError("connect_timeout_ms", "must be at least 1");
+  if (c.channels_per_shard() < 1 || c.channels_per_shard() > 64) {
+    return FieldError("channels_per_shard",
+                      absl::StrCat("must be in [1, 64], got ", c.channels_per_shard()));
+  }
+  if (c.max_inflight_chunks() < 1 || c.max_inflight_chunks() > 1024) {
+    return FieldError("max_inflight_chunks",
+                      absl::StrCat("must be in [1, 1024], got ", c.max_inflight_chunks()));
+  }
+  if (c.max_retries() > 100) {
+    return FieldError("max_retries", absl::StrCat("must be at most 100, got ", c.max_retries()));
+  }
+  if (c.retry_backoff_ms() < 1 || c.retry_backoff_ms() > 60000) {
+    return FieldError("retry_backoff_ms",
+                      absl::StrCat("must be in [1, 60000], got ", c.retry_backoff_ms()));
+  }
+  if (c.max_message_bytes() != 0 && c.max_message_bytes() < 2 * c.chunk_bytes() + 4096) {
+    return FieldError("max_message_bytes",
+                      absl::StrCat("must be 0 (derived) or at least 2 * chunk_bytes + 4096 = ",
+                                   2 * c.chunk_bytes() + 4096, ", got ", c.max_message_bytes()));
+  }
+  if (c.max_message_bytes() > (uint64_t{1} << 31) - 1) {
+    return FieldError("max_message_bytes", "must be below 2 GiB");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<proto::ClusterConfig> ParseClusterConfig(
+    absl::string_view text, const std::vector<std::string>& overrides) {
+  proto::ClusterConfig config = DefaultClusterConfig();
+  YAML::Node root;
+  try {  // yaml-cpp reports syntax errors only by exception; they stop here.
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster config: not YAML/JSON: ", e.what()));
+  }
+  if (root.IsDefined() && !root.IsNull()) {
+    absl::Status s = ApplyNode(root, "", &config);
+    if (!s.ok()) return s;
+  }
+  for (const std::string& o : overrides) {
+    size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster config override '", o, "': expected field=value"));
+    }
+    std::string field = o.substr(0, eq);
+    auto it = Setters().find(field);
+    if (it == Setters().end()) return FieldError(field, "unknown field");
+    absl::Status s = it->second(YAML::Node(o.substr(eq + 1)), &config);
+    if (!s.ok()) return s;
+  }
+  absl::Status s = ValidateClusterConfig(config);
+  if (!s.ok()) return s;
+  if (config.max_message_bytes() == 0) {
+    config.set_max_message_bytes(2 * config.chunk_bytes() + (1 << 20));
+  }
+  return config;
+}
+
+absl::StatusOr<proto::ClusterConfig> LoadClusterConfig(const std::string& path,
+                                                       const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read cluster config '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseClusterConfig(ss.str(), overrides);
+}
+
+std::string ClusterConfigToYaml(const proto::ClusterConfig& c) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "job" << YAML::Value << c.job();
+  out << YAML::Key << "workers" << YAML::Value << c.workers();
+  out << YAML::Key << "shards" << YAML::Value << YAML::BeginSeq;
+  for (const std::string& s : c.shards()) out << s;
+  out << YAML::EndSeq;
+  out << YAML::Key << "shard_map_epoch" << YAML::Value << c.shard_map_epoch();
+  out << YAML::Key << "chunk_bytes" << YAML::Value << c.chunk_bytes();
+  EmitCodec(out, "uplink", c.uplink());
+  EmitCodec(out, "downlink", c.downlink());
+  const proto::OptimizerConfig& o = c.optimizer();
+  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << o.name();
+  out << YAML::Key << "learning_rate" << YAML::Value << YAML::Precision(17) << o.learning_rate();
+  out << YAML::Key << "momentum" << YAML::Value << o.momentum();
+  out << YAML::Key << "beta1" << YAML::Value << o.beta1();
+  out << YAML::Key << "beta2" << YAML::Value << o.beta2();
+  out << YAML::Key << "epsilon" << YAML::Value << o.epsilon();
+  out << YAML::EndMap;
+  out << YAML::Key << "step_timeout_ms" << YAML::Value << c.step_timeout_ms();
+  out << YAML::Key << "rpc_timeout_ms" << YAML::Value << c.rpc_timeout_ms();
+  out << YAML::Key << "connect_timeout_ms" << YAML::Value << c.connect_timeout_ms();
+  out << YAML::Key << "channels_per_shard" << YAML::Value << c.channels_per_shard();
+  out << YAML::Key << "max_inflight_chunks" << YAML::Value << c.max_inflight_chunks();
+  out << YAML::Key << "max_retries" << YAML::Value << c.max_retries();
+  out << YAML::Key << "retry_backoff_ms" << YAML::Value << c.retry_backoff_ms();
+  out << YAML::Key << "max_message_bytes" << YAML::Value << c.max_message_bytes();
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+DirectionCodec UplinkCodec(const proto::ClusterConfig& config) {
+  return ToDirection(config.uplink());
+}
+DirectionCodec DownlinkCodec(const proto::ClusterConfig& config) {
+  return ToDirection(config.downlink());
+}
+
+}  // namespace gcomp::server

@@ -1,0 +1,50 @@
+// The cluster's configuration file (YAML, or JSON which is a YAML subset) -> ClusterConfig.
+//
+//   absl::StatusOr<proto::ClusterConfig> config = LoadClusterConfig(path, {"workers=4"});
+//
+// Fields absent from the file keep the defaults of DefaultClusterConfig(); every error
+// (unknown field, wrong type, value out of range) is InvalidArgument naming the field,
+// e.g. "cluster config field 'uplink.rel_bits': must be in [0, 23], got 40".
+// docs/SERVICE.md lists every field. Thread-compatible free functions.
+#ifndef GCOMP_SERVER_CLUSTER_CONFIG_H_
+#define GCOMP_SERVER_CLUSTER_CONFIG_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "codec/codec.h"
+#include "proto/cluster_config.pb.h"
+
+namespace gcomp::server {
+
+proto::ClusterConfig DefaultClusterConfig();
+
+// Parses `text` and applies `overrides`, each "field=value" with dotted field names
+// ("uplink.mode=none"); "shards" takes a comma-separated list. Then validates.
+absl::StatusOr<proto::ClusterConfig> ParseClusterConfig(
+    absl::string_view text, const std::vector<std::string>& overrides = {});
+
+// Reads the file at `path` (NotFound if it cannot be read), then as ParseClusterConfig.
+absl::StatusOr<proto::ClusterConfig> LoadClusterConfig(
+    const std::string& path, const std::vector<std::string>& overrides = {});
+
+absl::Status ValidateClusterConfig(const proto::ClusterConfig& config);
+
+// The YAML text of `config` (round-trips through ParseClusterConfig).
+std::string ClusterConfigToYaml(const proto::ClusterConfig& config);
+
+// The codec side of one direction: raw (mode "none") or GComp with a policy.
+struct DirectionCodec {
+  bool raw = false;
+  codec::Policy policy;
+};
+// Requires a validated config.
+DirectionCodec UplinkCodec(const proto::ClusterConfig& config);
+DirectionCodec DownlinkCodec(const proto::ClusterConfig& config);
+
+}  // namespace gcomp::server
+
+#endif  // GCOMP_SERVER_CLUSTER_CONFIG_H_

@@ -1,0 +1,127 @@
+#include "server/cluster_config.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gcomp::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kGood[] = R"(
+job: train
+workers: 4
+shards: ["127.0.0.1:5001", "127.0.0.1:5002"]
+chunk_bytes: 65536
+uplink: {mode: near-lossless, rel_bits: 5, abs_log2: -20}
+downlink: {mode: lossless}
+optimizer: {name: adam, learning_rate: 0.001}
+step_timeout_ms: 2000
+rpc_timeout_ms: 5000
+)";
+
+TEST(ClusterConfig, ParsesYaml) {
+  absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->job(), "train");
+  EXPECT_EQ(c->workers(), 4u);
+  ASSERT_EQ(c->shards_size(), 2);
+  EXPECT_EQ(c->shards(1), "127.0.0.1:5002");
+  EXPECT_EQ(c->uplink().rel_bits(), 5);
+  EXPECT_EQ(c->downlink().mode(), "lossless");
+  EXPECT_EQ(c->optimizer().name(), "adam");
+  EXPECT_DOUBLE_EQ(c->optimizer().beta2(), 0.999);  // default kept
+  EXPECT_EQ(c->max_message_bytes(), 2 * 65536u + (1u << 20));
+}
+
+TEST(ClusterConfig, ParsesJson) {
+  absl::StatusOr<proto::ClusterConfig> c =
+      ParseClusterConfig(R"({"workers": 2, "shards": ["localhost:7000"], "uplink": {"mode": "none"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->workers(), 2u);
+  EXPECT_TRUE(UplinkCodec(*c).raw);
+  EXPECT_FALSE(DownlinkCodec(*c).raw);
+}
+
+TEST(ClusterConfig, OverridesWin) {
+  absl::StatusOr<proto::ClusterConfig> c =
+      ParseClusterConfig(kGood, {"workers=3", "uplink.mode=none", "shards=a:1,b:2,c:3"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->workers(), 3u);
+  EXPECT_EQ(c->uplink().mode(), "none");
+  EXPECT_EQ(c->shards_size(), 3);
+}
+
+TEST(ClusterConfig, YamlRoundTrips) {
+  absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood);
+  ASSERT_TRUE(c.ok());
+  absl::StatusOr<proto::ClusterConfig> again = ParseClusterConfig(ClusterConfigToYaml(*c));
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << ClusterConfigToYaml(*c);
+  EXPECT_EQ(again->SerializeAsString(), c->SerializeAsString());
+}
+
+TEST(ClusterConfig, MissingFileIsNotFound) {
+  EXPECT_EQ(LoadClusterConfig("/nonexistent/cluster.yaml").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Each bad field yields InvalidArgument naming it.
+TEST(ClusterConfig, EveryBadFieldIsNamed) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"job=", "'job'"},
+      {"workers=0", "'workers'"},
+      {"workers=-1", "'workers'"},
+      {"workers=many", "'workers'"},
+      {"shards=", "'shards'"},
+      {"shards=nohost", "'shards[0]'"},
+      {"shards=a:1,b:99999", "'shards[1]'"},
+      {"shard_map_epoch=0", "'shard_map_epoch'"},
+      {"chunk_bytes=2", "'chunk_bytes'"},
+      {"uplink.mode=zip", "'uplink.mode'"},
+      {"uplink.rel_bits=40", "'uplink.rel_bits'"},
+      {"downlink.rel_bits=-1", "'downlink.rel_bits'"},
+      {"downlink.abs_log2=3", "'downlink.abs_log2'"},
+      {"optimizer.name=lamb", "'optimizer.name'"},
+      {"optimizer.learning_rate=0", "'optimizer.learning_rate'"},
+      {"optimizer.learning_rate=x", "'optimizer.learning_rate'"},
+      {"optimizer.momentum=1", "'optimizer.momentum'"},
+      {"optimizer.beta1=-0.5", "'optimizer.beta1'"},
+      {"optimizer.beta2=1.5", "'optimizer.beta2'"},
+      {"optimizer.epsilon=0", "'optimizer.epsilon'"},
+      {"step_timeout_ms=0", "'step_timeout_ms'"},
+      {"rpc_timeout_ms=1000", "'rpc_timeout_ms'"},
+      {"connect_timeout_ms=0", "'connect_timeout_ms'"},
+      {"channels_per_shard=0", "'channels_per_shard'"},
+      {"max_inflight_chunks=0", "'max_inflight_chunks'"},
+      {"max_retries=1000", "'max_retries'"},
+      {"retry_backoff_ms=0", "'retry_backoff_ms'"},
+      {"max_message_bytes=100", "'max_message_bytes'"},
+      {"colour=red", "'colour'"},
+  };
+  for (const auto& [override, field] : cases) {
+    absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood, {override});
+    ASSERT_FALSE(c.ok()) << override;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << override;
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr(field)) << override;
+  }
+}
+
+TEST(ClusterConfig, FileErrorsNameTheField) {
+  auto c = ParseClusterConfig("workers: 2\nshards: [a:1]\nuplink: {mode: near-lossless, speed: 3}\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("'uplink.speed'"));
+  c = ParseClusterConfig("workers: [1, 2]\nshards: [a:1]\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("'workers'"));
+  c = ParseClusterConfig("workers: {\n");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  c = ParseClusterConfig("- 1\n- 2\n");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace gcomp::server

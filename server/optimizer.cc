@@ -1,0 +1,92 @@
+#include "server/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gcomp::server {
+
+absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name) {
+  if (name == "none") return OptimizerKind::kNone;
+  if (name == "sgd") return OptimizerKind::kSgd;
+  if (name == "momentum") return OptimizerKind::kMomentum;
+  if (name == "adam") return OptimizerKind::kAdam;
+  return absl::InvalidArgumentError(
+      absl::StrCat("optimizer must be none, sgd, momentum or adam, got '", name, "'"));
+}
+
+absl::Status ValidateOptimizerOptions(const OptimizerOptions& o) {
+  if (!(o.learning_rate > 0) || !std::isfinite(o.learning_rate)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer learning_rate must be > 0, got ",
+                                                   o.learning_rate));
+  }
+  if (!(o.momentum >= 0 && o.momentum < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer momentum must be in [0, 1), got ",
+                                                   o.momentum));
+  }
+  if (!(o.beta1 >= 0 && o.beta1 < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer beta1 must be in [0, 1), got ",
+                                                   o.beta1));
+  }
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer beta2 must be in [0, 1), got ",
+                                                   o.beta2));
+  }
+  if (!(o.epsilon > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer epsilon must be > 0, got ",
+                                                   o.epsilon));
+  }
+  return absl::OkStatus();
+}
+
+Optimizer::Optimizer(const OptimizerOptions& options, size_t elements, std::vector<float> initial)
+    : options_(options), value_(std::move(initial)) {
+  value_.resize(elements, 0.0f);
+  if (options_.kind == OptimizerKind::kMomentum || options_.kind == OptimizerKind::kAdam) {
+    m_.assign(elements, 0.0f);
+  }
+  if (options_.kind == OptimizerKind::kAdam) v_.assign(elements, 0.0f);
+}
+
+void Optimizer::SetValue(absl::Span<const float> value) {
+  std::copy(value.begin(), value.begin() + std::min(value.size(), value_.size()), value_.begin());
+}
+
+void Optimizer::Step(absl::Span<const float> g) {
+  ++steps_;
+  const size_t n = value_.size();
+  const float lr = static_cast<float>(options_.learning_rate);
+  switch (options_.kind) {
+    case OptimizerKind::kNone:
+      std::copy(g.begin(), g.begin() + n, value_.begin());
+      break;
+    case OptimizerKind::kSgd:
+      for (size_t i = 0; i < n; ++i) value_[i] -= lr * g[i];
+      break;
+    case OptimizerKind::kMomentum: {
+      const float mu = static_cast<float>(options_.momentum);
+      for (size_t i = 0; i < n; ++i) {
+        m_[i] = mu * m_[i] + g[i];
+        value_[i] -= lr * m_[i];
+      }
+      break;
+    }
+    case OptimizerKind::kAdam: {
+      const float b1 = static_cast<float>(options_.beta1);
+      const float b2 = static_cast<float>(options_.beta2);
+      const float eps = static_cast<float>(options_.epsilon);
+      const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(options_.beta1, steps_)));
+      const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(options_.beta2, steps_)));
+      for (size_t i = 0; i < n; ++i) {
+        m_[i] = b1 * m_[i] + (1 - b1) * g[i];
+        v_[i] = b2 * v_[i] + (1 - b2) * g[i] * g[i];
+        value_[i] -= lr * (m_[i] * c1) / (std::sqrt(v_[i] * c2) + eps);
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace gcomp::server

@@ -1,0 +1,62 @@
+// Server-side optimizers over one chunk of f32 values. Not thread-safe: each chunk's
+// StepAccumulator owns its Optimizer and calls it under its lock.
+//
+//   none:      value = mean gradient
+//   sgd:       p -= lr * g
+//   momentum:  v = mu * v + g;  p -= lr * v
+//   adam:      m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+//              p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+// Arithmetic is in f32 (the accumulators) with coefficients converted from double once.
+#ifndef GCOMP_SERVER_OPTIMIZER_H_
+#define GCOMP_SERVER_OPTIMIZER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace gcomp::server {
+
+enum class OptimizerKind { kNone, kSgd, kMomentum, kAdam };
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::kNone;
+  double learning_rate = 0.01;
+  double momentum = 0.9;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double epsilon = 1e-8;
+};
+
+// "none" | "sgd" | "momentum" | "adam"; InvalidArgument otherwise.
+absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name);
+// InvalidArgument naming the bad field ("learning_rate", ...).
+absl::Status ValidateOptimizerOptions(const OptimizerOptions& options);
+
+class Optimizer {
+ public:
+  // `initial` is the starting parameter value (zeros when empty); ignored for kNone.
+  Optimizer(const OptimizerOptions& options, size_t elements, std::vector<float> initial = {});
+
+  // Applies one step's mean gradient (size elements()).
+  void Step(absl::Span<const float> mean_gradient);
+  // Replaces the parameters (declare-time initial value).
+  void SetValue(absl::Span<const float> value);
+  // The mean gradient (kNone) or the parameters.
+  absl::Span<const float> value() const { return value_; }
+  size_t elements() const { return value_.size(); }
+  int64_t steps() const { return steps_; }
+
+ private:
+  OptimizerOptions options_;
+  std::vector<float> value_;
+  std::vector<float> m_;  // momentum / adam first moment
+  std::vector<float> v_;  // adam second moment
+  int64_t steps_ = 0;
+};
+
+}  // namespace gcomp::server
+
+#endif  // GCOMP_SERVER_OPTIMIZER_H_

@@ -1,0 +1,50 @@
+#include "server/optimizer.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace gcomp::server {
+namespace {
+
+TEST(Optimizer, NoneReturnsTheMean) {
+  Optimizer o({}, 3);
+  o.Step(std::vector<float>{1, -2, 3});
+  EXPECT_EQ(std::vector<float>(o.value().begin(), o.value().end()), (std::vector<float>{1, -2, 3}));
+}
+
+TEST(Optimizer, SgdStepsAgainstTheGradient) {
+  OptimizerOptions opt{OptimizerKind::kSgd, 0.5};
+  Optimizer o(opt, 2, {1, 1});
+  o.Step(std::vector<float>{2, -2});
+  EXPECT_FLOAT_EQ(o.value()[0], 0.0f);
+  EXPECT_FLOAT_EQ(o.value()[1], 2.0f);
+}
+
+TEST(Optimizer, MomentumAccumulatesVelocity) {
+  OptimizerOptions opt{OptimizerKind::kMomentum, 1.0, 0.5};
+  Optimizer o(opt, 1);
+  o.Step(std::vector<float>{1});  // v = 1, p = -1
+  o.Step(std::vector<float>{1});  // v = 1.5, p = -2.5
+  EXPECT_FLOAT_EQ(o.value()[0], -2.5f);
+}
+
+TEST(Optimizer, AdamFirstStepIsLearningRateTimesSign) {
+  OptimizerOptions opt{OptimizerKind::kAdam, 0.1};
+  Optimizer o(opt, 2, {0, 0});
+  o.Step(std::vector<float>{3, -0.001f});
+  EXPECT_NEAR(o.value()[0], -0.1, 1e-6);
+  EXPECT_NEAR(o.value()[1], 0.1, 1e-4);
+}
+
+TEST(Optimizer, ParsesAndValidates) {
+  EXPECT_EQ(*ParseOptimizerKind("adam"), OptimizerKind::kAdam);
+  EXPECT_FALSE(ParseOptimizerKind("lamb").ok());
+  OptimizerOptions bad;
+  bad.learning_rate = 0;
+  EXPECT_EQ(ValidateOptimizerOptions(bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace gcomp::server

@@ -1,0 +1,53 @@
+#include "server/shard_map.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include <cstdlib>
+#include "xxhash.h"
+
+namespace gcomp::server {
+
+ChunkLayout::ChunkLayout(size_t elements, size_t element_bytes, size_t chunk_bytes)
+    : elements(elements),
+      chunk_elements(std::max<size_t>(1, chunk_bytes / element_bytes)),
+      num_chunks((elements + chunk_elements - 1) / chunk_elements) {}
+
+size_t ChunkLayout::size(size_t chunk) const {
+  return std::min(chunk_elements, elements - begin(chunk));
+}
+
+ShardMap::ShardMap(uint32_t num_shards, uint64_t epoch) : num_shards_(num_shards), epoch_(epoch) {
+  if (num_shards < 1) std::abort();  // programmer error: validated config has shards
+}
+
+std::vector<uint32_t> ShardMap::Assign(absl::string_view key, const ChunkLayout& layout) const {
+  std::vector<uint32_t> owner(layout.num_chunks, 0);
+  if (num_shards_ == 1) return owner;
+  const uint64_t key_hash = XXH64(key.data(), key.size(), 0x6763);
+  const double fair = static_cast<double>(layout.elements) / num_shards_;
+  const double cap = std::max<double>((1.0 + kSlack) * fair, layout.chunk_elements);
+  std::vector<double> load(num_shards_, 0.0);
+  std::vector<std::pair<uint64_t, uint32_t>> rank(num_shards_);
+  for (size_t c = 0; c < layout.num_chunks; ++c) {
+    for (uint32_t s = 0; s < num_shards_; ++s) {
+      uint64_t in[3] = {key_hash, c, s};
+      rank[s] = {XXH64(in, sizeof(in), 0), s};
+    }
+    std::sort(rank.begin(), rank.end(), std::greater<>());
+    const double bytes = static_cast<double>(layout.size(c));
+    uint32_t pick = rank[0].second;
+    for (const auto& [score, s] : rank) {
+      if (load[s] + bytes <= cap) {
+        pick = s;
+        break;
+      }
+    }
+    owner[c] = pick;
+    load[pick] += bytes;
+  }
+  return owner;
+}
+
+}  // namespace gcomp::server

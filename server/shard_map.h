@@ -1,0 +1,53 @@
+// Which shard owns which chunk of a tensor.
+//
+// Deterministic (same inputs => same map, on every worker and shard), balanced by bytes,
+// and stable: going from S to S+1 shards moves about 1/(S+1) of the bytes, not most of
+// them. The map is bounded-load rendezvous hashing: each chunk ranks the shards by a hash
+// of (key, chunk, shard) and takes the best-ranked shard whose load stays within
+// (1 + kSlack) times the fair share. The epoch names the layout; every call carries it.
+// Thread-safe (immutable).
+#ifndef GCOMP_SERVER_SHARD_MAP_H_
+#define GCOMP_SERVER_SHARD_MAP_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace gcomp::server {
+
+// How a tensor of `elements` elements of `element_bytes` bytes is cut into chunks of
+// chunk_bytes (rounded down to whole elements, at least one element each).
+struct ChunkLayout {
+  size_t elements = 0;
+  size_t chunk_elements = 1;
+  size_t num_chunks = 0;
+
+  ChunkLayout() = default;
+  ChunkLayout(size_t elements, size_t element_bytes, size_t chunk_bytes);
+  size_t begin(size_t chunk) const { return chunk * chunk_elements; }
+  size_t size(size_t chunk) const;
+};
+
+class ShardMap {
+ public:
+  static constexpr double kSlack = 0.25;
+
+  // Requires num_shards >= 1.
+  ShardMap(uint32_t num_shards, uint64_t epoch);
+
+  uint32_t num_shards() const { return num_shards_; }
+  uint64_t epoch() const { return epoch_; }
+
+  // The owner of every chunk of tensor `key` laid out as `layout`.
+  std::vector<uint32_t> Assign(absl::string_view key, const ChunkLayout& layout) const;
+
+ private:
+  uint32_t num_shards_;
+  uint64_t epoch_;
+};
+
+}  // namespace gcomp::server
+
+#endif  // GCOMP_SERVER_SHARD_MAP_H_

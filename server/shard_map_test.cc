@@ -1,0 +1,52 @@
+#include "server/shard_map.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace gcomp::server {
+namespace {
+
+TEST(ChunkLayout, CutsWholeElements) {
+  ChunkLayout l(10, 4, 12);
+  EXPECT_EQ(l.chunk_elements, 3u);
+  EXPECT_EQ(l.num_chunks, 4u);
+  EXPECT_EQ(l.size(3), 1u);
+  EXPECT_EQ(ChunkLayout(1, 4, 1).num_chunks, 1u);  // at least one element per chunk
+}
+
+TEST(ShardMap, IsDeterministic) {
+  ChunkLayout l(1000000, 4, 4096);
+  EXPECT_EQ(ShardMap(3, 1).Assign("w", l), ShardMap(3, 1).Assign("w", l));
+}
+
+TEST(ShardMap, BalancedByBytes) {
+  for (uint32_t s = 1; s <= 8; ++s) {
+    ChunkLayout l(1 << 20, 4, 4096);  // 1024 chunks
+    std::vector<uint32_t> owner = ShardMap(s, 1).Assign("layer.weight", l);
+    std::vector<size_t> load(s, 0);
+    for (size_t c = 0; c < owner.size(); ++c) load[owner[c]] += l.size(c);
+    const double fair = static_cast<double>(l.elements) / s;
+    for (size_t k = 0; k < s; ++k) {
+      EXPECT_LE(load[k], (1 + ShardMap::kSlack) * fair + l.chunk_elements) << s;
+      EXPECT_GE(load[k], 0.6 * fair) << "shards " << s << " shard " << k;
+    }
+  }
+}
+
+TEST(ShardMap, AddingAShardMovesFewChunks) {
+  ChunkLayout l(1 << 20, 4, 4096);
+  for (uint32_t s = 2; s <= 7; ++s) {
+    std::vector<uint32_t> before = ShardMap(s, 1).Assign("w", l);
+    std::vector<uint32_t> after = ShardMap(s + 1, 2).Assign("w", l);
+    size_t moved = 0;
+    for (size_t c = 0; c < before.size(); ++c) moved += before[c] != after[c];
+    const double fraction = static_cast<double>(moved) / before.size();
+    // Ideal is 1/(s+1); modulo hashing would move s/(s+1).
+    EXPECT_LE(fraction, 1.0 / (s + 1) + 0.15) << s << " -> " << s + 1;
+  }
+}
+
+}  // namespace
+}  // namespace gcomp::server

@@ -1,0 +1,377 @@
+#include "server/shard_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "server/wire_block.h"
+
+namespace gcomp::server {
+
+struct ShardService::Tensor {
+  std::string key;
+  codec::DType dtype = codec::DType::kF32;
+  ChunkLayout layout;
+  OptimizerOptions optimizer;
+  std::vector<uint32_t> owner;
+  // Owned chunks only; constant after creation (the accumulators are thread-safe).
+  absl::flat_hash_map<uint32_t, std::unique_ptr<StepAccumulator>> chunks;
+};
+
+namespace {
+
+absl::StatusOr<OptimizerOptions> OptimizerFrom(const proto::OptimizerConfig& c) {
+  absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(c.name());
+  if (!kind.ok()) return kind.status();
+  OptimizerOptions o{*kind, c.learning_rate(), c.momentum(), c.beta1(), c.beta2(), c.epsilon()};
+  absl::Status s = ValidateOptimizerOptions(o);
+  if (!s.ok()) return s;
+  return o;
+}
+
+bool SameOptimizer(const OptimizerOptions& a, const OptimizerOptions& b) {
+  return a.kind == b.kind && a.learning_rate == b.learning_rate && a.momentum == b.momentum &&
+         a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.epsilon == b.epsilon;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardService>> ShardService::Create(
+    const proto::ClusterConfig& config, const ShardOptions& options) {
+  absl::Status s = ValidateClusterConfig(config);
+  if (!s.ok()) return s;
+  if (options.shard >= static_cast<uint32_t>(config.shards_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", options.shard, " out of range: the config lists ",
+                                                   config.shards_size(), " shards"));
+  }
+  if (options.decode_threads < 1) {
+    return absl::InvalidArgumentError("decode_threads must be at least 1");
+  }
+  return std::unique_ptr<ShardService>(new ShardService(config, options));
+}
+
+ShardService::ShardService(proto::ClusterConfig config, const ShardOptions& options)
+    : config_(std::move(config)),
+      options_(options),
+      shard_map_(config_.shards_size(), config_.shard_map_epoch()),
+      downlink_(DownlinkCodec(config_)),
+      pool_(std::make_unique<ThreadPool>(options.decode_threads)),
+      worker_names_(config_.workers()) {
+  for (uint32_t w = 0; w < config_.workers(); ++w) worker_names_[w] = absl::StrCat("worker-", w);
+}
+
+ShardService::~ShardService() { Shutdown(); }
+
+std::string ShardService::WorkerName(uint32_t worker) const {
+  absl::MutexLock lock(&names_mu_);
+  return worker < worker_names_.size() ? worker_names_[worker] : absl::StrCat("worker-", worker);
+}
+
+absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
+                                          proto::RegisterWorkerResponse* response) {
+  if (r.job() != config_.job()) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", r.job(), "' (shard serves job '",
+                                            config_.job(), "')"));
+  }
+  if (r.shard_map_epoch() != config_.shard_map_epoch()) {
+    return absl::FailedPreconditionError(absl::StrCat("shard-map epoch ", r.shard_map_epoch(),
+                                                      " does not match the shard's epoch ",
+                                                      config_.shard_map_epoch()));
+  }
+  if (r.worker() >= config_.workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", r.worker(), " out of range: job has ",
+                                                   config_.workers(), " workers"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("shard shutting down");
+  }
+  if (!r.name().empty()) {
+    absl::MutexLock lock(&names_mu_);
+    worker_names_[r.worker()] = r.name();
+  }
+  log::Info("shard {}: worker {} registered as '{}'", options_.shard, r.worker(), r.name());
+  response->set_shard(options_.shard);
+  response->set_workers(config_.workers());
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
+                                         proto::DeclareTensorResponse* response) {
+  if (r.job() != config_.job()) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", r.job(), "'"));
+  }
+  if (r.shard_map_epoch() != config_.shard_map_epoch()) {
+    return absl::FailedPreconditionError(absl::StrCat("shard-map epoch ", r.shard_map_epoch(),
+                                                      " does not match the shard's epoch ",
+                                                      config_.shard_map_epoch()));
+  }
+  if (r.key().empty()) return absl::InvalidArgumentError("tensor key must not be empty");
+  absl::StatusOr<codec::DType> dtype = FromProto(r.dtype());
+  if (!dtype.ok()) return dtype.status();
+  if (r.elements() == 0 || r.elements() > (uint64_t{1} << 36)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", r.key(), "': elements must be in [1, 2^36], got ",
+                                                   r.elements()));
+  }
+  absl::StatusOr<OptimizerOptions> opt =
+      OptimizerFrom(r.has_optimizer() ? proto::OptimizerConfig() : config_.optimizer());
+  if (r.has_optimizer()) {
+    proto::OptimizerConfig oc;
+    oc.set_name(r.optimizer().name());
+    oc.set_learning_rate(r.optimizer().learning_rate());
+    oc.set_momentum(r.optimizer().momentum());
+    oc.set_beta1(r.optimizer().beta1());
+    oc.set_beta2(r.optimizer().beta2());
+    oc.set_epsilon(r.optimizer().epsilon());
+    opt = OptimizerFrom(oc);
+  }
+  if (!opt.ok()) return opt.status();
+  const ChunkLayout layout(r.elements(), codec::DTypeBytes(*dtype), config_.chunk_bytes());
+
+  Tensor* tensor = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("shard shutting down");
+    auto it = tensors_.find(r.key());
+    if (it != tensors_.end()) {
+      Tensor* t = it->second.get();
+      if (t->dtype != *dtype || t->layout.elements != r.elements() ||
+          !SameOptimizer(t->optimizer, *opt)) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "tensor '", r.key(), "' already declared as ", codec::DTypeName(t->dtype), " x ",
+            t->layout.elements, " with a possibly different optimizer"));
+      }
+      tensor = t;
+    } else {
+      auto t = std::make_unique<Tensor>();
+      t->key = r.key();
+      t->dtype = *dtype;
+      t->layout = layout;
+      t->optimizer = *opt;
+      t->owner = shard_map_.Assign(r.key(), layout);
+      for (uint32_t c = 0; c < layout.num_chunks; ++c) {
+        if (t->owner[c] != options_.shard) continue;
+        StepAccumulatorOptions ao;
+        ao.workers = config_.workers();
+        ao.step_timeout = absl::Milliseconds(config_.step_timeout_ms());
+        ao.label = absl::StrCat("key '", r.key(), "' chunk ", c);
+        const codec::DType dt = *dtype;
+        const std::string key = r.key();
+        const std::string job = config_.job();
+        const uint64_t epoch = config_.shard_map_epoch();
+        const DirectionCodec downlink = downlink_;
+        auto finalize = [dt, key, job, epoch, c, downlink](int64_t step, absl::Span<const float> v)
+            -> absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> {
+          auto block = std::make_shared<proto::CompressedBlock>();
+          proto::BlockAddress* a = block->mutable_address();
+          a->set_job(job);
+          a->set_key(key);
+          a->set_chunk(c);
+          a->set_step(step);
+          a->set_shard_map_epoch(epoch);
+          absl::Status s;
+          if (dt == codec::DType::kF32) {
+            s = EncodeWireBlock(downlink, dt, v.data(), v.size(), block.get());
+          } else {
+            std::vector<uint16_t> narrow(v.size());
+            codec::FromF32(dt, v.data(), v.size(), narrow.data());
+            s = EncodeWireBlock(downlink, dt, narrow.data(), v.size(), block.get());
+          }
+          if (!s.ok()) return s;
+          return std::shared_ptr<const proto::CompressedBlock>(std::move(block));
+        };
+        t->chunks[c] = std::make_unique<StepAccumulator>(
+            ao, Optimizer(*opt, layout.size(c)), std::move(finalize),
+            [this](uint32_t w) { return WorkerName(w); });
+      }
+      log::Info("shard {}: declared '{}' {} x {} in {} chunks, {} owned here", options_.shard,
+                r.key(), std::string(codec::DTypeName(*dtype)), r.elements(), layout.num_chunks,
+                t->chunks.size());
+      tensor = t.get();
+      tensors_[r.key()] = std::move(t);
+    }
+  }
+  // Initial values (parameters for an optimizer); chunks not owned here are ignored.
+  for (const proto::ChunkValue& init : r.initial()) {
+    if (init.chunk() >= tensor->layout.num_chunks) {
+      return absl::InvalidArgumentError(absl::StrCat("initial value for chunk ", init.chunk(),
+                                                     " of '", r.key(), "' which has ",
+                                                     tensor->layout.num_chunks, " chunks"));
+    }
+    const size_t n = tensor->layout.size(init.chunk());
+    if (init.data().size() != n * codec::DTypeBytes(tensor->dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("initial value for chunk ", init.chunk(),
+                                                     " has ", init.data().size(), " bytes, expected ",
+                                                     n * codec::DTypeBytes(tensor->dtype)));
+    }
+  }
+  for (const proto::ChunkValue& init : r.initial()) {
+    auto it = tensor->chunks.find(init.chunk());
+    if (it == tensor->chunks.end()) continue;
+    std::vector<float> value(it->second->elements());
+    codec::ToF32(tensor->dtype, init.data().data(), value.size(), value.data());
+    it->second->SetInitial(value);
+  }
+  for (const auto& [c, acc] : tensor->chunks) response->add_owned_chunks(c);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardService::Tensor*> ShardService::FindTensor(const std::string& job,
+                                                               uint64_t epoch,
+                                                               const std::string& key) const {
+  if (job != config_.job()) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", job, "' (shard serves job '",
+                                            config_.job(), "')"));
+  }
+  if (epoch != config_.shard_map_epoch()) {
+    return absl::FailedPreconditionError(absl::StrCat("shard-map epoch ", epoch,
+                                                      " does not match the shard's epoch ",
+                                                      config_.shard_map_epoch()));
+  }
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("shard shutting down");
+  auto it = tensors_.find(key);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown tensor key '", key, "' (not declared)"));
+  }
+  return it->second.get();
+}
+
+absl::Status ShardService::PushPull(const proto::CompressedBlock& request, absl::Time deadline,
+                                    proto::CompressedBlock* response) {
+  absl::Status s = PushPullImpl(request, deadline, response);
+  if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded &&
+      s.code() != absl::StatusCode::kUnavailable) {
+    ++rejected_pushes_;
+    log::Warn("shard {}: rejected push of '{}' chunk {} step {} from worker {}: {}",
+              options_.shard, request.address().key(), request.address().chunk(),
+              request.address().step(), request.address().worker(), s.ToString());
+  }
+  return s;
+}
+
+absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, absl::Time deadline,
+                                        proto::CompressedBlock* response) {
+  const proto::BlockAddress& a = request.address();
+  absl::StatusOr<Tensor*> found = FindTensor(a.job(), a.shard_map_epoch(), a.key());
+  if (!found.ok()) return found.status();
+  Tensor* t = *found;
+  if (a.worker() >= config_.workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", a.worker(), " out of range: job has ",
+                                                   config_.workers(), " workers"));
+  }
+  if (a.step() < 0) return absl::InvalidArgumentError(absl::StrCat("negative step ", a.step()));
+  if (a.chunk() >= t->layout.num_chunks) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", a.chunk(), " out of range: '", a.key(),
+                                                   "' has ", t->layout.num_chunks, " chunks"));
+  }
+  auto it = t->chunks.find(a.chunk());
+  if (it == t->chunks.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "chunk ", a.chunk(), " of '", a.key(), "' is owned by shard ", t->owner[a.chunk()],
+        " under shard-map epoch ", config_.shard_map_epoch(), ", not shard ", options_.shard));
+  }
+  StepAccumulator* acc = it->second.get();
+  const size_t n = t->layout.size(a.chunk());
+  if (request.dtype() != ToProto(t->dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("block dtype ", proto::DType_Name(request.dtype()),
+                                                   " does not match '", a.key(), "' (",
+                                                   codec::DTypeName(t->dtype), ")"));
+  }
+  if (request.elements() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("block holds ", request.elements(),
+                                                   " elements; chunk ", a.chunk(), " of '",
+                                                   a.key(), "' has ", n));
+  }
+  if (request.data().size() > MaxWireBytes(n, t->dtype)) {
+    return absl::ResourceExhaustedError(absl::StrCat("block of ", request.data().size(),
+                                                     " bytes exceeds the bound ",
+                                                     MaxWireBytes(n, t->dtype), " for ", n,
+                                                     " elements"));
+  }
+  absl::StatusOr<bool> duplicate = acc->Admit(a.worker(), a.step());
+  if (!duplicate.ok()) return duplicate.status();
+  std::vector<float> contribution;
+  if (!*duplicate) {
+    absl::Status decoded;
+    pool_->Run([&] {
+      contribution.resize(n);
+      if (t->dtype == codec::DType::kF32) {
+        decoded = DecodeWireBlock(request, t->dtype, n, contribution.data());
+      } else {
+        std::vector<uint16_t> narrow(n);
+        decoded = DecodeWireBlock(request, t->dtype, n, narrow.data());
+        if (decoded.ok()) codec::ToF32(t->dtype, narrow.data(), n, contribution.data());
+      }
+    });
+    if (!decoded.ok()) return decoded;
+  }
+  ++pushes_;
+  bytes_in_ += request.data().size();
+  raw_bytes_in_ += n * codec::DTypeBytes(t->dtype);
+  absl::StatusOr<StepAccumulator::Outcome> outcome =
+      acc->Push(a.worker(), a.step(), std::move(contribution), deadline);
+  if (!outcome.ok()) return outcome.status();
+  if (outcome->duplicate) ++duplicate_pushes_;
+  *response = *outcome->reply;
+  response->mutable_address()->set_worker(a.worker());
+  bytes_out_ += response->data().size();
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::Pull(const proto::PullRequest& r, proto::CompressedBlock* response) {
+  absl::StatusOr<Tensor*> found = FindTensor(r.job(), r.shard_map_epoch(), r.key());
+  if (!found.ok()) return found.status();
+  Tensor* t = *found;
+  if (r.chunk() >= t->layout.num_chunks) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", r.chunk(), " out of range: '", r.key(),
+                                                   "' has ", t->layout.num_chunks, " chunks"));
+  }
+  auto it = t->chunks.find(r.chunk());
+  if (it == t->chunks.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("chunk ", r.chunk(), " of '", r.key(),
+                                                      "' is owned by shard ", t->owner[r.chunk()]));
+  }
+  absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> current = it->second->Current();
+  if (!current.ok()) return current.status();
+  *response = **current;
+  bytes_out_ += response->data().size();
+  return absl::OkStatus();
+}
+
+void ShardService::Stats(proto::StatsResponse* r) const {
+  r->set_shard(options_.shard);
+  r->set_pushes(pushes_);
+  r->set_duplicate_pushes(duplicate_pushes_);
+  r->set_rejected_pushes(rejected_pushes_);
+  r->set_bytes_in(bytes_in_);
+  r->set_bytes_out(bytes_out_);
+  r->set_raw_bytes_in(raw_bytes_in_);
+  absl::MutexLock lock(&mu_);
+  uint64_t done = 0, failed = 0;
+  for (const auto& [key, t] : tensors_) {
+    for (const auto& [c, acc] : t->chunks) {
+      done += acc->steps_completed();
+      failed += acc->steps_failed();
+    }
+  }
+  r->set_steps_completed(done);
+  r->set_steps_failed(failed);
+  r->set_tensors(tensors_.size());
+}
+
+void ShardService::Shutdown() {
+  std::vector<StepAccumulator*> chunks;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    for (const auto& [key, t] : tensors_) {
+      for (const auto& [c, acc] : t->chunks) chunks.push_back(acc.get());
+    }
+  }
+  // Outside mu_: accumulators take their own locks (tensors are never removed).
+  for (StepAccumulator* acc : chunks) acc->Cancel(absl::UnavailableError("shard shutting down"));
+}
+
+}  // namespace gcomp::server

@@ -1,0 +1,105 @@
+// The logic of one shard, behind the gRPC adapter (grpc_service.h) and testable without a
+// network: worker registry, declared tensors with their owned chunks, and validated
+// push-pull into per-chunk StepAccumulators. Thread-safe.
+//
+// Every rejected request leaves shard state unchanged. Status codes (docs/SERVICE.md):
+//   NotFound            unknown job or key
+//   FailedPrecondition  wrong shard-map epoch, chunk owned by another shard, stale or
+//                       future step
+//   InvalidArgument     bad worker id, step, dtype, element count, codec fields
+//   ResourceExhausted   block larger than the codec's bound for its size
+//   DataLoss            checksum mismatch or corrupt codec block
+//   DeadlineExceeded    the step timed out; the message names the missing workers
+//   AlreadyExists       a tensor re-declared with a different dtype, size or optimizer
+//   Unavailable         the shard is shutting down
+#ifndef GCOMP_SERVER_SHARD_SERVICE_H_
+#define GCOMP_SERVER_SHARD_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/aggregation.pb.h"
+#include "proto/cluster_config.pb.h"
+#include "server/cluster_config.h"
+#include "server/shard_map.h"
+#include "server/step_accumulator.h"
+#include "server/thread_pool.h"
+
+namespace gcomp::server {
+
+struct ShardOptions {
+  uint32_t shard = 0;
+  // Threads that decode and convert pushed blocks.
+  int decode_threads = 4;
+};
+
+class ShardService {
+ public:
+  // InvalidArgument if the config is invalid or the shard index is out of range.
+  static absl::StatusOr<std::unique_ptr<ShardService>> Create(const proto::ClusterConfig& config,
+                                                              const ShardOptions& options);
+  ~ShardService();
+  ShardService(const ShardService&) = delete;
+  ShardService& operator=(const ShardService&) = delete;
+
+  absl::Status RegisterWorker(const proto::RegisterWorkerRequest& request,
+                              proto::RegisterWorkerResponse* response);
+  absl::Status DeclareTensor(const proto::DeclareTensorRequest& request,
+                             proto::DeclareTensorResponse* response);
+  // Waits until the step completes or fails, or `deadline` passes.
+  absl::Status PushPull(const proto::CompressedBlock& request, absl::Time deadline,
+                        proto::CompressedBlock* response);
+  absl::Status Pull(const proto::PullRequest& request, proto::CompressedBlock* response);
+  void Stats(proto::StatsResponse* response) const;
+
+  // Ends every wait and refuses later calls with Unavailable.
+  void Shutdown();
+
+  uint32_t shard() const { return options_.shard; }
+  const proto::ClusterConfig& config() const { return config_; }
+
+ private:
+  struct Tensor;
+
+  ShardService(proto::ClusterConfig config, const ShardOptions& options);
+  absl::StatusOr<Tensor*> FindTensor(const std::string& job, uint64_t epoch,
+                                     const std::string& key) const;
+  absl::Status PushPullImpl(const proto::CompressedBlock& request, absl::Time deadline,
+                            proto::CompressedBlock* response);
+  std::string WorkerName(uint32_t worker) const;
+
+  // Constant after construction.
+  const proto::ClusterConfig config_;
+  const ShardOptions options_;
+  const ShardMap shard_map_;
+  const DirectionCodec downlink_;
+  std::unique_ptr<ThreadPool> pool_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Separate from mu_: accumulators ask for names while holding their own locks.
+  mutable absl::Mutex names_mu_;
+  std::vector<std::string> worker_names_ ABSL_GUARDED_BY(names_mu_);
+
+  std::atomic<uint64_t> pushes_{0};
+  std::atomic<uint64_t> duplicate_pushes_{0};
+  std::atomic<uint64_t> rejected_pushes_{0};
+  std::atomic<uint64_t> bytes_in_{0};
+  std::atomic<uint64_t> bytes_out_{0};
+  std::atomic<uint64_t> raw_bytes_in_{0};
+};
+
+}  // namespace gcomp::server
+
+#endif  // GCOMP_SERVER_SHARD_SERVICE_H_

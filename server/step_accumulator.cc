@@ -1,0 +1,167 @@
+#include "server/step_accumulator.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/logging.h"
+
+namespace gcomp::server {
+
+StepAccumulator::StepAccumulator(StepAccumulatorOptions options, Optimizer optimizer,
+                                 Finalizer finalize, WorkerNamer namer)
+    : options_(std::move(options)),
+      elements_(optimizer.elements()),
+      finalize_(std::move(finalize)),
+      namer_(std::move(namer)),
+      optimizer_(std::move(optimizer)),
+      contributions_(options_.workers),
+      arrived_(options_.workers, false) {}
+
+absl::Status StepAccumulator::CheckStepLocked(int64_t step) const {
+  if (!cancelled_.ok()) return cancelled_;
+  if (!started_) return absl::OkStatus();
+  if (step == completed_step_) return absl::OkStatus();
+  if (step < current_step_) {
+    return absl::FailedPreconditionError(absl::StrCat("stale step ", step, " for ", options_.label,
+                                                      ": the shard is at step ", current_step_));
+  }
+  if (step > current_step_) {
+    return absl::FailedPreconditionError(absl::StrCat("future step ", step, " for ",
+                                                      options_.label, ": the shard is at step ",
+                                                      current_step_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> StepAccumulator::Admit(uint32_t worker, int64_t step) const {
+  absl::ReaderMutexLock lock(&mu_);
+  absl::Status s = CheckStepLocked(step);
+  if (!s.ok()) return s;
+  if (!started_) return false;
+  return step == completed_step_ || arrived_[worker];
+}
+
+std::string StepAccumulator::MissingLocked() const {
+  std::vector<std::string> missing;
+  for (uint32_t w = 0; w < options_.workers; ++w) {
+    if (!arrived_[w]) missing.push_back(namer_(w));
+  }
+  return absl::StrJoin(missing, ", ");
+}
+
+void StepAccumulator::FailLocked(absl::Status status) {
+  log::Warn("{}: step {} failed: {}", options_.label, current_step_, status.ToString());
+  last_failure_ = std::move(status);
+  for (auto& c : contributions_) std::vector<float>().swap(c);
+  arrived_.assign(options_.workers, false);
+  arrived_count_ = 0;
+  step_deadline_ = absl::InfiniteFuture();
+  ++attempt_;
+  ++steps_failed_;
+  cv_.SignalAll();
+}
+
+void StepAccumulator::FinishLocked() {
+  std::vector<float>& sum = contributions_[0];
+  for (uint32_t w = 1; w < options_.workers; ++w) {
+    const std::vector<float>& c = contributions_[w];
+    for (size_t i = 0; i < elements_; ++i) sum[i] += c[i];
+  }
+  const float workers = static_cast<float>(options_.workers);
+  for (size_t i = 0; i < elements_; ++i) sum[i] /= workers;
+  optimizer_.Step(sum);
+  absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> reply =
+      finalize_(current_step_, optimizer_.value());
+  if (!reply.ok()) {
+    FailLocked(absl::InternalError(absl::StrCat("encoding the result of ", options_.label,
+                                                " failed: ", reply.status().message())));
+    return;
+  }
+  result_ = *std::move(reply);
+  completed_step_ = current_step_;
+  ++current_step_;
+  for (auto& c : contributions_) std::vector<float>().swap(c);
+  arrived_.assign(options_.workers, false);
+  arrived_count_ = 0;
+  step_deadline_ = absl::InfiniteFuture();
+  ++steps_completed_;
+  cv_.SignalAll();
+}
+
+absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, int64_t step,
+                                                               std::vector<float> contribution,
+                                                               absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  absl::Status s = CheckStepLocked(step);
+  if (!s.ok()) return s;
+  if (!started_) {
+    started_ = true;
+    current_step_ = step;
+  }
+  if (step == completed_step_) return Outcome{result_, true};
+  const bool duplicate = arrived_[worker];
+  if (!duplicate) {
+    if (contribution.size() != elements_) {
+      return absl::InvalidArgumentError(absl::StrCat("contribution of ", contribution.size(),
+                                                     " elements to ", options_.label, " of ",
+                                                     elements_));
+    }
+    if (arrived_count_ == 0) step_deadline_ = absl::Now() + options_.step_timeout;
+    contributions_[worker] = std::move(contribution);
+    arrived_[worker] = true;
+    ++arrived_count_;
+    if (arrived_count_ == options_.workers) FinishLocked();
+  }
+  const uint64_t attempt = attempt_;
+  while (true) {
+    if (completed_step_ == step) return Outcome{result_, duplicate};
+    if (!cancelled_.ok()) return cancelled_;
+    if (attempt_ != attempt) return last_failure_;
+    const absl::Time now = absl::Now();
+    if (now >= step_deadline_) {
+      FailLocked(absl::DeadlineExceededError(absl::StrCat(
+          "step ", step, " of ", options_.label, " timed out after ",
+          absl::ToInt64Milliseconds(options_.step_timeout), " ms; missing workers: ",
+          MissingLocked())));
+      return last_failure_;
+    }
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "call deadline passed waiting for step ", step, " of ", options_.label,
+          "; missing workers: ", MissingLocked()));
+    }
+    cv_.WaitWithDeadline(&mu_, std::min(deadline, step_deadline_));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> StepAccumulator::Current() {
+  absl::MutexLock lock(&mu_);
+  if (result_ != nullptr) return result_;
+  return finalize_(completed_step_, optimizer_.value());
+}
+
+bool StepAccumulator::SetInitial(absl::Span<const float> value) {
+  absl::MutexLock lock(&mu_);
+  if (started_ || completed_step_ >= 0) return false;
+  optimizer_.SetValue(value);
+  return true;
+}
+
+void StepAccumulator::Cancel(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = status;
+  cv_.SignalAll();
+}
+
+uint64_t StepAccumulator::steps_completed() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return steps_completed_;
+}
+
+uint64_t StepAccumulator::steps_failed() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return steps_failed_;
+}
+
+}  // namespace gcomp::server

@@ -1,0 +1,148 @@
+#include "server/step_accumulator.h"
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gcomp::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Replies carry the value as raw floats so tests can read them back.
+StepAccumulator::Finalizer RawFinalizer() {
+  return [](int64_t step, absl::Span<const float> v)
+             -> absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> {
+    auto b = std::make_shared<proto::CompressedBlock>();
+    b->mutable_address()->set_step(step);
+    b->set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+    return std::shared_ptr<const proto::CompressedBlock>(b);
+  };
+}
+
+std::vector<float> Values(const proto::CompressedBlock& b) {
+  std::vector<float> v(b.data().size() / 4);
+  std::memcpy(v.data(), b.data().data(), b.data().size());
+  return v;
+}
+
+std::unique_ptr<StepAccumulator> Make(uint32_t workers, size_t n,
+                                      absl::Duration timeout = absl::Seconds(10)) {
+  StepAccumulatorOptions o;
+  o.workers = workers;
+  o.step_timeout = timeout;
+  o.label = "key 'w' chunk 0";
+  return std::make_unique<StepAccumulator>(o, Optimizer({}, n), RawFinalizer(),
+                                           [](uint32_t w) { return absl::StrCat("worker-", w); });
+}
+
+TEST(StepAccumulator, AveragesInWorkerOrder) {
+  auto acc = Make(3, 2);
+  std::vector<std::thread> threads;
+  std::vector<std::vector<float>> got(3);
+  for (uint32_t w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      auto r = acc->Push(w, 0, {float(w + 1), -float(w)}, absl::InfiniteFuture());
+      ASSERT_TRUE(r.ok()) << r.status();
+      got[w] = Values(*r->reply);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (uint32_t w = 0; w < 3; ++w) {
+    EXPECT_EQ(got[w], (std::vector<float>{2.0f, -1.0f}));
+  }
+  EXPECT_EQ(acc->steps_completed(), 1u);
+}
+
+TEST(StepAccumulator, DuplicatePushIsCountedOnce) {
+  auto acc = Make(2, 1);
+  std::thread first([&] { (void)acc->Push(0, 0, {10}, absl::InfiniteFuture()); });
+  // A retry of worker 0 while the step is open: waits for the same result.
+  std::thread retry([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    auto r = acc->Push(0, 0, {}, absl::InfiniteFuture());
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(Values(*r->reply)[0], 6.0f);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  auto r = acc->Push(1, 0, {2}, absl::InfiniteFuture());
+  first.join();
+  retry.join();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(Values(*r->reply)[0], 6.0f);  // (10 + 2) / 2, not (10 + 10 + 2) / 2
+  // A retry after completion gets the cached result.
+  auto again = acc->Push(1, 0, {999}, absl::InfiniteFuture());
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->duplicate);
+  EXPECT_EQ(Values(*again->reply)[0], 6.0f);
+}
+
+TEST(StepAccumulator, StaleAndFutureStepsAreRejectedWithoutChange) {
+  auto acc = Make(1, 1);
+  ASSERT_TRUE(acc->Push(0, 5, {1}, absl::InfiniteFuture()).ok());
+  ASSERT_TRUE(acc->Push(0, 6, {2}, absl::InfiniteFuture()).ok());
+  EXPECT_EQ(acc->Admit(0, 4).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(acc->Push(0, 4, {3}, absl::InfiniteFuture()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto future = acc->Push(0, 9, {3}, absl::InfiniteFuture());
+  EXPECT_EQ(future.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(future.status().message()), HasSubstr("future step 9"));
+  auto r = acc->Push(0, 7, {4}, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(Values(*r->reply)[0], 4.0f);
+  EXPECT_EQ(acc->steps_completed(), 3u);
+}
+
+TEST(StepAccumulator, TimeoutNamesMissingWorkersForEveryWaiter) {
+  auto acc = Make(3, 1, absl::Milliseconds(100));
+  absl::Status s0, s1;
+  std::thread t0([&] { s0 = acc->Push(0, 0, {1}, absl::InfiniteFuture()).status(); });
+  std::thread t1([&] { s1 = acc->Push(1, 0, {1}, absl::InfiniteFuture()).status(); });
+  t0.join();
+  t1.join();
+  for (const absl::Status& s : {s0, s1}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("missing workers: worker-2"));
+  }
+  EXPECT_EQ(acc->steps_failed(), 1u);
+  // The step can be pushed again afterwards.
+  std::thread a([&] { EXPECT_TRUE(acc->Push(0, 0, {3}, absl::InfiniteFuture()).ok()); });
+  std::thread b([&] { EXPECT_TRUE(acc->Push(1, 0, {3}, absl::InfiniteFuture()).ok()); });
+  auto r = acc->Push(2, 0, {3}, absl::InfiniteFuture());
+  a.join();
+  b.join();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(Values(*r->reply)[0], 3.0f);
+}
+
+TEST(StepAccumulator, CallerDeadlineKeepsTheContribution) {
+  auto acc = Make(2, 1);
+  auto early = acc->Push(0, 0, {4}, absl::Now() + absl::Milliseconds(20));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded);
+  auto r = acc->Push(1, 0, {2}, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(Values(*r->reply)[0], 3.0f);
+}
+
+TEST(StepAccumulator, InitialValueAndCancel) {
+  StepAccumulatorOptions o;
+  o.label = "x";
+  StepAccumulator acc(o, Optimizer({OptimizerKind::kSgd, 1.0}, 1), RawFinalizer(),
+                      [](uint32_t) { return std::string("w"); });
+  EXPECT_TRUE(acc.SetInitial(std::vector<float>{5}));
+  EXPECT_EQ(Values(**acc.Current())[0], 5.0f);
+  auto r = acc.Push(0, 0, {1}, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(Values(*r->reply)[0], 4.0f);
+  EXPECT_FALSE(acc.SetInitial(std::vector<float>{5}));
+  acc.Cancel(absl::UnavailableError("bye"));
+  EXPECT_EQ(acc.Push(0, 1, {1}, absl::InfiniteFuture()).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace gcomp::server
