@@ -105,14 +105,29 @@ class ClientTransport(Transport):
     """Push-pull through the parameter server's worker Client (the `_gcomp` extension).
 
     Keys are declared on first use with their size; every worker must use the same keys.
+    Byte counts come from the Client's own counters (what its chunks carried and sent).
     """
 
     def __init__(self, client, policy=None, block_bytes=codec.DEFAULT_BLOCK_BYTES):
-        super().__init__()
+        # No Transport.__init__: the byte counts are the Client's.
         self.client = client
         self.policy = policy
         self.block_bytes = block_bytes
         self._declared = {}
+        self._final_stats = None
+
+    def _stats(self):
+        return self._final_stats or self.client.stats()
+
+    @property
+    def raw_bytes(self):
+        st = self._stats()
+        return st["raw_bytes_sent"] + st["raw_bytes_received"]
+
+    @property
+    def wire_bytes(self):
+        st = self._stats()
+        return st["wire_bytes_sent"] + st["wire_bytes_received"]
 
     def push_pull(self, key, step, tensor):
         n = tensor.numel()
@@ -123,9 +138,7 @@ class ClientTransport(Transport):
             raise ValueError("key %r was declared with %d elements, got %d"
                              % (key, self._declared[key], n))
         buf, _ = codec._as_buffer(tensor, writable=True)
-        sent, received = self.client.push_pull(key, step, buf)
-        self.raw_bytes += 2 * n * tensor.element_size()
-        self.wire_bytes += sent + received
+        self.client.push_pull(key, step, buf)
 
     def quantize(self, tensor):
         if self.policy is None or self.policy.mode == "lossless":
@@ -133,4 +146,6 @@ class ClientTransport(Transport):
         return codec.roundtrip(tensor, self.policy, self.block_bytes)[0]
 
     def close(self):
-        self.client.close()
+        if self._final_stats is None:
+            self._final_stats = self.client.stats()
+            self.client.close()
