@@ -56,6 +56,7 @@ def cluster_config(shard_addresses, workers, mode, rel_bits=7, abs_log2=-16,
         "downlink": direction,
         "optimizer": {"name": "none"},
         "step_timeout_ms": step_timeout_ms,
+        "rpc_timeout_ms": step_timeout_ms + 30_000,
     }
 
 
@@ -93,11 +94,13 @@ class LocalCluster:
         for k, addr in enumerate(self.addresses):
             host, port = addr.rsplit(":", 1)
             while True:
-                if self.procs[k].poll() is not None:
+                code = self.procs[k].poll()
+                if code is not None:
                     self.stop()
-                    raise RuntimeError("shard %d exited with %d; see %s" % (
-                        k, self.procs[k].returncode,
-                        os.path.join(self.workdir, "shard%d.log" % k)))
+                    log = os.path.join(self.workdir, "shard%d.log" % k)
+                    with open(log) as f:
+                        tail = f.read()[-2000:]
+                    raise RuntimeError("shard %d exited with %d: %s" % (k, code, tail))
                 try:
                     socket.create_connection((host, int(port)), timeout=1).close()
                     break
