@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "base/logging.h"
 #include "server/wire_block.h"
 
@@ -294,7 +295,8 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
   std::vector<float> contribution;
   if (!*duplicate) {
     absl::Status decoded;
-    pool_->Run([&] {
+    absl::Notification done;
+    pool_->Schedule([&] {
       contribution.resize(n);
       if (t->dtype == codec::DType::kF32) {
         decoded = DecodeWireBlock(request, t->dtype, n, contribution.data());
@@ -303,7 +305,9 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
         decoded = DecodeWireBlock(request, t->dtype, n, narrow.data());
         if (decoded.ok()) codec::ToF32(t->dtype, narrow.data(), n, contribution.data());
       }
+      done.Notify();
     });
+    done.WaitForNotification();
     if (!decoded.ok()) return decoded;
   }
   ++pushes_;

@@ -27,12 +27,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/thread_pool.h"
 #include "proto/aggregation.pb.h"
 #include "proto/cluster_config.pb.h"
 #include "server/cluster_config.h"
 #include "server/shard_map.h"
 #include "server/step_accumulator.h"
-#include "server/thread_pool.h"
 
 namespace gcomp::server {
 

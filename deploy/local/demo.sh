@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The main job, from a fresh Debian 12 machine: installs what it needs, builds, runs.
 #
-# Today that is the GComp codec on real gradients: `gcomp bench` compresses each file
-# in lossless and near-lossless mode next to zstd and lz4 and prints ratio and speed.
-# The local parameter-server cluster replaces this once it exists.
+# Today that is the local parameter-server cluster on the shared real gradients: 2 shard
+# and 4 worker processes on loopback aggregate them for a few steps with the GComp codec
+# (near-lossless), check every result against the uncompressed reference and the codec's
+# bound, and print one JSON line. A later issue replaces this with real training.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
 tools/bootstrap.sh
 
 GRADIENTS="${GCOMP_GRADIENTS_DIR:-$ROOT/../shared/data/gradients}"
-bazel build //:gcomp
+bazel build //deploy/local:cluster
 if compgen -G "$GRADIENTS/*.npy" >/dev/null; then
   files=("$GRADIENTS"/*.npy)
 else
@@ -25,5 +26,7 @@ g[rng.random(1 << 20) < 0.3] = 0
 np.save(sys.argv[1], g.astype(np.float32))
 PY
 fi
-echo "demo: GComp codec vs zstd/lz4 on ${#files[@]} gradient file(s)"
-bazel-bin/gcomp bench "${files[@]}"
+list="$(IFS=,; echo "${files[*]}")"
+echo "demo: local cluster (2 shards, 4 workers, near-lossless) on ${#files[@]} gradient file(s)" >&2
+bazel-bin/deploy/local/cluster --shards 2 --workers 4 --steps 3 --mode near-lossless \
+  --gradients "$list"

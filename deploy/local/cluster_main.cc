@@ -1,0 +1,291 @@
+// Local cluster launcher: starts S gcomp_server and W gcomp_worker processes on loopback,
+// runs N steps on real gradients, checks that every worker got the same results within
+// the codec's bound of the uncompressed reference, shuts everything down and prints one
+// JSON line:
+//   {"steps":..,"workers":..,"shards":..,"raw_bytes":..,"wire_bytes":..,"ratio":..,
+//    "max_abs_error":..,"bound_ok":..,"step_ms_p50":.., ...}
+// Exit status 0 iff every worker succeeded, results agree and bound_ok.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+ABSL_FLAG(int, shards, 2, "Shard processes.");
+ABSL_FLAG(int, workers, 2, "Worker processes.");
+ABSL_FLAG(int, steps, 3, "Steps.");
+ABSL_FLAG(std::vector<std::string>, gradients, {}, "Comma-separated float32 .npy files.");
+ABSL_FLAG(std::string, mode, "near-lossless", "none|lossless|near-lossless (both directions).");
+ABSL_FLAG(int, rel_bits, 7, "Near-lossless relative mantissa bits.");
+ABSL_FLAG(int, abs_log2, -16, "Near-lossless absolute floor (log2, relative to block max).");
+ABSL_FLAG(std::string, optimizer, "none", "none|sgd|momentum|adam.");
+ABSL_FLAG(double, learning_rate, 0.01, "Optimizer learning rate.");
+ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "Chunk size in bytes.");
+ABSL_FLAG(int, step_timeout_ms, 10000, "Shard step timeout.");
+ABSL_FLAG(int, decode_threads, 2, "Decode threads per shard.");
+ABSL_FLAG(int, kill_worker, -1, "Testing: the worker to SIGKILL mid-step.");
+ABSL_FLAG(int, kill_at_step, 1, "Testing: the step at which --kill_worker dies.");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address the shards listen on.");
+ABSL_FLAG(std::string, server_prefix, "",
+          "Command prefix for shard processes (e.g. 'ip netns exec NS' for the benchmark).");
+ABSL_FLAG(int, base_port, 0, "First shard port; 0 picks free loopback ports.");
+ABSL_FLAG(std::string, server_bin, "", "gcomp_server path (default: from runfiles).");
+ABSL_FLAG(std::string, worker_bin, "", "gcomp_worker path (default: from runfiles).");
+ABSL_FLAG(std::string, label, "", "Extra \"label\" key in the JSON line.");
+ABSL_FLAG(bool, keep_logs, false, "Keep the run directory with process logs.");
+
+namespace {
+
+bool Exists(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0;
+}
+
+std::string FindBinary(const std::string& flag, const std::string& rel, const char* argv0) {
+  if (!flag.empty()) return flag;
+  std::vector<std::string> candidates;
+  for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
+    if (const char* d = getenv(env)) candidates.push_back(absl::StrCat(d, "/gcomp_ps/", rel));
+  }
+  candidates.push_back(absl::StrCat(argv0, ".runfiles/gcomp_ps/", rel));
+  std::string dir(argv0);
+  dir = dir.substr(0, dir.rfind('/') + 1);
+  candidates.push_back(dir + "../../" + rel);
+  for (const std::string& c : candidates) {
+    if (Exists(c)) return c;
+  }
+  return rel;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  dup2(o, 1);
+  dup2(e, 2);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  perror("exec");
+  _exit(127);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The raw text of "key": value in a flat JSON line written by gcomp_worker.
+std::optional<std::string> Field(const std::string& json, const std::string& key) {
+  const std::string k = absl::StrCat("\"", key, "\":");
+  size_t p = json.find(k);
+  if (p == std::string::npos) return std::nullopt;
+  p += k.size();
+  if (json[p] == '"') {
+    size_t e = p + 1;
+    while (e < json.size() && !(json[e] == '"' && json[e - 1] != '\\')) ++e;
+    return json.substr(p + 1, e - p - 1);
+  }
+  if (json[p] == '[') return json.substr(p + 1, json.find(']', p) - p - 1);
+  size_t e = json.find_first_of(",}", p);
+  return json.substr(p, e - p);
+}
+
+double Num(const std::string& json, const std::string& key) {
+  double v = 0;
+  if (auto f = Field(json, key)) (void)absl::SimpleAtod(*f, &v);
+  return v;
+}
+
+std::string Escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += (c == '\n') ? ' ' : c;
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int S = absl::GetFlag(FLAGS_shards), W = absl::GetFlag(FLAGS_workers);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  std::vector<std::string> grads = absl::GetFlag(FLAGS_gradients);
+  const char* bwd = getenv("BUILD_WORKING_DIRECTORY");  // set by `bazel run`
+  for (std::string& g : grads) {
+    if (bwd != nullptr && !g.empty() && g[0] != '/') g = absl::StrCat(bwd, "/", g);
+  }
+  if (S < 1 || W < 1 || steps < 1 || grads.empty()) {
+    fprintf(stderr, "cluster: need --shards >= 1, --workers >= 1, --steps >= 1, --gradients\n");
+    return 2;
+  }
+  const std::string server_bin = FindBinary(absl::GetFlag(FLAGS_server_bin), "server/gcomp_server", argv[0]);
+  const std::string worker_bin = FindBinary(absl::GetFlag(FLAGS_worker_bin), "worker/gcomp_worker", argv[0]);
+  char tmpl[] = "/tmp/gcomp_cluster_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+
+  std::vector<std::string> shards;
+  for (int k = 0; k < S; ++k) {
+    int port = absl::GetFlag(FLAGS_base_port) > 0 ? absl::GetFlag(FLAGS_base_port) + k : FreePort();
+    shards.push_back(absl::StrCat(absl::GetFlag(FLAGS_host), ":", port));
+  }
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  const std::string config_path = dir + "/cluster.yaml";
+  {
+    std::ofstream c(config_path);
+    c << "job: local\nworkers: " << W << "\nshards: [" << absl::StrJoin(shards, ", ") << "]\n"
+      << "chunk_bytes: " << absl::GetFlag(FLAGS_chunk_bytes) << "\n";
+    for (const char* d : {"uplink", "downlink"}) {
+      c << d << ": {mode: " << mode << ", rel_bits: " << absl::GetFlag(FLAGS_rel_bits)
+        << ", abs_log2: " << absl::GetFlag(FLAGS_abs_log2) << "}\n";
+    }
+    c << "optimizer: {name: " << absl::GetFlag(FLAGS_optimizer)
+      << ", learning_rate: " << absl::GetFlag(FLAGS_learning_rate) << "}\n"
+      << "step_timeout_ms: " << absl::GetFlag(FLAGS_step_timeout_ms) << "\n"
+      << "rpc_timeout_ms: " << absl::GetFlag(FLAGS_step_timeout_ms) * 2 + 5000 << "\n"
+      << "connect_timeout_ms: 20000\n";
+  }
+  std::vector<pid_t> servers;
+  for (int k = 0; k < S; ++k) {
+    std::vector<std::string> args;
+    for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_server_prefix), ' ', absl::SkipEmpty())) {
+      args.emplace_back(p);
+    }
+    args.insert(args.end(), {server_bin, "--config", config_path, "--shard", std::to_string(k),
+                             absl::StrCat("--decode_threads=", absl::GetFlag(FLAGS_decode_threads))});
+    servers.push_back(Spawn(args, absl::StrCat(dir, "/shard", k, ".out"),
+                            absl::StrCat(dir, "/shard", k, ".log")));
+  }
+  std::vector<pid_t> workers;
+  for (int w = 0; w < W; ++w) {
+    std::vector<std::string> args = {worker_bin, "--config", config_path, "--worker",
+                                     std::to_string(w), "--steps", std::to_string(steps),
+                                     "--gradients", absl::StrJoin(grads, ",")};
+    if (w == absl::GetFlag(FLAGS_kill_worker)) {
+      args.push_back(absl::StrCat("--kill_at_step=", absl::GetFlag(FLAGS_kill_at_step)));
+    }
+    workers.push_back(Spawn(args, absl::StrCat(dir, "/worker", w, ".json"),
+                            absl::StrCat(dir, "/worker", w, ".log")));
+  }
+  // Workers end on their own: every call has a deadline. The launcher adds a last guard.
+  const absl::Time guard = absl::Now() + absl::Seconds(60 + steps * 60);
+  std::vector<int> status(W, -1);
+  int left = W;
+  while (left > 0) {
+    int st = 0;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p > 0) {
+      for (int w = 0; w < W; ++w) {
+        if (workers[w] == p) {
+          status[w] = st;
+          --left;
+        }
+      }
+      continue;
+    }
+    if (absl::Now() > guard) {
+      for (int w = 0; w < W; ++w) if (status[w] == -1) kill(workers[w], SIGKILL);
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (pid_t s : servers) kill(s, SIGTERM);
+  for (pid_t s : servers) waitpid(s, nullptr, 0);
+
+  bool ok = true, bound_ok = true, identical = true;
+  double raw = 0, wire = 0, max_err = 0;
+  std::string digest, first_error;
+  std::vector<double> step_ms;
+  int done_steps = steps;
+  for (int w = 0; w < W; ++w) {
+    std::string out = ReadFile(absl::StrCat(dir, "/worker", w, ".json"));
+    if (out.find("\"worker\"") == std::string::npos) {
+      ok = false;
+      if (first_error.empty()) {
+        first_error = absl::StrCat("worker-", w, " died (wait status ", status[w], ")");
+      }
+      continue;
+    }
+    if (Field(out, "ok") != "true") ok = false;
+    if (Field(out, "bound_ok") != "true") bound_ok = false;
+    std::string e = Field(out, "error").value_or("");
+    if (!e.empty() && first_error.empty()) first_error = absl::StrCat("worker-", w, ": ", e);
+    std::string d = Field(out, "digest").value_or("");
+    if (digest.empty()) digest = d;
+    if (d != digest) identical = false;
+    raw += Num(out, "raw_bytes");
+    wire += Num(out, "wire_bytes");
+    max_err = std::max(max_err, Num(out, "max_abs_error"));
+    done_steps = std::min(done_steps, static_cast<int>(Num(out, "steps")));
+    for (absl::string_view v : absl::StrSplit(Field(out, "step_ms").value_or(""), ',', absl::SkipEmpty())) {
+      double x = 0;
+      if (absl::SimpleAtod(v, &x)) step_ms.push_back(x);
+    }
+  }
+  std::sort(step_ms.begin(), step_ms.end());
+  const double p50 = step_ms.empty() ? 0 : step_ms[step_ms.size() / 2];
+  double grad_bytes = 0;
+  for (const std::string& g : grads) {
+    struct stat st;
+    if (stat(g.c_str(), &st) == 0) grad_bytes += st.st_size - 128;  // minus the .npy header
+  }
+  const double gbps = p50 > 0 ? grad_bytes * W / (p50 / 1e3) / 1e9 : 0;
+  const bool all_ok = ok && identical && bound_ok;
+  printf("{\"steps\":%d,\"workers\":%d,\"shards\":%d,\"raw_bytes\":%.0f,\"wire_bytes\":%.0f,"
+         "\"ratio\":%.4f,\"max_abs_error\":%.9g,\"bound_ok\":%s,\"step_ms_p50\":%.3f,"
+         "\"mode\":\"%s\",\"optimizer\":\"%s\",\"identical\":%s,\"ok\":%s,\"raw_gb_per_s\":%.4f,"
+         "\"label\":\"%s\",\"error\":\"%s\"}\n",
+         done_steps, W, S, raw, wire, wire > 0 ? raw / wire : 0.0, max_err,
+         bound_ok ? "true" : "false", p50, mode.c_str(), absl::GetFlag(FLAGS_optimizer).c_str(),
+         identical ? "true" : "false", all_ok ? "true" : "false", gbps,
+         Escape(absl::GetFlag(FLAGS_label)).c_str(), Escape(first_error).c_str());
+  fflush(stdout);
+  if (absl::GetFlag(FLAGS_keep_logs) || !all_ok) {
+    fprintf(stderr, "cluster: logs in %s\n", dir.c_str());
+  } else {
+    (void)system(absl::StrCat("rm -rf '", dir, "'").c_str());
+  }
+  return all_ok ? 0 : 1;
+}

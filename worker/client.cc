@@ -1,0 +1,349 @@
+#include "worker/client.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/aggregation.grpc.pb.h"
+#include "server/cluster_config.h"
+#include "server/shard_map.h"
+#include "server/wire_block.h"
+
+namespace gcomp::worker {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view context) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(context, ": ", s.error_message()));
+}
+
+std::chrono::system_clock::time_point DeadlineIn(uint32_t ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
+struct TensorInfo {
+  codec::DType dtype = codec::DType::kF32;
+  server::ChunkLayout layout;
+  std::vector<uint32_t> owner;
+};
+
+}  // namespace
+
+struct Client::Impl {
+  proto::ClusterConfig config;
+  ClientOptions options;
+  server::DirectionCodec uplink;
+  server::ShardMap shard_map{1, 1};
+  // stubs[shard][channel]; constant after Connect.
+  std::vector<std::vector<std::unique_ptr<proto::Aggregation::Stub>>> stubs;
+  std::atomic<uint64_t> next_channel{0};
+
+  mutable absl::Mutex mu;
+  absl::flat_hash_map<std::string, TensorInfo> tensors ABSL_GUARDED_BY(mu);
+
+  std::atomic<uint64_t> raw_sent{0}, raw_received{0}, wire_sent{0}, wire_received{0};
+  std::atomic<uint64_t> chunks{0}, retries{0};
+
+  proto::Aggregation::Stub* Stub(uint32_t shard) {
+    auto& v = stubs[shard];
+    return v[next_channel.fetch_add(1, std::memory_order_relaxed) % v.size()].get();
+  }
+
+  absl::StatusOr<TensorInfo> Find(const std::string& key) const {
+    absl::MutexLock lock(&mu);
+    auto it = tensors.find(key);
+    if (it == tensors.end()) {
+      return absl::NotFoundError(absl::StrCat("tensor '", key, "' not declared on this client"));
+    }
+    return it->second;
+  }
+
+  // One unary call with retries on UNAVAILABLE.
+  template <typename Call>
+  grpc::Status WithRetries(Call&& call) {
+    grpc::Status s;
+    for (uint32_t attempt = 0;; ++attempt) {
+      s = call();
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= config.max_retries()) {
+        return s;
+      }
+      ++retries;
+      const int64_t backoff_ms =
+          std::min<int64_t>(int64_t{config.retry_backoff_ms()} << std::min(attempt, 10u), 5000);
+      absl::SleepFor(absl::Milliseconds(backoff_ms));
+    }
+  }
+
+  absl::Status RunPushPull(const std::string& key, int64_t step, const void* input, void* output);
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConfig& config,
+                                                        const ClientOptions& options) {
+  absl::Status valid = server::ValidateClusterConfig(config);
+  if (!valid.ok()) return valid;
+  if (options.worker >= config.workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", options.worker,
+                                                   " out of range: the job has ",
+                                                   config.workers(), " workers"));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  if (impl->config.max_message_bytes() == 0) {
+    impl->config.set_max_message_bytes(2 * config.chunk_bytes() + (1 << 20));
+  }
+  impl->options = options;
+  if (impl->options.name.empty()) impl->options.name = absl::StrCat("worker-", options.worker);
+  impl->uplink = server::UplinkCodec(config);
+  impl->shard_map = server::ShardMap(config.shards_size(), config.shard_map_epoch());
+  for (int s = 0; s < config.shards_size(); ++s) {
+    impl->stubs.emplace_back();
+    for (uint32_t c = 0; c < config.channels_per_shard(); ++c) {
+      grpc::ChannelArguments args;
+      args.SetInt("gcomp.channel_index", static_cast<int>(c));  // distinct connections
+      args.SetMaxReceiveMessageSize(static_cast<int>(impl->config.max_message_bytes()));
+      args.SetMaxSendMessageSize(static_cast<int>(impl->config.max_message_bytes()));
+      auto channel =
+          grpc::CreateCustomChannel(config.shards(s), grpc::InsecureChannelCredentials(), args);
+      impl->stubs.back().push_back(proto::Aggregation::NewStub(channel));
+    }
+  }
+  for (int s = 0; s < config.shards_size(); ++s) {
+    proto::RegisterWorkerRequest req;
+    req.set_job(config.job());
+    req.set_worker(options.worker);
+    req.set_name(impl->options.name);
+    req.set_shard_map_epoch(config.shard_map_epoch());
+    for (uint32_t c = 0; c < config.channels_per_shard(); ++c) {
+      grpc::ClientContext ctx;
+      ctx.set_wait_for_ready(true);
+      ctx.set_deadline(DeadlineIn(config.connect_timeout_ms()));
+      proto::RegisterWorkerResponse resp;
+      grpc::Status st = impl->stubs[s][c]->RegisterWorker(&ctx, req, &resp);
+      if (!st.ok()) {
+        return FromGrpc(st, absl::StrCat("registering with shard ", s, " (", config.shards(s), ")"));
+      }
+    }
+  }
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+absl::Status Client::Declare(const std::string& key, codec::DType dtype, size_t elements,
+                             const void* initial) {
+  Impl& m = *impl_;
+  TensorInfo t;
+  t.dtype = dtype;
+  t.layout = server::ChunkLayout(elements, codec::DTypeBytes(dtype), m.config.chunk_bytes());
+  t.owner = m.shard_map.Assign(key, t.layout);
+  const size_t esize = codec::DTypeBytes(dtype);
+  const uint64_t batch_bytes = m.config.max_message_bytes() / 2;
+  for (int s = 0; s < m.config.shards_size(); ++s) {
+    // One request without values, then the owned chunks' initial values in batches.
+    std::vector<proto::DeclareTensorRequest> requests(1);
+    uint64_t bytes = 0;
+    if (initial != nullptr) {
+      for (uint32_t c = 0; c < t.layout.num_chunks; ++c) {
+        if (t.owner[c] != static_cast<uint32_t>(s)) continue;
+        const size_t n = t.layout.size(c);
+        if (bytes + n * esize > batch_bytes && requests.back().initial_size() > 0) {
+          requests.emplace_back();
+          bytes = 0;
+        }
+        proto::ChunkValue* v = requests.back().add_initial();
+        v->set_chunk(c);
+        v->set_data(static_cast<const char*>(initial) + t.layout.begin(c) * esize, n * esize);
+        bytes += n * esize;
+      }
+    }
+    for (proto::DeclareTensorRequest& req : requests) {
+      req.set_job(m.config.job());
+      req.set_key(key);
+      req.set_dtype(server::ToProto(dtype));
+      req.set_elements(elements);
+      req.set_shard_map_epoch(m.config.shard_map_epoch());
+      proto::DeclareTensorResponse resp;
+      grpc::Status st = m.WithRetries([&] {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(DeadlineIn(m.config.rpc_timeout_ms()));
+        return m.Stub(s)->DeclareTensor(&ctx, req, &resp);
+      });
+      if (!st.ok()) {
+        return FromGrpc(st, absl::StrCat("declaring '", key, "' on shard ", s));
+      }
+    }
+  }
+  absl::MutexLock lock(&m.mu);
+  m.tensors[key] = std::move(t);
+  return absl::OkStatus();
+}
+
+absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, const void* input,
+                                       void* output) {
+  absl::StatusOr<TensorInfo> found = Find(key);
+  if (!found.ok()) return found.status();
+  const TensorInfo& t = *found;
+  const size_t esize = codec::DTypeBytes(t.dtype);
+  const size_t num_chunks = t.layout.num_chunks;
+  const size_t senders = std::min<size_t>(config.max_inflight_chunks(), num_chunks);
+
+  // Encoded chunks wait here for a sender; bounded so encoding runs at most `senders`
+  // chunks ahead of the network.
+  std::mutex qmu;
+  std::condition_variable qcv;
+  std::deque<std::unique_ptr<proto::CompressedBlock>> queue;
+  bool closed = false;
+  absl::Status first_error;
+  std::atomic<bool> failed{false};
+
+  auto fail = [&](absl::Status s) {
+    std::lock_guard<std::mutex> lock(qmu);
+    if (first_error.ok()) first_error = std::move(s);
+    failed = true;
+    qcv.notify_all();
+  };
+
+  auto send = [&] {
+    while (true) {
+      std::unique_ptr<proto::CompressedBlock> req;
+      {
+        std::unique_lock<std::mutex> lock(qmu);
+        qcv.wait(lock, [&] { return !queue.empty() || closed || failed; });
+        if (failed || queue.empty()) return;
+        req = std::move(queue.front());
+        queue.pop_front();
+        qcv.notify_all();
+      }
+      const uint32_t chunk = req->address().chunk();
+      const uint32_t shard = t.owner[chunk];
+      proto::CompressedBlock resp;
+      grpc::Status st = WithRetries([&] {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
+        return Stub(shard)->PushPull(&ctx, *req, &resp);
+      });
+      const std::string where = absl::StrCat("push-pull of '", key, "' chunk ", chunk, " step ",
+                                             step, " on shard ", shard, " (",
+                                             config.shards(shard), ")");
+      if (!st.ok()) {
+        fail(FromGrpc(st, where));
+        return;
+      }
+      if (resp.address().key() != key || resp.address().chunk() != chunk ||
+          resp.address().step() != step) {
+        fail(absl::InternalError(absl::StrCat(where, ": reply addressed to '",
+                                              resp.address().key(), "' chunk ",
+                                              resp.address().chunk(), " step ",
+                                              resp.address().step())));
+        return;
+      }
+      const size_t n = t.layout.size(chunk);
+      absl::Status d = server::DecodeWireBlock(
+          resp, t.dtype, n, static_cast<char*>(output) + t.layout.begin(chunk) * esize);
+      if (!d.ok()) {
+        fail(absl::Status(d.code(), absl::StrCat(where, ": reply: ", d.message())));
+        return;
+      }
+      raw_received += n * esize;
+      wire_received += resp.data().size();
+      ++chunks;
+    }
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(senders);
+  for (size_t i = 0; i < senders; ++i) threads.emplace_back(send);
+  for (uint32_t c = 0; c < num_chunks && !failed; ++c) {
+    auto req = std::make_unique<proto::CompressedBlock>();
+    const size_t n = t.layout.size(c);
+    absl::Status s = server::EncodeWireBlock(
+        uplink, t.dtype, static_cast<const char*>(input) + t.layout.begin(c) * esize, n,
+        req.get());
+    if (!s.ok()) {
+      fail(s);
+      break;
+    }
+    proto::BlockAddress* a = req->mutable_address();
+    a->set_job(config.job());
+    a->set_key(key);
+    a->set_chunk(c);
+    a->set_step(step);
+    a->set_worker(options.worker);
+    a->set_shard_map_epoch(config.shard_map_epoch());
+    raw_sent += n * esize;
+    wire_sent += req->data().size();
+    std::unique_lock<std::mutex> lock(qmu);
+    qcv.wait(lock, [&] { return queue.size() < senders || failed; });
+    queue.push_back(std::move(req));
+    qcv.notify_all();
+  }
+  {
+    std::lock_guard<std::mutex> lock(qmu);
+    closed = true;
+    qcv.notify_all();
+  }
+  for (std::thread& th : threads) th.join();
+  return first_error;
+}
+
+std::future<absl::Status> Client::PushPullAsync(const std::string& key, int64_t step,
+                                                const void* input, void* output) {
+  return std::async(std::launch::async, [this, key, step, input, output] {
+    return impl_->RunPushPull(key, step, input, output);
+  });
+}
+
+absl::Status Client::PushPull(const std::string& key, int64_t step, const void* input,
+                              void* output) {
+  return impl_->RunPushPull(key, step, input, output);
+}
+
+absl::Status Client::Pull(const std::string& key, void* output) {
+  Impl& m = *impl_;
+  absl::StatusOr<TensorInfo> found = m.Find(key);
+  if (!found.ok()) return found.status();
+  const TensorInfo& t = *found;
+  const size_t esize = codec::DTypeBytes(t.dtype);
+  for (uint32_t c = 0; c < t.layout.num_chunks; ++c) {
+    proto::PullRequest req;
+    req.set_job(m.config.job());
+    req.set_key(key);
+    req.set_chunk(c);
+    req.set_shard_map_epoch(m.config.shard_map_epoch());
+    proto::CompressedBlock resp;
+    grpc::Status st = m.WithRetries([&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(DeadlineIn(m.config.rpc_timeout_ms()));
+      return m.Stub(t.owner[c])->Pull(&ctx, req, &resp);
+    });
+    if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
+    absl::Status d = server::DecodeWireBlock(
+        resp, t.dtype, t.layout.size(c), static_cast<char*>(output) + t.layout.begin(c) * esize);
+    if (!d.ok()) return d;
+  }
+  return absl::OkStatus();
+}
+
+ClientStats Client::stats() const {
+  ClientStats s;
+  s.raw_bytes_sent = impl_->raw_sent;
+  s.raw_bytes_received = impl_->raw_received;
+  s.wire_bytes_sent = impl_->wire_sent;
+  s.wire_bytes_received = impl_->wire_received;
+  s.chunks = impl_->chunks;
+  s.retries = impl_->retries;
+  return s;
+}
+
+const proto::ClusterConfig& Client::config() const { return impl_->config; }
+uint32_t Client::worker() const { return impl_->options.worker; }
+
+}  // namespace gcomp::worker

@@ -1,0 +1,262 @@
+// gcomp_worker --config FILE --worker W --gradients A.npy[,B.npy] --steps N
+//
+// Replays real gradients as worker W of a job: each file is one f32 tensor (key = its
+// index, "g0", "g1", ...), declared once, then pushed every step scaled by
+// ScaleFactor(w, step) so that the mean over workers is known. Every result is checked
+// against the uncompressed reference computed locally (the same sums in the same order)
+// and the codec's error bound. Prints one JSON line on stdout:
+//   {"worker":..,"ok":..,"steps":..,"raw_bytes":..,"wire_bytes":..,"max_abs_error":..,
+//    "bound_ok":..,"bound_checked":..,"exact":..,"digest":"..","step_ms":[..],"retries":..,
+//    "error":".."}
+// and exits 0 only if every step succeeded and bound_ok holds.
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "base/logging.h"
+#include "base/npy.h"
+#include "codec/codec.h"
+#include "server/cluster_config.h"
+#include "server/optimizer.h"
+#include "server/shard_map.h"
+#include "worker/client.h"
+#include "xxhash.h"
+
+ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
+ABSL_FLAG(std::vector<std::string>, set, {}, "Config overrides, field=value.");
+ABSL_FLAG(int, worker, 0, "This worker's id.");
+ABSL_FLAG(std::string, name, "", "Name the shards use for this worker in errors.");
+ABSL_FLAG(std::vector<std::string>, gradients, {}, "Comma-separated float32 .npy files.");
+ABSL_FLAG(int, steps, 3, "Steps to run.");
+ABSL_FLAG(int, kill_at_step, -1,
+          "Testing: SIGKILL this process in the middle of this step (after its pushes start).");
+ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error|off");
+
+namespace {
+
+using gcomp::codec::DType;
+
+// Worker w's multiplier at `step`; every worker computes every worker's factor.
+float ScaleFactor(uint32_t w, int64_t step) {
+  return static_cast<float>(w + 1) * (1.0f + static_cast<float>(step) / 16.0f);
+}
+
+struct Tensor {
+  std::string key;
+  std::vector<float> grad;
+  std::vector<float> input, output;
+  // Optimizer simulation on the exact mean, and error-bound bookkeeping.
+  std::unique_ptr<gcomp::server::Optimizer> reference;
+  std::vector<double> velocity_error;  // momentum
+  std::vector<double> param_error;     // sgd / momentum
+};
+
+std::string JsonEscape(absl::string_view s) {
+  return absl::StrReplaceAll(s, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", " "}});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const uint32_t w = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker));
+  (void)gcomp::InitLogging(absl::StrCat("gcomp_worker[", w, "]"), absl::GetFlag(FLAGS_log_level));
+  std::string error;
+  auto finish = [&](bool ok, const std::string& body) {
+    std::printf("{\"worker\":%u,\"ok\":%s%s,\"error\":\"%s\"}\n", w, ok ? "true" : "false",
+                body.c_str(), JsonEscape(error).c_str());
+    std::fflush(stdout);
+    return ok ? 0 : 1;
+  };
+  absl::StatusOr<gcomp::proto::ClusterConfig> config =
+      gcomp::server::LoadClusterConfig(absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set));
+  if (!config.ok()) {
+    error = config.status().ToString();
+    return finish(false, "");
+  }
+  const uint32_t workers = config->workers();
+  const gcomp::server::DirectionCodec up = gcomp::server::UplinkCodec(*config);
+  const gcomp::server::DirectionCodec down = gcomp::server::DownlinkCodec(*config);
+  absl::StatusOr<gcomp::server::OptimizerKind> kind =
+      gcomp::server::ParseOptimizerKind(config->optimizer().name());
+  const gcomp::proto::OptimizerConfig& oc = config->optimizer();
+  gcomp::server::OptimizerOptions opt{*kind, oc.learning_rate(), oc.momentum(), oc.beta1(),
+                                      oc.beta2(), oc.epsilon()};
+  const bool lossless = (up.raw || up.policy.mode == gcomp::codec::Mode::kLossless) &&
+                        (down.raw || down.policy.mode == gcomp::codec::Mode::kLossless);
+  const bool bound_checked = lossless || opt.kind != gcomp::server::OptimizerKind::kAdam;
+
+  std::vector<Tensor> tensors;
+  for (const std::string& path : absl::GetFlag(FLAGS_gradients)) {
+    absl::StatusOr<gcomp::NpyArray> a = gcomp::ReadNpyF32(path);
+    if (!a.ok()) {
+      error = a.status().ToString();
+      return finish(false, "");
+    }
+    Tensor t;
+    t.key = absl::StrCat("g", tensors.size());
+    t.grad = std::move(a->data);
+    t.input.resize(t.grad.size());
+    t.output.resize(t.grad.size());
+    t.reference = std::make_unique<gcomp::server::Optimizer>(opt, t.grad.size());
+    t.velocity_error.assign(t.grad.size(), 0.0);
+    t.param_error.assign(t.grad.size(), 0.0);
+    tensors.push_back(std::move(t));
+  }
+  if (tensors.empty()) {
+    error = "--gradients names no file";
+    return finish(false, "");
+  }
+  gcomp::worker::ClientOptions copt;
+  copt.worker = w;
+  copt.name = absl::GetFlag(FLAGS_name);
+  absl::StatusOr<std::unique_ptr<gcomp::worker::Client>> client =
+      gcomp::worker::Client::Connect(*config, copt);
+  if (!client.ok()) {
+    error = client.status().ToString();
+    return finish(false, "");
+  }
+  for (const Tensor& t : tensors) {
+    absl::Status s = (*client)->Declare(t.key, DType::kF32, t.grad.size());
+    if (!s.ok()) {
+      error = s.ToString();
+      return finish(false, "");
+    }
+  }
+
+  const size_t chunk_elements = gcomp::server::ChunkLayout(1, 4, config->chunk_bytes()).chunk_elements;
+  double max_abs_error = 0;
+  bool bound_ok = true;
+  bool exact = true;
+  uint64_t digest = 0;
+  std::vector<double> step_ms;
+  const int steps = absl::GetFlag(FLAGS_steps);
+  int done_steps = 0;
+  for (int step = 0; step < steps; ++step) {
+    for (Tensor& t : tensors) {
+      const float f = ScaleFactor(w, step);
+      for (size_t i = 0; i < t.grad.size(); ++i) t.input[i] = t.grad[i] * f;
+    }
+    const absl::Time start = absl::Now();
+    std::vector<std::future<absl::Status>> pending;
+    for (Tensor& t : tensors) {
+      pending.push_back((*client)->PushPullAsync(t.key, step, t.input.data(), t.output.data()));
+    }
+    if (step == absl::GetFlag(FLAGS_kill_at_step)) {
+      absl::SleepFor(absl::Milliseconds(50));
+      raise(SIGKILL);
+    }
+    for (auto& p : pending) {
+      absl::Status s = p.get();
+      if (!s.ok() && error.empty()) error = s.ToString();
+    }
+    if (!error.empty()) break;
+    step_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    ++done_steps;
+
+    // Reference: the same f32 sums in worker order, then the bound per element.
+    for (Tensor& t : tensors) {
+      const size_t n = t.grad.size();
+      std::vector<float> scaled(n), sum(n), abs_sum(n, 0.0f);
+      std::vector<double> up_err(n, 0.0);
+      for (uint32_t v = 0; v < workers; ++v) {
+        const float f = ScaleFactor(v, step);
+        for (size_t i = 0; i < n; ++i) scaled[i] = t.grad[i] * f;
+        for (size_t c0 = 0; c0 < n; c0 += chunk_elements) {
+          const size_t c1 = std::min(n, c0 + chunk_elements);
+          double m = 0;
+          for (size_t i = c0; i < c1; ++i) {
+            if (std::isfinite(scaled[i])) m = std::max(m, std::fabs(double(scaled[i])));
+          }
+          for (size_t i = c0; i < c1; ++i) {
+            if (!up.raw) up_err[i] += gcomp::codec::ErrorBound(up.policy, scaled[i], m);
+          }
+        }
+        for (size_t i = 0; i < n; ++i) {
+          sum[i] = v == 0 ? scaled[i] : sum[i] + scaled[i];
+          abs_sum[i] += std::fabs(scaled[i]);
+        }
+      }
+      for (size_t i = 0; i < n; ++i) sum[i] /= static_cast<float>(workers);
+      t.reference->Step(sum);
+      const absl::Span<const float> ref = t.reference->value();
+      // Gradient error bound (mean of the uplink bounds plus f32 summation slack).
+      std::vector<double> g_err(n);
+      for (size_t i = 0; i < n; ++i) {
+        g_err[i] = up_err[i] / workers +
+                   (workers + 2) * std::ldexp(double(abs_sum[i]) / workers, -24) + 1e-37;
+      }
+      for (size_t c0 = 0; c0 < n; c0 += chunk_elements) {
+        const size_t c1 = std::min(n, c0 + chunk_elements);
+        double m = 0, merr = 0;
+        for (size_t i = c0; i < c1; ++i) {
+          m = std::max(m, std::fabs(double(ref[i])));
+        }
+        for (size_t i = c0; i < c1; ++i) {
+          double e_before_down = 0;
+          switch (opt.kind) {
+            case gcomp::server::OptimizerKind::kNone:
+              e_before_down = g_err[i];
+              break;
+            case gcomp::server::OptimizerKind::kSgd:
+              t.param_error[i] += opt.learning_rate * g_err[i] * (1 + 1e-6) + 1e-37;
+              e_before_down = t.param_error[i];
+              break;
+            case gcomp::server::OptimizerKind::kMomentum:
+              t.velocity_error[i] = opt.momentum * t.velocity_error[i] + g_err[i] * (1 + 1e-6);
+              t.param_error[i] += opt.learning_rate * t.velocity_error[i] + 1e-37;
+              e_before_down = t.param_error[i];
+              break;
+            case gcomp::server::OptimizerKind::kAdam:
+              e_before_down = 0;
+              break;
+          }
+          merr = std::max(merr, e_before_down);
+          const double got = t.output[i];
+          const double err = std::fabs(got - double(ref[i]));
+          max_abs_error = std::max(max_abs_error, err);
+          if (std::memcmp(&t.output[i], &ref[i], 4) != 0) exact = false;
+          if (!bound_checked) continue;
+          double bound = e_before_down;
+          if (!down.raw) {
+            bound += gcomp::codec::ErrorBound(down.policy, std::fabs(double(ref[i])) + e_before_down,
+                                              m + merr + e_before_down);
+          }
+          if (lossless ? err != 0 : err > bound * (1 + 1e-9)) {
+            if (bound_ok) {
+              gcomp::log::Error("step {} {}[{}]: got {} want {} err {} bound {}", step, t.key, i,
+                                got, double(ref[i]), err, bound);
+            }
+            bound_ok = false;
+          }
+        }
+      }
+      digest = XXH64(t.output.data(), n * 4, digest);
+    }
+  }
+  const gcomp::worker::ClientStats st = (*client)->stats();
+  const std::string body = absl::StrFormat(
+      ",\"steps\":%d,\"raw_bytes\":%d,\"wire_bytes\":%d,\"max_abs_error\":%.9g,\"bound_ok\":%s,"
+      "\"bound_checked\":%s,\"exact\":%s,\"digest\":\"%016x\",\"retries\":%d,\"step_ms\":[%s]",
+      done_steps, st.raw_bytes_sent + st.raw_bytes_received,
+      st.wire_bytes_sent + st.wire_bytes_received, max_abs_error, bound_ok ? "true" : "false",
+      bound_checked ? "true" : "false", exact ? "true" : "false", digest, st.retries,
+      absl::StrJoin(step_ms, ",", [](std::string* out, double v) {
+        absl::StrAppend(out, absl::StrFormat("%.3f", v));
+      }));
+  return finish(error.empty() && bound_ok, body);
+}
