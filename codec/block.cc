@@ -648,7 +648,8 @@ absl::Status DecodeBlock(absl::Span<const uint8_t> block, DType expected_dtype, 
     return absl::InvalidArgumentError(
         absl::StrCat("block holds ", info->elements, " elements, expected ", n));
   }
-  if (n > 0 && out == nullptr) return absl::InvalidArgumentError("null output");
+  if (n == 0) return absl::OkStatus();
+  if (out == nullptr) return absl::InvalidArgumentError("null output");
   if (expected_dtype == DType::kF32) return DecodeTyped<uint32_t>(*info, block, options, out);
   return DecodeTyped<uint16_t>(*info, block, options, out);
 }

@@ -1,4 +1,5 @@
 // Bit-exact lossless round trips over dtype x size x pattern, blocks and frames.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -33,7 +34,7 @@ TEST_P(LosslessRoundTrip, FrameIsBitExact) {
   EXPECT_LE(frame.size(), MaxEncodedBytes(n, dtype, options.block_bytes));
   std::vector<uint8_t> out(in.size() + 1, 0xAB);
   ASSERT_TRUE(DecodeBuffer(AsBytes(frame), dtype, out.data(), n, 2).ok());
-  EXPECT_EQ(0, std::memcmp(in.data(), out.data(), in.size()));
+  EXPECT_TRUE(std::equal(in.begin(), in.end(), out.begin()));
   EXPECT_EQ(out.back(), 0xAB) << "wrote past the output";
 }
 
@@ -50,7 +51,7 @@ TEST_P(LosslessRoundTrip, BlockIsBitExact) {
   EXPECT_EQ(info->elements, n);
   std::vector<uint8_t> out(in.size());
   ASSERT_TRUE(DecodeBlock(AsBytes(block), dtype, out.data(), n).ok());
-  EXPECT_EQ(0, std::memcmp(in.data(), out.data(), in.size()));
+  EXPECT_TRUE(std::equal(in.begin(), in.end(), out.begin()));
 }
 
 std::string ParamName(const ::testing::TestParamInfo<Params>& info) {
@@ -125,7 +126,8 @@ TEST(LosslessRoundTrip, RealGradientsAreBitExact) {
       ASSERT_TRUE(EncodeBuffer(dtype, in.data(), n, options, &frame).ok());
       std::vector<uint8_t> out(in.size());
       ASSERT_TRUE(DecodeBuffer(AsBytes(frame), dtype, out.data(), n, 2).ok());
-      EXPECT_EQ(0, std::memcmp(in.data(), out.data(), in.size())) << path << " " << DTypeName(dtype);
+      EXPECT_EQ(0, std::memcmp(in.data(), out.data(), in.size()))
+          << path << " " << DTypeName(dtype);
       EXPECT_LT(frame.size(), in.size()) << path;
     }
   }

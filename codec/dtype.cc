@@ -118,7 +118,7 @@ void ToF32(DType dtype, const void* in, size_t n, float* out) {
   const uint8_t* p = static_cast<const uint8_t*>(in);
   switch (dtype) {
     case DType::kF32:
-      std::memmove(out, in, n * 4);
+      if (n > 0) std::memmove(out, in, n * 4);
       return;
     case DType::kBF16:
       for (size_t i = 0; i < n; ++i) {
@@ -141,7 +141,7 @@ void FromF32(DType dtype, const float* in, size_t n, void* out) {
   uint8_t* p = static_cast<uint8_t*>(out);
   switch (dtype) {
     case DType::kF32:
-      std::memmove(out, in, n * 4);
+      if (n > 0) std::memmove(out, in, n * 4);
       return;
     case DType::kBF16:
       for (size_t i = 0; i < n; ++i) {

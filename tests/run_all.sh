@@ -26,15 +26,23 @@ status=0
 
 # Runs one `bazel test` invocation and copies each target's test.xml aside, so that
 # a later invocation (another config) cannot overwrite what this one reported.
+#   run_bazel_tests LABEL "BAZEL OPTIONS" TARGET...
 run_bazel_tests() {
-  local label="$1"; shift
+  local label="$1" opts="$2"; shift 2
   local log="$REPORT_DIR/$label.log"
-  bazel test --test_env=GCOMP_GRADIENTS_DIR --test_summary=short "$@" 2>&1 | tee "$log"
+  # shellcheck disable=SC2086  # opts is a word list on purpose
+  bazel test $opts --test_env=GCOMP_GRADIENTS_DIR --test_summary=short "$@" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   # rc 4 = "no test targets" is not a failure of the suite itself.
   if [[ $rc -ne 0 && $rc -ne 4 ]]; then status=1; fi
+  # 3 = some tests failed (counted from their reports below); anything else means the
+  # build itself broke, which counts as one failure so the summary cannot read clean.
+  if [[ $rc -ne 0 && $rc -ne 3 && $rc -ne 4 ]]; then
+    mkdir -p "$REPORT_DIR/xml/$label"
+    echo "bazel test ($label) exited $rc" >> "$REPORT_DIR/xml/$label/unbuilt.txt"
+  fi
   local testlogs
-  testlogs="$(bazel info "$@" bazel-testlogs 2>/dev/null)"
+  testlogs="$(bazel info $opts bazel-testlogs 2>/dev/null)"  # shellcheck disable=SC2086
   grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE)' "$log" \
     | awk '{print $1}' | while read -r target; do
       local path="${target#//}"; path="${path/://}"
@@ -50,9 +58,9 @@ run_bazel_tests() {
     done
 }
 
-run_bazel_tests main //...
+run_bazel_tests main "" //...
 # Codec and base are pure C++: run them again under ASan + UBSan.
-run_bazel_tests asan --config=asan //codec/... //base/...
+run_bazel_tests asan "--config=asan" //codec/... //base/...
 
 # Python tests (pytest from Debian, run by the system interpreter that has torch).
 # `bazel test` builds only test targets, so build what they import and launch first: the
