@@ -14,7 +14,7 @@ import gcomp
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_ranks(mode, tmp_path, world=2):
+def run_ranks(mode, tmp_path, world=2, cluster_config=None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -24,7 +24,8 @@ def run_ranks(mode, tmp_path, world=2):
         outs.append(out)
         procs.append(subprocess.Popen(
             [sys.executable, os.path.join(HERE, "hook_worker.py"), "--rank", str(r),
-             "--world", str(world), "--port", str(port), "--mode", mode, "--out", out],
+             "--world", str(world), "--port", str(port), "--mode", mode, "--out", out]
+            + (["--cluster-config", cluster_config] if cluster_config else []),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for p in procs:
         log, _ = p.communicate(timeout=300)
@@ -62,3 +63,26 @@ def test_hook_near_lossless_within_bound_with_error_feedback(tmp_path):
             assert err <= 4 * 2.0 ** -8 * m
         assert r["residual_keys"] >= 1
         assert r["ddp_raw_bytes"] / r["ddp_wire_bytes"] > 2
+
+
+@pytest.mark.parametrize("mode", ["none", "lossless", "near-lossless"])
+def test_hook_through_the_shards(mode, tmp_path):
+    """The same DDP job with the hook pushing to 2 real gcomp_server shards."""
+    from gcomp import cluster
+    why = cluster.server_missing()
+    if why:
+        pytest.skip(why)
+    if not gcomp.have_extension() or not getattr(gcomp.extension(), "HAS_CLIENT", False):
+        pytest.skip(gcomp.extension_error() or "the extension has no worker Client")
+    with cluster.LocalCluster(shards=2, workers=2, mode=mode, workdir=str(tmp_path)) as c:
+        results = run_ranks(mode, tmp_path, cluster_config=c.config_path)
+    for r in results:
+        for err, m in zip(r["ddp_max_err"] + r["sync_max_err"], r["ref_max_abs"] * 2):
+            if mode == "near-lossless":
+                assert err <= 4 * 2.0 ** -8 * m
+            else:
+                assert err <= 1e-6 * m  # the shards' summation order may round differently
+        if mode == "none":
+            assert r["ddp_wire_bytes"] == r["ddp_raw_bytes"]
+        else:
+            assert r["ddp_wire_bytes"] < r["ddp_raw_bytes"]

@@ -48,6 +48,7 @@ def main():
     a.add_argument("--port", type=int)
     a.add_argument("--mode")
     a.add_argument("--out")
+    a.add_argument("--cluster-config", help="push-pull through these shards (else gloo)")
     args = a.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port,
@@ -57,7 +58,14 @@ def main():
     # DDP with small buckets, so several keys and DDP's bucket rebuild are exercised.
     model, plain = make_model(), make_model()
     ddp = DDP(model, bucket_cap_mb=0.05)
-    transport = comm.GlooTransport(args.mode)
+    def make_transport():
+        if args.cluster_config:
+            from gcomp import cluster
+            return comm.ClientTransport(cluster.connect(args.cluster_config, args.rank),
+                                        comm.policy_for(args.mode))
+        return comm.GlooTransport(args.mode)
+
+    transport = make_transport()
     state = gtorch.PSHookState(transport, error_feedback=(args.mode == "near-lossless"))
     ddp.register_comm_hook(state, gtorch.ps_hook)
     for step in range(3):
@@ -75,11 +83,12 @@ def main():
     state.close()
     result["ddp_keys"] = sorted(state._steps)
     result["ddp_raw_bytes"], result["ddp_wire_bytes"] = transport.raw_bytes, transport.wire_bytes
+    transport.close()
     result["residual_keys"] = len(state._residuals)
 
     # The same without DDP.
     model = make_model()
-    sync = gtorch.GradientSync(model, comm.GlooTransport(args.mode), bucket_bytes=64 << 10)
+    sync = gtorch.GradientSync(model, make_transport(), bucket_bytes=64 << 10)
     for step in range(2):
         x, y = batch(args.rank, step)
         plain.load_state_dict(model.state_dict())
@@ -90,6 +99,7 @@ def main():
         got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
         result["sync_max_err"].append(float((got - ref).abs().max()))
     sync.close()
+    sync.state.transport.close()
     result["sync_buckets"] = len(sync.buckets)
 
     with open(args.out, "w") as f:
