@@ -32,6 +32,9 @@ def policy_for(mode, rel_bits=7, abs_log2=-16):
 
 
 class Transport:
+    # Whether calls must be issued in the same order on every worker (collectives).
+    ordered = False
+
     def __init__(self):
         self.raw_bytes = 0
         self.wire_bytes = 0
@@ -50,6 +53,8 @@ class Transport:
 
 class GlooTransport(Transport):
     """PS arithmetic over a gloo process group (see the module comment)."""
+
+    ordered = True  # collectives: every rank must call in the same order
 
     def __init__(self, mode="none", policy=None, group=None, block_bytes=codec.DEFAULT_BLOCK_BYTES):
         super().__init__()

@@ -21,18 +21,22 @@ import torch
 class PSHookState:
     """State of `ps_hook`: the transport, per-key step counters and residuals.
 
-    Push-pulls run on one background thread, in the order DDP hands buckets over, so every
-    worker issues them in the same order (required by GlooTransport's collectives; harmless
-    for the parameter server).
+    Push-pulls run on background threads (the extension releases the GIL while they wait
+    on the network), so backward keeps computing the next buckets meanwhile. A transport
+    whose calls are collectives (`ordered = True`, GlooTransport) gets one thread, so every
+    worker issues them in the order DDP hands buckets over; the parameter server's Client
+    takes several buckets at once.
     """
 
-    def __init__(self, transport, error_feedback=False):
+    def __init__(self, transport, error_feedback=False, max_inflight=4):
         self.transport = transport
         self.error_feedback = error_feedback
         self._steps = {}
         self._residuals = {}
         self._lock = threading.Lock()
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gcomp-ps")
+        threads = 1 if getattr(transport, "ordered", False) else max(1, max_inflight)
+        self._executor = concurrent.futures.ThreadPoolExecutor(threads,
+                                                               thread_name_prefix="gcomp-ps")
 
     def next_step(self, key):
         with self._lock:
