@@ -62,7 +62,7 @@ def checks(example, results):
         same = lossless["test_accuracy"] == none["test_accuracy"]
     else:
         rel = abs(near["test_loss"] - none["test_loss"]) / none["test_loss"] * 100
-        lines.append(("near-lossless held-out loss within 2% of none", "%.3f%%" % rel, rel <= 2))
+        lines.append(("near-lossless held-out loss within 2% of none", "%.4f%%" % rel, rel <= 2))
         same = lossless["test_loss"] == none["test_loss"]
     lines.append(("near-lossless ratio >= 3x", "%.2fx" % near["ratio"], near["ratio"] >= 3))
     same = same and lossless["train_loss"] == none["train_loss"]
