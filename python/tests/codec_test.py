@@ -128,3 +128,22 @@ def test_real_gradients_lossless_exact_and_near_lossless_compresses():
         frame = codec.encode(g, NEAR, threads=2)
         codec.decode(frame, out, threads=2)
         assert g.nbytes / len(frame) >= 3.0, path
+
+
+def test_the_gil_is_released_while_encoding():
+    import threading
+    x = gradient_like(1 << 23, seed=7)
+    counter, marks = [0], []
+
+    def work():
+        marks.append(counter[0])
+        codec.encode(x, LOSSLESS)
+        marks.append(counter[0])
+
+    t = threading.Thread(target=work)
+    t.start()
+    while t.is_alive():
+        counter[0] += 1
+    t.join()
+    # Had encode held the GIL, this thread could not have counted while it ran.
+    assert marks[1] - marks[0] > 100
