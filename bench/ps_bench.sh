@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Parameter-server benchmark: aggregated raw-gradient GB/s and step time, --mode none vs
+# near-lossless, 4 workers and 2 shards, on loopback and on an emulated 1 Gbit/s link.
+#
+#   bench/ps_bench.sh [GRADIENT.npy[,MORE.npy]] [STEPS]
+#
+# The emulated link: the shards run inside a network namespace created here
+# (gcomp_ps_bench), reached over a veth pair 10.77.0.2 <-> 10.77.0.1 whose both ends are
+# rate-limited to 1 Gbit/s with tc tbf. Needs root; skipped with a message otherwise.
+# Prints a Markdown table (and each run's JSON line on stderr).
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+GRADIENTS="${GCOMP_GRADIENTS_DIR:-$ROOT/../shared/data/gradients}"
+FILES="${1:-$GRADIENTS/text_gpt_step1.npy,$GRADIENTS/digits_cnn_step1.npy}"
+STEPS="${2:-5}"
+bazel build //deploy/local:cluster >&2 || exit 1
+CLUSTER=bazel-bin/deploy/local/cluster
+NS=gcomp_ps_bench
+
+run() {  # link mode extra-args...
+  local link="$1" mode="$2"; shift 2
+  local out
+  out="$("$CLUSTER" --shards 2 --workers 4 --steps "$STEPS" --mode "$mode" \
+         --gradients "$FILES" --label "$link" "$@" | tail -1)"
+  echo "$out" >&2
+  /usr/bin/python3 - "$link" "$mode" "$out" <<'PY'
+import json, sys
+link, mode, line = sys.argv[1:]
+r = json.loads(line)
+print(f"| {link} | {mode} | {r['step_ms_p50']:.1f} | {r['raw_gb_per_s']:.3f} | "
+      f"{r['ratio']:.2f} | {r['max_abs_error']:.3g} | {str(r['bound_ok']).lower()} |")
+PY
+}
+
+echo "| link | mode | step ms (p50) | raw GB/s aggregated | wire ratio | max abs error | bound ok |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
+run loopback none
+run loopback near-lossless
+
+cleanup() { ip netns del "$NS" 2>/dev/null; ip link del gps0 2>/dev/null; }
+if [[ $EUID -ne 0 ]] || ! ip netns add "$NS" 2>/dev/null; then
+  echo "ps_bench: cannot create network namespaces here (needs root); skipping the 1 Gbit/s link" >&2
+  exit 0
+fi
+trap cleanup EXIT
+ip link add gps0 type veth peer name gps1
+ip link set gps1 netns "$NS"
+ip addr add 10.77.0.2/24 dev gps0
+ip link set gps0 up
+ip netns exec "$NS" ip addr add 10.77.0.1/24 dev gps1
+ip netns exec "$NS" ip link set gps1 up
+ip netns exec "$NS" ip link set lo up
+tc qdisc add dev gps0 root tbf rate 1gbit burst 256kb latency 50ms
+ip netns exec "$NS" tc qdisc add dev gps1 root tbf rate 1gbit burst 256kb latency 50ms
+for mode in none near-lossless; do
+  run "1 Gbit/s veth" "$mode" --host 10.77.0.1 --base_port 17300 \
+      --server_prefix "ip netns exec $NS"
+done

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Real processes: the local cluster launcher on the real gradients (skips without them),
+# and a worker SIGKILLed mid-step, whose peers must fail within the step deadline with
+# its name in the status.
+set -uo pipefail
+CLUSTER="$1"
+DIR="${GCOMP_GRADIENTS_DIR:-}"
+fail() { echo "FAIL: $*"; exit 1; }
+
+if [[ -n "$DIR" && -f "$DIR/digits_cnn_step1.npy" ]]; then
+  GRAD="$DIR/digits_cnn_step1.npy"
+else
+  echo "note: GCOMP_GRADIENTS_DIR unset or without digits_cnn_step1.npy; using a synthetic file"
+  GRAD="$TEST_TMPDIR/synthetic.npy"
+  # A v1.0 .npy header for 65536 '<f4' values, then a ramp of small floats.
+  /usr/bin/python3 - "$GRAD" <<'PY'
+import struct, sys, math
+n = 65536
+header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % n
+header += " " * (118 - len(header)) + "\n"
+with open(sys.argv[1], "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+    f.write(struct.pack("<%df" % n, *[math.sin(i * 0.01) * 1e-3 for i in range(n)]))
+PY
+fi
+
+out="$("$CLUSTER" --shards 2 --workers 3 --steps 2 --gradients "$GRAD" | tail -1)"
+echo "$out"
+[[ "$out" == *'"bound_ok":true'* && "$out" == *'"identical":true'* && "$out" == *'"ok":true'* ]] \
+  || fail "near-lossless cluster run"
+
+out="$("$CLUSTER" --shards 3 --workers 2 --steps 2 --mode lossless --gradients "$GRAD" | tail -1)"
+echo "$out"
+[[ "$out" == *'"max_abs_error":0,'* && "$out" == *'"ok":true'* ]] || fail "lossless cluster run"
+
+start=$(date +%s)
+out="$("$CLUSTER" --shards 2 --workers 3 --steps 4 --gradients "$GRAD" --kill_worker 1 \
+        --kill_at_step 1 --step_timeout_ms 2000 | tail -1)"
+elapsed=$(( $(date +%s) - start ))
+echo "$out"
+[[ "$out" == *'"ok":false'* ]] || fail "killed worker not reported"
+[[ "$out" == *'DEADLINE_EXCEEDED'* && "$out" == *'missing workers: worker-1'* ]] \
+  || fail "status does not name the killed worker"
+(( elapsed < 30 )) || fail "took ${elapsed}s to fail"
+echo PASS

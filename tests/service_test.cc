@@ -1,0 +1,308 @@
+// The service over real gRPC on loopback: in-process shards (ShardServer) and Clients.
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/aggregation.grpc.pb.h"
+#include "server/cluster_config.h"
+#include "server/grpc_service.h"
+#include "server/wire_block.h"
+#include "worker/client.h"
+
+namespace gcomp {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Cluster {
+  std::vector<std::unique_ptr<server::ShardServer>> shards;
+  proto::ClusterConfig config;  // with the real ports
+};
+
+std::unique_ptr<Cluster> StartCluster(int shards, int workers, const std::string& mode,
+                                      uint64_t chunk_bytes = 16384,
+                                      uint32_t step_timeout_ms = 5000) {
+  std::string placeholders;
+  for (int k = 0; k < shards; ++k) placeholders += absl::StrCat(k ? "," : "", "127.0.0.1:", k + 1);
+  absl::StatusOr<proto::ClusterConfig> config = server::ParseClusterConfig(
+      "job: test\n", {absl::StrCat("workers=", workers), "shards=" + placeholders,
+                      "uplink.mode=" + mode, "downlink.mode=" + mode,
+                      absl::StrCat("chunk_bytes=", chunk_bytes),
+                      absl::StrCat("step_timeout_ms=", step_timeout_ms),
+                      absl::StrCat("rpc_timeout_ms=", step_timeout_ms * 2)});
+  EXPECT_TRUE(config.ok()) << config.status();
+  auto c = std::make_unique<Cluster>();
+  c->config = *config;
+  c->config.clear_shards();
+  for (int k = 0; k < shards; ++k) {
+    auto s = server::ShardServer::Start(*config, {static_cast<uint32_t>(k), 2}, "127.0.0.1:0");
+    EXPECT_TRUE(s.ok()) << s.status();
+    c->config.add_shards(absl::StrCat("127.0.0.1:", (*s)->port()));
+    c->shards.push_back(*std::move(s));
+  }
+  return c;
+}
+
+std::vector<float> Gradient(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) {
+    g[i] = normal(rng) * std::exp(normal(rng) * 2.0f) * 1e-3f;
+    if (rng() % 4 == 0) g[i] = 0.0f;
+  }
+  return g;
+}
+
+// Pushes W gradients (worker w's = Gradient(n, w)) for one step and checks every result
+// against the f32 mean in worker order: bit-exact for lossless/none, within the
+// codec's bound for near-lossless.
+void CheckAggregation(int shards, int workers, size_t n, const std::string& mode) {
+  SCOPED_TRACE(absl::StrCat("S=", shards, " W=", workers, " n=", n, " ", mode));
+  auto cluster = StartCluster(shards, workers, mode);
+  std::vector<std::unique_ptr<worker::Client>> clients;
+  for (int w = 0; w < workers; ++w) {
+    auto c = worker::Client::Connect(cluster->config, {static_cast<uint32_t>(w), ""});
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
+    clients.push_back(*std::move(c));
+  }
+  std::vector<std::vector<float>> in(workers), out(workers, std::vector<float>(n));
+  for (int w = 0; w < workers; ++w) in[w] = Gradient(n, w + 1);
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::future<absl::Status>> done;
+    for (int w = 0; w < workers; ++w) {
+      done.push_back(clients[w]->PushPullAsync("t", step, in[w].data(), out[w].data()));
+    }
+    for (auto& d : done) ASSERT_TRUE(d.get().ok());
+  }
+  std::vector<float> ref = in[0];
+  for (int w = 1; w < workers; ++w) {
+    for (size_t i = 0; i < n; ++i) ref[i] += in[w][i];
+  }
+  for (size_t i = 0; i < n; ++i) ref[i] /= static_cast<float>(workers);
+  for (int w = 1; w < workers; ++w) {
+    ASSERT_EQ(0, std::memcmp(out[0].data(), out[w].data(), n * 4)) << "workers disagree";
+  }
+  if (mode != "near-lossless") {
+    ASSERT_EQ(0, std::memcmp(out[0].data(), ref.data(), n * 4)) << "not bit-exact";
+    return;
+  }
+  codec::Policy p;  // the config's default near-lossless policy
+  const size_t chunk = 16384 / 4;
+  for (size_t c0 = 0; c0 < n; c0 += chunk) {
+    const size_t c1 = std::min(n, c0 + chunk);
+    std::vector<double> up(c1 - c0, 0.0);
+    for (int w = 0; w < workers; ++w) {
+      double m = 0;
+      for (size_t i = c0; i < c1; ++i) m = std::max(m, std::fabs(double(in[w][i])));
+      for (size_t i = c0; i < c1; ++i) up[i - c0] += codec::ErrorBound(p, in[w][i], m) / workers;
+    }
+    double m = 0, me = 0;
+    for (size_t i = c0; i < c1; ++i) {
+      m = std::max(m, std::fabs(double(ref[i])));
+      me = std::max(me, up[i - c0]);
+    }
+    for (size_t i = c0; i < c1; ++i) {
+      const double e = up[i - c0] + std::ldexp(std::fabs(ref[i]) * (workers + 2), -23) + 1e-37;
+      const double bound = e + codec::ErrorBound(p, std::fabs(ref[i]) + e, m + me + e);
+      ASSERT_LE(std::fabs(double(out[0][i]) - ref[i]), bound) << "element " << i;
+    }
+  }
+}
+
+TEST(Aggregation, MatchesReferenceAcrossWorkersShardsAndSizes) {
+  for (int shards = 1; shards <= 3; ++shards) {
+    for (int workers = 1; workers <= 4; ++workers) {
+      for (size_t n : {size_t{1}, size_t{4097 * 3}}) {
+        for (const char* mode : {"lossless", "near-lossless"}) {
+          CheckAggregation(shards, workers, n, mode);
+        }
+      }
+    }
+  }
+}
+
+TEST(Aggregation, NoneModeIsBitExact) { CheckAggregation(2, 3, 50000, "none"); }
+
+proto::CompressedBlock RawBlock(const std::vector<float>& v, const std::string& key, int64_t step,
+                                uint32_t worker) {
+  proto::CompressedBlock b;
+  EXPECT_TRUE(server::EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), v.size(), &b).ok());
+  proto::BlockAddress* a = b.mutable_address();
+  a->set_job("test");
+  a->set_key(key);
+  a->set_step(step);
+  a->set_worker(worker);
+  a->set_shard_map_epoch(1);
+  return b;
+}
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster_ = StartCluster(1, 2, "none", 16384, 500);
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(64 << 20);
+    stub_ = proto::Aggregation::NewStub(grpc::CreateCustomChannel(
+        cluster_->config.shards(0), grpc::InsecureChannelCredentials(), args));
+    proto::DeclareTensorRequest d;
+    d.set_job("test");
+    d.set_key("t");
+    d.set_dtype(proto::DTYPE_F32);
+    d.set_elements(8);
+    d.set_shard_map_epoch(1);
+    proto::DeclareTensorResponse r;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->DeclareTensor(&ctx, d, &r).ok());
+  }
+
+  grpc::Status Push(const proto::CompressedBlock& b, proto::CompressedBlock* out = nullptr) {
+    proto::CompressedBlock resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return stub_->PushPull(&ctx, b, out ? out : &resp);
+  }
+
+  // Completes step `step` with both workers; returns the result.
+  std::vector<float> Step(int64_t step, float a, float b) {
+    std::vector<float> va(8, a), vb(8, b);
+    proto::CompressedBlock out;
+    std::thread t([&] { EXPECT_TRUE(Push(RawBlock(va, "t", step, 0)).ok()); });
+    EXPECT_TRUE(Push(RawBlock(vb, "t", step, 1), &out).ok());
+    t.join();
+    std::vector<float> v(8);
+    EXPECT_TRUE(server::DecodeWireBlock(out, codec::DType::kF32, 8, v.data()).ok());
+    return v;
+  }
+
+  proto::StatsResponse Stats() {
+    proto::StatsResponse s;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub_->Stats(&ctx, proto::StatsRequest(), &s).ok());
+    return s;
+  }
+
+  std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<proto::Aggregation::Stub> stub_;
+  const std::vector<float> ones_ = std::vector<float>(8, 1.0f);
+};
+
+TEST_F(BadInputTest, RetriedPushesAreCountedOnce) {
+  std::vector<float> a(8, 4.0f), b(8, 2.0f);
+  proto::CompressedBlock out;
+  std::thread first([&] { EXPECT_TRUE(Push(RawBlock(a, "t", 0, 0)).ok()); });
+  std::thread retry([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_TRUE(Push(RawBlock(a, "t", 0, 0)).ok());  // the same push again while open
+  });
+  absl::SleepFor(absl::Milliseconds(150));
+  ASSERT_TRUE(Push(RawBlock(b, "t", 0, 1), &out).ok());
+  first.join();
+  retry.join();
+  proto::CompressedBlock again;
+  ASSERT_TRUE(Push(RawBlock(b, "t", 0, 1), &again).ok());  // retry after completion
+  std::vector<float> v(8), w(8);
+  ASSERT_TRUE(server::DecodeWireBlock(out, codec::DType::kF32, 8, v.data()).ok());
+  ASSERT_TRUE(server::DecodeWireBlock(again, codec::DType::kF32, 8, w.data()).ok());
+  EXPECT_EQ(v, std::vector<float>(8, 3.0f));
+  EXPECT_EQ(w, v);
+  EXPECT_EQ(Stats().duplicate_pushes(), 2u);
+  EXPECT_EQ(Stats().steps_completed(), 1u);
+}
+
+TEST_F(BadInputTest, CorruptBlockIsDataLoss) {
+  auto b = RawBlock(ones_, "t", 0, 0);
+  (*b.mutable_data())[3] ^= 0x10;
+  EXPECT_EQ(Push(b).error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(Step(0, 1, 3), std::vector<float>(8, 2.0f));  // state unchanged
+}
+
+TEST_F(BadInputTest, WrongSizeIsInvalidArgument) {
+  EXPECT_EQ(Push(RawBlock(std::vector<float>(7, 1.0f), "t", 0, 0)).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Step(0, 1, 3), std::vector<float>(8, 2.0f));
+}
+
+TEST_F(BadInputTest, WrongDtypeIsInvalidArgument) {
+  auto b = RawBlock(ones_, "t", 0, 0);
+  b.set_dtype(proto::DTYPE_F16);
+  EXPECT_EQ(Push(b).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Step(0, 1, 3), std::vector<float>(8, 2.0f));
+}
+
+TEST_F(BadInputTest, UnknownKeyIsNotFound) {
+  EXPECT_EQ(Push(RawBlock(ones_, "nope", 0, 0)).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Step(0, 1, 3), std::vector<float>(8, 2.0f));
+}
+
+TEST_F(BadInputTest, UnknownJobIsNotFound) {
+  auto b = RawBlock(ones_, "t", 0, 0);
+  b.mutable_address()->set_job("other");
+  EXPECT_EQ(Push(b).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Step(0, 1, 3), std::vector<float>(8, 2.0f));
+}
+
+TEST_F(BadInputTest, StaleStepIsFailedPrecondition) {
+  Step(0, 1, 1);
+  Step(1, 1, 1);
+  grpc::Status s = Push(RawBlock(ones_, "t", 0, 0));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("stale step 0"));
+  EXPECT_EQ(Step(2, 1, 3), std::vector<float>(8, 2.0f));
+}
+
+TEST_F(BadInputTest, FutureStepIsFailedPrecondition) {
+  Step(0, 1, 1);
+  grpc::Status s = Push(RawBlock(ones_, "t", 5, 0));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("future step 5"));
+  EXPECT_EQ(Step(1, 1, 3), std::vector<float>(8, 2.0f));
+}
+
+TEST_F(BadInputTest, WrongEpochIsFailedPrecondition) {
+  auto b = RawBlock(ones_, "t", 0, 0);
+  b.mutable_address()->set_shard_map_epoch(7);
+  grpc::Status s = Push(b);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("epoch"));
+  EXPECT_EQ(Step(0, 1, 3), std::vector<float>(8, 2.0f));
+}
+
+TEST_F(BadInputTest, OversizedMessageIsResourceExhausted) {
+  auto b = RawBlock(ones_, "t", 0, 0);
+  b.mutable_data()->append(cluster_->config.max_message_bytes() + 1, 'x');
+  EXPECT_EQ(Push(b).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  auto c = RawBlock(ones_, "t", 0, 0);  // fits the message limit, not the codec bound
+  c.mutable_data()->append(4096, 'x');
+  EXPECT_EQ(Push(c).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(Step(0, 1, 3), std::vector<float>(8, 2.0f));
+}
+
+TEST_F(BadInputTest, MissingWorkerIsNamedWithinTheDeadline) {
+  proto::RegisterWorkerRequest reg;
+  reg.set_job("test");
+  reg.set_worker(1);
+  reg.set_name("trainer-1");
+  reg.set_shard_map_epoch(1);
+  proto::RegisterWorkerResponse rr;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->RegisterWorker(&ctx, reg, &rr).ok());
+  const absl::Time start = absl::Now();
+  grpc::Status s = Push(RawBlock(ones_, "t", 0, 0));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(s.error_message(), HasSubstr("missing workers: trainer-1"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));  // step timeout 500 ms
+}
+
+}  // namespace
+}  // namespace gcomp
