@@ -11,6 +11,7 @@
 #include "codec/internal/bits.h"
 #include "codec/internal/format.h"
 #include "codec/internal/huffman.h"
+#include "codec/internal/quantize.h"
 
 namespace gcomp::codec {
 namespace {
@@ -29,6 +30,8 @@ struct Scratch {
   std::vector<uint8_t> bytes;    // the block being assembled
   std::vector<uint8_t> syms;     // exponent symbols of the nonzero elements
   std::vector<uint64_t> bitmap;  // 1 = nonzero
+  std::vector<uint32_t> fields;  // decoder: sign + mantissa field of each nonzero
+  std::vector<uint8_t> values;   // decoder: the nonzero elements, before the zero map
 };
 Scratch& ThreadScratch() {
   thread_local Scratch scratch;
@@ -131,20 +134,6 @@ uint64_t Checksum(const uint8_t* block, size_t size) {
   return XXH64(block + kBlockHeaderBytes, size - kBlockHeaderBytes, seed);
 }
 
-struct Tables {
-  uint8_t k[256];     // mantissa bits per symbol
-  uint8_t drop[256];  // mant_bits - k
-};
-void BuildTables(const Layout& lay, const Policy& p, int emax, Tables* t) {
-  for (int s = 0; s < 256; ++s) {
-    int k = s < lay.alphabet()
-                ? internal::MantissaWidth(lay, p.mode, p.rel_bits, p.abs_log2, emax, s)
-                : lay.mant_bits;
-    t->k[s] = static_cast<uint8_t>(k);
-    t->drop[s] = static_cast<uint8_t>(lay.mant_bits - k);
-  }
-}
-
 void WriteHeader(const BlockInfo& b, uint8_t* h) {
   Store32(h + internal::kOffMagic, internal::kBlockMagic);
   h[internal::kOffVersion] = internal::kBlockVersion;
@@ -171,11 +160,7 @@ absl::Status EncodeTyped(DType dtype, const void* data, size_t n, const BlockEnc
                          std::string* out) {
   const Layout lay = internal::LayoutOf(dtype);
   const int M = lay.mant_bits;
-  const int top = lay.total_bits - 1;
-  const U mag_mask = static_cast<U>((uint32_t{1} << top) - 1);
-  const U mant_mask = static_cast<U>((uint32_t{1} << M) - 1);
   const Policy& pol = opt.policy;
-  const bool lossless = pol.mode == Mode::kLossless;
 
   BlockInfo b;
   b.dtype = dtype;
@@ -183,22 +168,8 @@ absl::Status EncodeTyped(DType dtype, const void* data, size_t n, const BlockEnc
   b.elements = static_cast<uint32_t>(n);
 
   // Pass 1: the largest exponent field among finite elements.
-  uint32_t emax = 0;
-  {
-    const uint32_t all_ones = lay.all_ones();
-    for (size_t i = 0; i < n; ++i) {
-      uint32_t e = (LoadElem<U>(data, i) & mag_mask) >> M;
-      uint32_t f = e == all_ones ? 0 : e;
-      emax = f > emax ? f : emax;
-    }
-  }
-  b.emax = static_cast<int>(emax);
-  Tables t;
-  BuildTables(lay, pol, b.emax, &t);
-  // Near-lossless zeroes elements more than -A binades below emax: e < emax + A.
-  const uint32_t zero_below =
-      lossless ? 0 : static_cast<uint32_t>(std::max(0, b.emax + pol.abs_log2));
-  const U zero_test = lossless ? static_cast<U>(~U{0}) : mag_mask;
+  b.emax = internal::MaxFiniteExponent(dtype, data, n);
+  const internal::QuantParams qp = internal::MakeQuantParams(lay, pol, b.emax);
 
   Scratch& sc = ThreadScratch();
   const size_t mant_max = (n * (M + 1) + 7) / 8 + 16;
@@ -212,30 +183,32 @@ absl::Status EncodeTyped(DType dtype, const void* data, size_t n, const BlockEnc
   uint8_t* syms = sc.syms.data();
   uint64_t* bitmap = sc.bitmap.data();
 
-  // Pass 2: round, split into symbol / sign + mantissa, record zeros. Branch-free.
+  // Pass 2, 64 elements at a time: quantize (vectorized where the CPU allows), then pack the
+  // sign + mantissa bits two elements per flush and gather the nonzero symbols.
   BitWriter mw(blk + kBlockHeaderBytes);
+  internal::Group g;
   size_t j = 0;
   for (size_t w = 0; w < words; ++w) {
-    const size_t lo = w * 64, hi = std::min(n, lo + 64);
-    uint64_t word = 0;
-    for (size_t i = lo; i < hi; ++i) {
-      const U u = LoadElem<U>(data, i);
-      const uint32_t mag = u & mag_mask;
-      const uint32_t e = mag >> M;
-      const uint32_t nz = (e >= zero_below) & ((u & zero_test) != 0);
-      const uint32_t drop = t.drop[e];
-      const uint32_t r = (mag + ((1u << drop) >> 1)) & (~0u << drop);
-      const uint32_t e2 = r >> M;
-      const uint32_t k2 = t.k[e2];
-      const uint64_t v = (((r & mant_mask) >> (M - k2)) | (static_cast<uint64_t>(u >> top) << k2)) &
-                         (uint64_t{0} - nz);
-      mw.Put(v, (k2 + 1) & (0u - nz));
+    const size_t lo = w * internal::kGroup;
+    const size_t cnt = std::min(n - lo, internal::kGroup);
+    bitmap[w] = internal::QuantizeGroup(
+        dtype, static_cast<const uint8_t*>(data) + lo * sizeof(U), cnt, qp, &g);
+    size_t i = 0;
+    for (; i + 2 <= cnt; i += 2) {
+      mw.Put(g.value[i], g.bits[i]);
+      mw.Put(g.value[i + 1], g.bits[i + 1]);
       mw.Flush();
-      syms[j] = static_cast<uint8_t>(e2);
-      j += nz;
-      word |= uint64_t{nz} << (i - lo);
+      syms[j] = static_cast<uint8_t>(g.sym[i]);
+      j += g.bits[i] != 0;
+      syms[j] = static_cast<uint8_t>(g.sym[i + 1]);
+      j += g.bits[i + 1] != 0;
     }
-    bitmap[w] = word;
+    if (i < cnt) {
+      mw.Put(g.value[i], g.bits[i]);
+      mw.Flush();
+      syms[j] = static_cast<uint8_t>(g.sym[i]);
+      j += g.bits[i] != 0;
+    }
   }
   const size_t nnz = j;
   b.nonzeros = static_cast<uint32_t>(nnz);
@@ -454,34 +427,6 @@ absl::StatusOr<BlockInfo> ParseBlock(absl::Span<const uint8_t> blk) {
 // ---------------------------------------------------------------------------------------------
 // Decoder.
 
-template <typename U>
-struct ElemDecoder {
-  const uint8_t* syms;
-  const uint8_t* k;
-  int M;
-  int top;
-  inline U One(BitReader& r) {
-    const uint32_t sym = *syms++;
-    const uint32_t kk = k[sym];
-    const uint64_t v = r.Peek();
-    const uint32_t mant = static_cast<uint32_t>(v) & ((1u << kk) - 1);
-    const uint32_t sign = static_cast<uint32_t>(v >> kk) & 1;
-    r.Consume(kk + 1);
-    return static_cast<U>((sign << top) | (sym << M) | (mant << (M - kk)));
-  }
-  // Branch-free: consumes nothing and yields 0 when nz == 0.
-  inline U Maybe(BitReader& r, uint32_t nz) {
-    const uint32_t sym = *syms;
-    const uint32_t kk = k[sym];
-    const uint32_t bits = (kk + 1) & (0u - nz);
-    const uint64_t v = r.Peek();
-    const uint32_t mant = static_cast<uint32_t>(v) & ((1u << kk) - 1);
-    const uint32_t sign = static_cast<uint32_t>(v >> kk) & 1;
-    r.Consume(bits);
-    syms += nz;
-    return static_cast<U>(((sign << top) | (sym << M) | (mant << (M - kk))) & (0u - nz));
-  }
-};
 
 template <typename U>
 absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
@@ -534,67 +479,79 @@ absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
   if (absl::Status st = internal::DecodeStreams(streams, dec, nnz, syms); !st.ok()) return st;
   std::memset(syms + nnz, 0, 8);
 
-  Tables t;
-  BuildTables(lay, b.policy, b.emax, &t);
+  // Serial part: each nonzero element's k + 1 bit field, in order.
+  const internal::QuantParams qp = internal::MakeQuantParams(lay, b.policy, b.emax);
+  uint8_t width[256];
+  for (int sym = 0; sym < 256; ++sym) {
+    width[sym] = static_cast<uint8_t>(internal::WidthOf(qp, sym) + 1);
+  }
+  Grow(sc.fields, nnz + 2);
+  uint32_t* fields = sc.fields.data();
   BitReader r(mant.data(), mant.size());
-  ElemDecoder<U> d{syms, t.k, lay.mant_bits, lay.total_bits - 1};
-  if (b.zero_map == ZeroMapKind::kNone) {
+  {
     size_t i = 0;
-    for (; i + 2 <= n; i += 2) {
+    for (; i + 2 <= nnz; i += 2) {  // two fields of <= 24 bits per refill
       r.Refill();
-      U a = d.One(r);
-      U c = d.One(r);
-      StoreElem<U>(out, i, a);
-      StoreElem<U>(out, i + 1, c);
+      const uint32_t b0 = width[syms[i]];
+      fields[i] = static_cast<uint32_t>(r.Peek()) & ((uint32_t{1} << b0) - 1);
+      r.Consume(b0);
+      const uint32_t b1 = width[syms[i + 1]];
+      fields[i + 1] = static_cast<uint32_t>(r.Peek()) & ((uint32_t{1} << b1) - 1);
+      r.Consume(b1);
     }
-    for (; i < n; ++i) {
+    if (i < nnz) {
       r.Refill();
-      StoreElem<U>(out, i, d.One(r));
-    }
-  } else {
-    const size_t words = (n + 63) / 64;
-    Grow(sc.bitmap, words + 1);
-    uint64_t* bm = sc.bitmap.data();
-    if (b.zero_map == ZeroMapKind::kBitmap) {
-      bm[words - 1] = 0;
-      std::memcpy(bm, zmap.data(), zmap.size());
-      if (n % 64 != 0 && (bm[words - 1] >> (n % 64)) != 0) {
-        return absl::DataLossError("zero map: padding bits set");
-      }
-    } else {
-      const bool nonzero_list = b.zero_map == ZeroMapKind::kNonzeroPositions;
-      absl::Status st = ReadPositionList(zmap, n, nonzero_list ? nnz : n - nnz, nonzero_list, bm);
-      if (!st.ok()) return st;
-    }
-    size_t ones = 0;
-    for (size_t w = 0; w < words; ++w) ones += __builtin_popcountll(bm[w]);
-    if (ones != nnz) return absl::DataLossError("zero map does not match the nonzero count");
-    for (size_t w = 0; w < words; ++w) {
-      const size_t lo = w * 64, cnt = std::min<size_t>(64, n - lo);
-      const uint64_t word = bm[w];
-      if (word == 0) {
-        std::memset(static_cast<uint8_t*>(out) + lo * sizeof(U), 0, cnt * sizeof(U));
-      } else if (cnt == 64 && word == ~uint64_t{0}) {
-        for (size_t i = 0; i < 64; i += 2) {
-          r.Refill();
-          U a = d.One(r);
-          U c = d.One(r);
-          StoreElem<U>(out, lo + i, a);
-          StoreElem<U>(out, lo + i + 1, c);
-        }
-      } else {
-        for (size_t i = 0; i < cnt; i += 2) {
-          r.Refill();
-          U a = d.Maybe(r, (word >> i) & 1);
-          U c = d.Maybe(r, (word >> (i + 1)) & 1);
-          StoreElem<U>(out, lo + i, a);
-          if (i + 1 < cnt) StoreElem<U>(out, lo + i + 1, c);
-        }
-      }
+      const uint32_t b0 = width[syms[i]];
+      fields[i] = static_cast<uint32_t>(r.Peek()) & ((uint32_t{1} << b0) - 1);
+      r.Consume(b0);
     }
   }
   if (!r.AtExactEnd()) {
     return absl::DataLossError("sign/mantissa plane does not end at its last byte");
+  }
+  if (b.zero_map == ZeroMapKind::kNone) {
+    internal::AssembleElements(b.dtype, syms, fields, nnz, qp, out);
+    return absl::OkStatus();
+  }
+
+  // Zeros present: assemble the nonzeros, then spread them out by the zero map.
+  const size_t words = (n + 63) / 64;
+  Grow(sc.bitmap, words + 1);
+  uint64_t* bm = sc.bitmap.data();
+  if (b.zero_map == ZeroMapKind::kBitmap) {
+    bm[words - 1] = 0;
+    std::memcpy(bm, zmap.data(), zmap.size());
+    if (n % 64 != 0 && (bm[words - 1] >> (n % 64)) != 0) {
+      return absl::DataLossError("zero map: padding bits set");
+    }
+  } else {
+    const bool nonzero_list = b.zero_map == ZeroMapKind::kNonzeroPositions;
+    absl::Status st = ReadPositionList(zmap, n, nonzero_list ? nnz : n - nnz, nonzero_list, bm);
+    if (!st.ok()) return st;
+  }
+  size_t ones = 0;
+  for (size_t w = 0; w < words; ++w) ones += __builtin_popcountll(bm[w]);
+  if (ones != nnz) return absl::DataLossError("zero map does not match the nonzero count");
+  Grow(sc.values, (nnz + 1) * sizeof(U));
+  const U* vals = reinterpret_cast<const U*>(sc.values.data());
+  internal::AssembleElements(b.dtype, syms, fields, nnz, qp, sc.values.data());
+  uint8_t* dst = static_cast<uint8_t*>(out);  // may be unaligned: byte copies only
+  size_t j = 0;
+  for (size_t w = 0; w < words; ++w) {
+    const size_t lo = w * 64, cnt = std::min<size_t>(64, n - lo);
+    const uint64_t word = bm[w];
+    if (cnt == 64 && word == ~uint64_t{0}) {
+      std::memcpy(dst + lo * sizeof(U), vals + j, 64 * sizeof(U));
+      j += 64;
+    } else if (word == 0) {
+      std::memset(dst + lo * sizeof(U), 0, cnt * sizeof(U));
+    } else {
+      for (size_t i = 0; i < cnt; ++i) {  // branch-free expand; vals has a spare slot
+        const uint32_t bit = static_cast<uint32_t>(word >> i) & 1;
+        StoreElem<U>(dst, lo + i, static_cast<U>(vals[j] & (U{0} - static_cast<U>(bit))));
+        j += bit;
+      }
+    }
   }
   return absl::OkStatus();
 }

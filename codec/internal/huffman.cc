@@ -176,34 +176,53 @@ void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8
   // Code words with their lengths packed for one load: bits 0-15 code, 16-23 length.
   uint32_t word[256];
   for (int s = 0; s < 256; ++s) word[s] = code.code[s] | (uint32_t{code.len[s]} << 16);
+  // The four writers run in one loop (four independent dependency chains) into their own
+  // scratch areas; the streams are then laid end to end.
+  thread_local std::vector<uint8_t> scratch;
+  size_t offset[kNumStreams];
+  size_t total = 0;
   const uint8_t* in[kNumStreams];
   size_t start = 0;
   for (int s = 0; s < kNumStreams; ++s) {
     in[s] = syms + start;
     start += StreamCount(n, s);
+    offset[s] = total;
+    total += (StreamCount(n, s) * kMaxCodeLen + 7) / 8 + 16;
   }
-  // Streams are written one after another; each needs to know where it starts, so code them
-  // one at a time (the decoder is where interleaving pays).
+  if (scratch.size() < total) scratch.resize(total);
+  BitWriter w0(scratch.data() + offset[0]), w1(scratch.data() + offset[1]),
+      w2(scratch.data() + offset[2]), w3(scratch.data() + offset[3]);
+  BitWriter* writers[kNumStreams] = {&w0, &w1, &w2, &w3};
+  const size_t q = n / kNumStreams;  // every stream holds at least q symbols
+#define GCOMP_PUT(w, x)                         \
+  do {                                          \
+    const uint32_t c = word[x];                 \
+    (w).Put(c & 0xffff, c >> 16);               \
+  } while (0)
+  size_t i = 0;
+  for (; i + 4 <= q; i += 4) {  // 4 codes of <= 11 bits per flush
+    for (size_t k = 0; k < 4; ++k) {
+      GCOMP_PUT(w0, in[0][i + k]);
+      GCOMP_PUT(w1, in[1][i + k]);
+      GCOMP_PUT(w2, in[2][i + k]);
+      GCOMP_PUT(w3, in[3][i + k]);
+    }
+    w0.Flush();
+    w1.Flush();
+    w2.Flush();
+    w3.Flush();
+  }
+  for (int s = 0; s < kNumStreams; ++s) {
+    for (size_t k = i; k < StreamCount(n, s); ++k) {
+      GCOMP_PUT(*writers[s], in[s][k]);
+      writers[s]->Flush();
+    }
+  }
+#undef GCOMP_PUT
   uint8_t* p = out;
   for (int s = 0; s < kNumStreams; ++s) {
-    const size_t m = StreamCount(n, s);
-    BitWriter w(p);
-    size_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-      uint32_t a = word[in[s][i]], b = word[in[s][i + 1]], c = word[in[s][i + 2]],
-               d = word[in[s][i + 3]];
-      w.Put(a & 0xffff, a >> 16);
-      w.Put(b & 0xffff, b >> 16);
-      w.Put(c & 0xffff, c >> 16);
-      w.Put(d & 0xffff, d >> 16);
-      w.Flush();
-    }
-    for (; i < m; ++i) {
-      uint32_t a = word[in[s][i]];
-      w.Put(a & 0xffff, a >> 16);
-      w.Flush();
-    }
-    sizes[s] = static_cast<uint32_t>(w.Finish());
+    sizes[s] = static_cast<uint32_t>(writers[s]->Finish());
+    std::memcpy(p, scratch.data() + offset[s], sizes[s]);
     p += sizes[s];
   }
 }

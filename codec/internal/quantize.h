@@ -1,0 +1,74 @@
+// The encoder's per-element step, 64 elements at a time: round each element to its mantissa
+// width, split it into symbol and sign + mantissa bits, and flag zeros. docs/FORMAT.md
+// ("What is a zero, the symbols, the mantissa widths") defines the arithmetic; both paths
+// below compute exactly it, so they produce the same bytes.
+//
+// The widths come from a closed form instead of a per-symbol table so that the AVX2 path can
+// evaluate 8 elements at once (x86-64 without AVX2 takes the scalar path).
+#ifndef GCOMP_CODEC_INTERNAL_QUANTIZE_H_
+#define GCOMP_CODEC_INTERNAL_QUANTIZE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "codec/codec.h"
+#include "codec/internal/format.h"
+
+namespace gcomp::codec::internal {
+
+inline constexpr size_t kGroup = 64;
+
+// Everything the per-element arithmetic needs, fixed for one block.
+struct QuantParams {
+  int mant_bits;        // W
+  int top;              // sign bit position (total_bits - 1)
+  uint32_t mag_mask;    // all bits below the sign
+  uint32_t mant_mask;   // 2^W - 1
+  uint32_t zero_test;   // lossless: every bit (only +0 is zero); otherwise mag_mask
+  int zero_below;       // near-lossless: e < zero_below is zeroed; lossless: 0
+  int width_offset;     // k(s) = min(width_cap, max(0, s + width_offset)) for ordinary s
+  int width_cap;        // min(R, W); W in lossless mode
+  int special_above;    // s > special_above (largest finite field, Inf/NaN) keeps W bits
+};
+
+QuantParams MakeQuantParams(const Layout& lay, const Policy& policy, int emax);
+
+// Mantissa width of symbol s; equals MantissaWidth() in format.h for every s.
+inline int WidthOf(const QuantParams& q, int s) {
+  if (s == 0 || s > q.special_above) return q.mant_bits;
+  int k = s + q.width_offset;
+  k = k < 0 ? 0 : k;
+  return k < q.width_cap ? k : q.width_cap;
+}
+
+// One group of `count` <= kGroup elements: value[i] (sign + mantissa bits), bits[i] (0 for a
+// zero, else k + 1), sym[i] (rounded exponent field); returns the nonzero bitmap.
+struct Group {
+  uint32_t value[kGroup];
+  uint32_t bits[kGroup];
+  uint32_t sym[kGroup];
+};
+uint64_t QuantizeGroup(DType dtype, const void* in, size_t count, const QuantParams& q,
+                       Group* g);
+
+// The decoder's inverse: element bit patterns (dtype-sized, written to `out`) from each
+// nonzero element's symbol and its k + 1 bit field (mantissa bits, then the sign above them).
+void AssembleElements(DType dtype, const uint8_t* sym, const uint32_t* field, size_t count,
+                      const QuantParams& q, void* out);
+void AssembleElementsScalar(DType dtype, const uint8_t* sym, const uint32_t* field,
+                            size_t count, const QuantParams& q, void* out);
+
+// The largest exponent field among the finite elements of in[0, n) (0 if none).
+int MaxFiniteExponent(DType dtype, const void* in, size_t n);
+
+// For tests: the same with the AVX2 path disabled.
+uint64_t QuantizeGroupScalar(DType dtype, const void* in, size_t count, const QuantParams& q,
+                             Group* g);
+int MaxFiniteExponentScalar(DType dtype, const void* in, size_t n);
+
+// Whether QuantizeGroup uses AVX2 on this machine.
+bool QuantizeUsesAvx2();
+
+}  // namespace gcomp::codec::internal
+
+#endif  // GCOMP_CODEC_INTERNAL_QUANTIZE_H_

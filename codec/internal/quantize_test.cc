@@ -1,0 +1,137 @@
+#include "codec/internal/quantize.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <random>
+#include <vector>
+
+#include "codec/testing/values.h"
+#include "gtest/gtest.h"
+
+namespace gcomp::codec::internal {
+namespace {
+
+using testing::MakeValues;
+using testing::Pattern;
+
+std::vector<Policy> Policies() {
+  std::vector<Policy> out;
+  Policy lossless;
+  lossless.mode = Mode::kLossless;
+  out.push_back(lossless);
+  for (auto [r, a] : {std::pair{7, -16}, {3, -8}, {10, -24}, {0, -4}, {23, -128}, {23, 0}}) {
+    Policy p;
+    p.rel_bits = r;
+    p.abs_log2 = a;
+    out.push_back(p);
+  }
+  return out;
+}
+
+TEST(Quantize, ClosedFormWidthEqualsFormatDefinition) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const Layout lay = LayoutOf(dtype);
+    for (const Policy& p : Policies()) {
+      for (int emax = 0; emax < lay.all_ones(); ++emax) {
+        const QuantParams q = MakeQuantParams(lay, p, emax);
+        for (int s = 0; s < lay.alphabet(); ++s) {
+          ASSERT_EQ(WidthOf(q, s),
+                    MantissaWidth(lay, p.mode, p.rel_bits, p.abs_log2, emax, s))
+              << DTypeName(dtype) << " R=" << p.rel_bits << " A=" << p.abs_log2
+              << " emax=" << emax << " s=" << s;
+        }
+      }
+    }
+  }
+}
+
+// The vectorized path (where this CPU has it) must agree with the scalar one on every
+// element, for every pattern, dtype, policy and group length (tails included).
+TEST(Quantize, VectorPathEqualsScalarPath) {
+  if (!QuantizeUsesAvx2()) GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (Pattern pattern : {Pattern::kZeros, Pattern::kConstant, Pattern::kRandomBits,
+                            Pattern::kGradientLike, Pattern::kSpecials, Pattern::kBoundaries}) {
+      const std::vector<uint8_t> values = MakeValues(dtype, pattern, 4096, 7);
+      const size_t n = values.size() / DTypeBytes(dtype);
+      EXPECT_EQ(MaxFiniteExponent(dtype, values.data(), n),
+                MaxFiniteExponentScalar(dtype, values.data(), n));
+      for (const Policy& p : Policies()) {
+        const int emax = MaxFiniteExponentScalar(dtype, values.data(), n);
+        const QuantParams q = MakeQuantParams(LayoutOf(dtype), p, emax);
+        for (size_t count : {size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{63},
+                             size_t{64}}) {
+          for (size_t lo = 0; lo + count <= n; lo += 509) {
+            const uint8_t* in = values.data() + lo * DTypeBytes(dtype);
+            Group fast, slow;
+            const uint64_t fast_mask = QuantizeGroup(dtype, in, count, q, &fast);
+            const uint64_t slow_mask = QuantizeGroupScalar(dtype, in, count, q, &slow);
+            ASSERT_EQ(fast_mask, slow_mask) << PatternName(pattern) << " at " << lo;
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(fast.bits[i], slow.bits[i]) << PatternName(pattern) << " " << lo + i;
+              ASSERT_EQ(fast.value[i], slow.value[i]) << PatternName(pattern) << " " << lo + i;
+              if (slow.bits[i] != 0) {
+                ASSERT_EQ(fast.sym[i], slow.sym[i]);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Assembling (symbol, field) back must give the same element on both paths, and in lossless
+// mode exactly the input element.
+TEST(Quantize, AssembleInvertsQuantizeOnBothPaths) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const size_t width = DTypeBytes(dtype);
+    for (Pattern pattern : {Pattern::kRandomBits, Pattern::kGradientLike, Pattern::kSpecials,
+                            Pattern::kBoundaries}) {
+      const std::vector<uint8_t> values = MakeValues(dtype, pattern, 64 * 40 + 13, 11);
+      const size_t n = values.size() / width;
+      for (const Policy& p : Policies()) {
+        const int emax = MaxFiniteExponentScalar(dtype, values.data(), n);
+        const QuantParams q = MakeQuantParams(LayoutOf(dtype), p, emax);
+        for (size_t lo = 0; lo < n; lo += kGroup) {
+          const size_t count = std::min(kGroup, n - lo);
+          Group g;
+          QuantizeGroupScalar(dtype, values.data() + lo * width, count, q, &g);
+          uint8_t sym[kGroup];
+          uint32_t field[kGroup];
+          for (size_t i = 0; i < count; ++i) {
+            sym[i] = static_cast<uint8_t>(g.sym[i]);
+            field[i] = g.value[i];
+          }
+          std::vector<uint8_t> fast(count * width), slow(count * width);
+          AssembleElements(dtype, sym, field, count, q, fast.data());
+          AssembleElementsScalar(dtype, sym, field, count, q, slow.data());
+          ASSERT_EQ(fast, slow) << PatternName(pattern) << " at " << lo;
+          if (p.mode != Mode::kLossless) continue;
+          for (size_t i = 0; i < count; ++i) {
+            if (g.bits[i] == 0) continue;  // +0.0: carried by the zero map, not a field
+            ASSERT_EQ(0, std::memcmp(slow.data() + i * width,
+                                     values.data() + (lo + i) * width, width))
+                << DTypeName(dtype) << " " << PatternName(pattern) << " element " << lo + i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Quantize, MaxFiniteExponentSkipsNonFinite) {
+  std::vector<float> v = {1.0f, -4.0f, std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(), 0.5f, 3.0f, 2.0f,
+                          -std::numeric_limits<float>::infinity(), 1e-40f};
+  // -4.0 has exponent field 129.
+  EXPECT_EQ(MaxFiniteExponent(DType::kF32, v.data(), v.size()), 129);
+  EXPECT_EQ(MaxFiniteExponentScalar(DType::kF32, v.data(), v.size()), 129);
+  std::vector<float> only_inf(17, std::numeric_limits<float>::infinity());
+  EXPECT_EQ(MaxFiniteExponent(DType::kF32, only_inf.data(), only_inf.size()), 0);
+}
+
+}  // namespace
+}  // namespace gcomp::codec::internal
