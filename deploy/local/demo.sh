@@ -1,32 +1,19 @@
 #!/usr/bin/env bash
 # The main job, from a fresh Debian 12 machine: installs what it needs, builds, runs.
 #
-# Today that is the local parameter-server cluster on the shared real gradients: 2 shard
-# and 4 worker processes on loopback aggregate them for a few steps with the GComp codec
-# (near-lossless), check every result against the uncompressed reference and the codec's
-# bound, and print one JSON line. A later issue replaces this with real training.
+# Real training through the parameter server: the digits CNN (scikit-learn's 8x8 digits,
+# 30% held out) is trained by 2 worker processes through 2 local gcomp_server shards three
+# times with the same seed (uncompressed, GComp lossless, GComp near-lossless); the
+# comparison prints a Markdown table with the targets checked and writes a loss plot.
+# DEMO_STEPS (default 200) shortens or lengthens the runs.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
 tools/bootstrap.sh
 
-GRADIENTS="${GCOMP_GRADIENTS_DIR:-$ROOT/../shared/data/gradients}"
-bazel build //deploy/local:cluster
-if compgen -G "$GRADIENTS/*.npy" >/dev/null; then
-  files=("$GRADIENTS"/*.npy)
-else
-  echo "demo: no real gradients at $GRADIENTS (set GCOMP_GRADIENTS_DIR);" \
-       "using a synthetic gradient-like file instead" >&2
-  files=("$(mktemp -d)/synthetic.npy")
-  /usr/bin/python3 - "${files[0]}" <<'PY'
-import sys, numpy as np
-rng = np.random.default_rng(0)
-g = (rng.standard_normal(1 << 20) * np.exp(rng.standard_normal(1 << 20) * 2) * 1e-3)
-g[rng.random(1 << 20) < 0.3] = 0
-np.save(sys.argv[1], g.astype(np.float32))
-PY
-fi
-list="$(IFS=,; echo "${files[*]}")"
-echo "demo: local cluster (2 shards, 4 workers, near-lossless) on ${#files[@]} gradient file(s)" >&2
-bazel-bin/deploy/local/cluster --shards 2 --workers 4 --steps 3 --mode near-lossless \
-  --gradients "$list"
+bazel build //python:_gcomp.so //server:gcomp_server
+OUT="${DEMO_OUT:-$ROOT/out/demo}"
+echo "demo: digits CNN, 2 workers, 2 shards, modes none / lossless / near-lossless" >&2
+PYTHONPATH="$ROOT/python:$ROOT/bazel-bin/python${PYTHONPATH:+:$PYTHONPATH}" \
+  /usr/bin/python3 examples/compare.py --example digits --workers 2 --shards 2 \
+  --steps "${DEMO_STEPS:-200}" --out-dir "$OUT"

@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""Runs one example in all three modes (none, lossless, near-lossless) with the same seed,
+then writes a PNG plot of training loss against step and a Markdown table of the results,
+with the targets checked: near-lossless within 0.5 percentage points of none on held-out
+accuracy (digits) or within 2% on held-out loss (text), ratio >= 3x, lossless == none.
+
+    /usr/bin/python3 examples/compare.py --example digits --out-dir out/compare
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODES = ("none", "lossless", "near-lossless")
+SCRIPTS = {"digits": "train_digits.py", "text": "train_text.py"}
+
+
+def run_mode(example, mode, args, log_path):
+    cmd = [sys.executable, os.path.join(HERE, SCRIPTS[example]), "--mode", mode,
+           "--workers", str(args.workers), "--shards", str(args.shards),
+           "--seed", str(args.seed), "--loss-log", log_path] + args.extra
+    if args.steps:
+        cmd += ["--steps", str(args.steps)]
+    print("compare: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        raise SystemExit("compare: %s --mode %s failed (%d)" % (example, mode, out.returncode))
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    with open(log_path) as f:
+        log = json.load(f)
+    return result, log["losses"], log.get("transport", "?")
+
+
+def plot(example, curves, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    styles = {"none": "-", "lossless": "--", "near-lossless": ":"}
+    for mode, losses in curves.items():
+        ax.plot(range(1, len(losses) + 1), losses, styles[mode], label=mode, linewidth=1.4)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (global batch)")
+    ax.set_yscale("log")
+    ax.set_title("%s: training loss by gradient compression mode" % example)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def checks(example, results):
+    none, lossless, near = (results[m] for m in MODES)
+    lines = []
+    if example == "digits":
+        delta = abs(near["test_accuracy"] - none["test_accuracy"]) * 100
+        lines.append(("near-lossless held-out accuracy within 0.5 pp of none",
+                      "%.2f pp" % delta, delta <= 0.5))
+        same = lossless["test_accuracy"] == none["test_accuracy"]
+    else:
+        rel = abs(near["test_loss"] - none["test_loss"]) / none["test_loss"] * 100
+        lines.append(("near-lossless held-out loss within 2% of none", "%.4f%%" % rel, rel <= 2))
+        same = lossless["test_loss"] == none["test_loss"]
+    lines.append(("near-lossless ratio >= 3x", "%.2fx" % near["ratio"], near["ratio"] >= 3))
+    same = same and lossless["train_loss"] == none["train_loss"]
+    lines.append(("lossless equals none (train loss and held-out metric, as printed)",
+                  "equal" if same else "differs", same))
+    return lines
+
+
+def table(example, results, transport, args):
+    metric = "test_accuracy" if example == "digits" else "test_loss"
+    rows = ["| mode | train_loss | %s | raw MB | wire MB | ratio | seconds |" % metric,
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for m in MODES:
+        r = results[m]
+        rows.append("| %s | %s | %s | %.1f | %.1f | %.2fx | %.1f |" % (
+            m, r["train_loss"], r[metric], r["raw_bytes"] / 1e6, r["wire_bytes"] / 1e6,
+            r["ratio"], r["seconds"]))
+    head = ("%s, %d workers, %d shards, %s steps, seed %d, transport %s" % (
+        example, args.workers, args.shards, results["none"]["steps"], args.seed, transport))
+    rows = [head, ""] + rows + ["", "| target | measured | met |", "| --- | --- | --- |"]
+    rows += ["| %s | %s | %s |" % (name, value, "yes" if ok else "**no**")
+             for name, value, ok in checks(example, results)]
+    return "\n".join(rows) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--example", choices=sorted(SCRIPTS), default="digits")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--steps", type=int, default=0, help="default: the example's own")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", default=os.path.join(os.path.dirname(HERE), "out", "compare"))
+    p.add_argument("extra", nargs="*", help="more flags for the example (after --)")
+    args = p.parse_args()
+    os.makedirs(args.out_dir, exist_ok=True)
+    results, curves, transport = {}, {}, "?"
+    for mode in MODES:
+        log = os.path.join(args.out_dir, "%s_%s_losses.json" % (args.example, mode))
+        results[mode], curves[mode], transport = run_mode(args.example, mode, args, log)
+        print(json.dumps(results[mode]), flush=True)
+    png = os.path.join(args.out_dir, "%s_loss.png" % args.example)
+    md = os.path.join(args.out_dir, "%s_table.md" % args.example)
+    plot(args.example, curves, png)
+    text = table(args.example, results, transport, args)
+    with open(md, "w") as f:
+        f.write(text)
+    print(text)
+    print("plot: %s\ntable: %s" % (png, md))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Short real training runs of the examples, one per mode: the final JSON line has the
+documented keys, lossless equals none exactly, near-lossless compresses."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+import gcomp  # noqa: E402
+
+KEYS = {"mode", "steps", "train_loss", "raw_bytes", "wire_bytes", "ratio", "seconds"}
+
+
+def train(script, mode, steps=4, extra=()):
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, script), "--mode", mode, "--workers", "2",
+         "--shards", "2", "--steps", str(steps), "--seed", "1"] + list(extra),
+        capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def digits_runs():
+    if not gcomp.have_extension():
+        pytest.skip(gcomp.extension_error())
+    return {m: train("train_digits.py", m, extra=["--batch", "32"])
+            for m in ("none", "lossless", "near-lossless")}
+
+
+def test_digits_every_mode_prints_the_result_line(digits_runs):
+    for mode, r in digits_runs.items():
+        assert set(r) == KEYS | {"test_accuracy"}
+        assert r["mode"] == mode and r["steps"] == 4
+        assert 0.0 <= r["test_accuracy"] <= 1.0
+        assert r["raw_bytes"] > 0 and r["wire_bytes"] > 0
+
+
+def test_digits_lossless_matches_none_exactly(digits_runs):
+    none, lossless = digits_runs["none"], digits_runs["lossless"]
+    assert lossless["train_loss"] == none["train_loss"]
+    assert lossless["test_accuracy"] == none["test_accuracy"]
+    assert none["ratio"] == 1.0 and lossless["ratio"] > 1.0
+
+
+def test_digits_near_lossless_compresses(digits_runs):
+    assert digits_runs["near-lossless"]["ratio"] >= 3.0
+
+
+def test_text_near_lossless_runs():
+    if not gcomp.have_extension():
+        pytest.skip(gcomp.extension_error())
+    r = train("train_text.py", "near-lossless", steps=2, extra=["--batch", "4"])
+    assert set(r) == KEYS | {"test_loss"}
+    assert r["test_loss"] > 0 and r["ratio"] > 2.0

@@ -1,0 +1,162 @@
+// Worker Client bindings: connect from a cluster config file, declare, push-pull, pull.
+// Buffers are any C-contiguous buffer-protocol objects (numpy arrays, tensor.numpy()
+// views), used in place; the GIL is released for every network call.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "codec/codec.h"
+#include "python/bindings.h"
+#include "python/status.h"
+#include "cluster/cluster_config.h"
+#include "worker/client.h"
+
+namespace py = pybind11;
+
+namespace gcomp::python {
+namespace {
+
+struct Buffer {
+  py::buffer_info info;
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+Buffer Contiguous(const py::buffer& obj, bool writable) {
+  Buffer b;
+  b.info = obj.request(writable);
+  ssize_t expected = b.info.itemsize;
+  for (ssize_t d = b.info.ndim - 1; d >= 0; --d) {
+    if (b.info.shape[d] > 1 && b.info.strides[d] != expected) {
+      throw py::value_error("buffer must be C-contiguous");
+    }
+    expected *= b.info.shape[d];
+  }
+  b.data = b.info.ptr;
+  b.bytes = static_cast<size_t>(b.info.size) * static_cast<size_t>(b.info.itemsize);
+  return b;
+}
+
+// Owns a worker::Client; Python sees it as gcomp's `Client`. Thread-safe like the Client.
+class PyClient {
+ public:
+  PyClient(const std::string& config_path, uint32_t worker,
+           const std::vector<std::string>& overrides) {
+    proto::ClusterConfig config = ValueOrThrow(cluster::LoadClusterConfig(config_path, overrides));
+    worker::ClientOptions options;
+    options.worker = worker;
+    absl::StatusOr<std::unique_ptr<worker::Client>> client;
+    {
+      py::gil_scoped_release release;
+      client = worker::Client::Connect(config, options);
+    }
+    client_ = ValueOrThrow(std::move(client));
+  }
+
+  void Declare(const std::string& key, size_t elements, const std::string& dtype_name) {
+    codec::DType dtype = ValueOrThrow(codec::ParseDType(dtype_name));
+    declared_bytes_[key] = elements * codec::DTypeBytes(dtype);
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = Get()->Declare(key, dtype, elements);
+    }
+    ThrowIfError(s);
+  }
+
+  // In place when `out` is None.
+  void PushPull(const std::string& key, int64_t step, const py::buffer& data,
+                const py::object& out) {
+    Buffer in = Contiguous(data, /*writable=*/out.is_none());
+    Buffer dst = out.is_none() ? Buffer{} : Contiguous(out.cast<py::buffer>(), true);
+    void* out_ptr = out.is_none() ? in.data : dst.data;
+    CheckSize(key, in.bytes);
+    if (!out.is_none()) CheckSize(key, dst.bytes);
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = Get()->PushPull(key, step, in.data, out_ptr);
+    }
+    ThrowIfError(s);
+  }
+
+  void Pull(const std::string& key, const py::buffer& out) {
+    Buffer dst = Contiguous(out, /*writable=*/true);
+    CheckSize(key, dst.bytes);
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = Get()->Pull(key, dst.data);
+    }
+    ThrowIfError(s);
+  }
+
+  py::dict Stats() const {
+    worker::ClientStats st = Get()->stats();
+    py::dict d;
+    d["raw_bytes_sent"] = st.raw_bytes_sent;
+    d["raw_bytes_received"] = st.raw_bytes_received;
+    d["wire_bytes_sent"] = st.wire_bytes_sent;
+    d["wire_bytes_received"] = st.wire_bytes_received;
+    d["chunks"] = st.chunks;
+    d["retries"] = st.retries;
+    return d;
+  }
+
+  void Close() {
+    std::unique_ptr<worker::Client> client = std::move(client_);
+    py::gil_scoped_release release;
+    client.reset();
+  }
+
+ private:
+  worker::Client* Get() const {
+    if (client_ == nullptr) throw std::runtime_error("the Client is closed");
+    return client_.get();
+  }
+
+  // The Client trusts its caller on sizes; a Python caller gets a ValueError instead.
+  void CheckSize(const std::string& key, size_t bytes) const {
+    auto it = declared_bytes_.find(key);
+    if (it == declared_bytes_.end()) {
+      throw py::value_error("key '" + key + "' was not declared by this client");
+    }
+    if (it->second != bytes) {
+      throw py::value_error("key '" + key + "' holds " + std::to_string(it->second) +
+                            " bytes, buffer has " + std::to_string(bytes));
+    }
+  }
+
+  std::unique_ptr<worker::Client> client_;
+  std::unordered_map<std::string, size_t> declared_bytes_;
+};
+
+}  // namespace
+
+void BindClient(py::module_& m) {
+  m.attr("HAS_CLIENT") = true;
+  py::class_<PyClient>(m, "Client",
+                       "A worker's connection to every shard of a gcomp-ps cluster.")
+      .def(py::init<const std::string&, uint32_t, const std::vector<std::string>&>(),
+           py::arg("config_path"), py::arg("worker"),
+           py::arg("overrides") = std::vector<std::string>{},
+           "Loads the cluster config (YAML/JSON, with field=value overrides), connects to "
+           "every shard and registers this worker.")
+      .def("declare", &PyClient::Declare, py::arg("key"), py::arg("elements"),
+           py::arg("dtype") = "f32")
+      .def("push_pull", &PyClient::PushPull, py::arg("key"), py::arg("step"), py::arg("data"),
+           py::arg("out") = py::none(),
+           "Pushes this worker's contribution to `step` of `key` and writes the aggregated "
+           "result into `out` (default: `data`, in place). Blocks; the GIL is released.")
+      .def("pull", &PyClient::Pull, py::arg("key"), py::arg("out"))
+      .def("stats", &PyClient::Stats)
+      .def("close", &PyClient::Close);
+}
+
+}  // namespace gcomp::python

@@ -1,0 +1,137 @@
+"""A local gcomp-ps cluster: S real gcomp_server shard processes on loopback, and the
+worker-side connection to it.
+
+    with LocalCluster(shards=2, workers=2, mode="near-lossless") as c:
+        client = connect(c.config_path, worker=0)   # in each worker process
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+from gcomp import extension, repo_root
+
+
+def server_binary():
+    return os.environ.get("GCOMP_SERVER_BIN",
+                          os.path.join(repo_root(), "bazel-bin", "server", "gcomp_server"))
+
+
+def server_missing():
+    """None if gcomp_server can be started, else why not."""
+    path = server_binary()
+    if not os.access(path, os.X_OK):
+        return "no gcomp_server at %s (bazel build //server:gcomp_server)" % path
+    return None
+
+
+def _free_ports(n):
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def cluster_config(shard_addresses, workers, mode, rel_bits=7, abs_log2=-16,
+                   job="train", chunk_bytes=1 << 20, step_timeout_ms=120_000):
+    """The cluster config (a dict, written as JSON) for one training job. The shards return
+    the mean gradient (optimizer "none"); the optimizer runs on the workers."""
+    direction = {"mode": mode, "rel_bits": rel_bits, "abs_log2": abs_log2}
+    return {
+        "job": job,
+        "workers": workers,
+        "shards": list(shard_addresses),
+        "shard_map_epoch": 1,
+        "chunk_bytes": chunk_bytes,
+        "uplink": direction,
+        "downlink": direction,
+        "optimizer": {"name": "none"},
+        "step_timeout_ms": step_timeout_ms,
+        "rpc_timeout_ms": step_timeout_ms + 30_000,
+    }
+
+
+class LocalCluster:
+    """Starts S gcomp_server processes on free loopback ports and stops them (SIGTERM)."""
+
+    def __init__(self, shards, workers, mode, rel_bits=7, abs_log2=-16, workdir=None,
+                 start_timeout_s=30.0, **config):
+        self.shards, self.workers = shards, workers
+        self._tmp = None
+        if workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="gcomp-cluster-")
+            workdir = self._tmp.name
+        self.workdir = workdir
+        self.addresses = ["127.0.0.1:%d" % p for p in _free_ports(shards)]
+        self.config = cluster_config(self.addresses, workers, mode, rel_bits, abs_log2,
+                                     **config)
+        self.config_path = os.path.join(workdir, "cluster.json")
+        self.start_timeout_s = start_timeout_s
+        self.procs = []
+
+    def start(self):
+        why = server_missing()
+        if why:
+            raise RuntimeError(why)
+        with open(self.config_path, "w") as f:
+            json.dump(self.config, f, indent=1)
+        for k in range(self.shards):
+            log = open(os.path.join(self.workdir, "shard%d.log" % k), "w")
+            self.procs.append(subprocess.Popen(
+                [server_binary(), "--config", self.config_path, "--shard", str(k),
+                 "--decode_threads", "2", "--log_level", "warn"],
+                stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.time() + self.start_timeout_s
+        for k, addr in enumerate(self.addresses):
+            host, port = addr.rsplit(":", 1)
+            while True:
+                code = self.procs[k].poll()
+                if code is not None:
+                    self.stop()
+                    log = os.path.join(self.workdir, "shard%d.log" % k)
+                    with open(log) as f:
+                        tail = f.read()[-2000:]
+                    raise RuntimeError("shard %d exited with %d: %s" % (k, code, tail))
+                try:
+                    socket.create_connection((host, int(port)), timeout=1).close()
+                    break
+                except OSError:
+                    if time.time() > deadline:
+                        self.stop()
+                        raise RuntimeError("shard %d did not listen on %s" % (k, addr))
+                    time.sleep(0.05)
+        return self
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs = []
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def connect(config_path, worker):
+    """The worker Client of `worker` (0..W-1) for the cluster in `config_path`."""
+    return extension().Client(config_path, worker)

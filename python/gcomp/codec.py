@@ -1,0 +1,101 @@
+"""The GComp codec on numpy arrays and torch tensors.
+
+Arrays are passed to C++ through the buffer protocol; contiguous CPU tensors go through
+`tensor.numpy()` (a view), so neither side is copied. bfloat16 tensors are viewed as int16.
+The GIL is released while encoding and decoding.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from gcomp import extension
+
+MODES = ("lossless", "near-lossless")
+DEFAULT_BLOCK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How much precision blocks keep (see codec/codec.h `Policy`).
+
+    near-lossless guarantees |decoded - x| <= max(2^-(rel_bits+1) |x|, 2^abs_log2 * M) for
+    every finite x of a block whose largest magnitude is M.
+    """
+    mode: str = "near-lossless"
+    rel_bits: int = 7
+    abs_log2: int = -16
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError("mode must be one of %s, got %r" % (MODES, self.mode))
+
+
+def _torch():
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+def _as_buffer(x, writable=False):
+    """(numpy view, dtype name) of an array or tensor, without a copy.
+
+    Non-contiguous or non-CPU tensors are rejected for outputs and copied for inputs.
+    """
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.device.type != "cpu" or not x.is_contiguous():
+            if writable:
+                raise ValueError("output tensor must be a contiguous CPU tensor")
+            x = x.detach().to("cpu").contiguous()
+        x = x.detach()
+        if x.dtype == torch.float32:
+            return x.view(-1).numpy(), "f32"
+        if x.dtype == torch.float16:
+            return x.view(-1).numpy(), "f16"
+        if x.dtype == torch.bfloat16:
+            return x.view(-1).view(torch.int16).numpy(), "bf16"
+        raise TypeError("unsupported tensor dtype %s" % x.dtype)
+    a = np.asarray(x)
+    if not a.flags.c_contiguous:
+        if writable:
+            raise ValueError("output array must be C-contiguous")
+        a = np.ascontiguousarray(a)
+    if a.dtype == np.float32:
+        return a.reshape(-1), "f32"
+    if a.dtype == np.float16:
+        return a.reshape(-1), "f16"
+    raise TypeError("unsupported array dtype %s (use float32, float16 or a bfloat16 tensor)"
+                    % a.dtype)
+
+
+def encode(x, policy=Policy(), block_bytes=DEFAULT_BLOCK_BYTES, threads=1):
+    """Encodes an array or tensor into one GComp frame (bytes)."""
+    buf, dtype = _as_buffer(x)
+    return extension().encode(buf, dtype, policy.mode, policy.rel_bits, policy.abs_log2,
+                              block_bytes, threads)
+
+
+def decode(frame, out, threads=1):
+    """Decodes a frame into `out` (an array or tensor of the frame's dtype and size)."""
+    buf, dtype = _as_buffer(out, writable=True)
+    extension().decode(frame, buf, dtype, threads)
+    return out
+
+
+def roundtrip(x, policy=Policy(), block_bytes=DEFAULT_BLOCK_BYTES, out=None, threads=1):
+    """decode(encode(x)): what a receiver sees. Returns (decoded, encoded size in bytes)."""
+    frame = encode(x, policy, block_bytes, threads)
+    if out is None:
+        torch = _torch()
+        if torch is not None and isinstance(x, torch.Tensor):
+            out = torch.empty_like(x, device="cpu", memory_format=torch.contiguous_format)
+        else:
+            out = np.empty_like(np.asarray(x), order="C")
+    decode(frame, out, threads)
+    return out, len(frame)
+
+
+def max_encoded_bytes(n, dtype="f32", block_bytes=DEFAULT_BLOCK_BYTES):
+    return extension().max_encoded_bytes(n, dtype, block_bytes)

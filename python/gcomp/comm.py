@@ -1,0 +1,156 @@
+"""Transports: how one worker's gradient becomes the mean over all workers.
+
+A transport does push-pull of one flat tensor for one (key, step) in place and counts the
+bytes it moved. Two exist:
+
+* `ClientTransport`: the parameter server. The C++ worker Client chunks, encodes and pushes
+  to the shards, which sum, average and send the (encoded) mean back.
+* `GlooTransport`: the same arithmetic over a torch.distributed process group, for machines
+  without shards and for development: every worker's contribution (encoded as a worker
+  would) is gathered, decoded, summed in worker order, averaged, and the mean goes through
+  the codec once more as the shards' reply would. Byte counts are those of a PS.
+
+Byte accounting, per worker and both directions: `raw_bytes` is what uncompressed floats
+would take (push + pull), `wire_bytes` is what was sent (codec frames, or raw floats in
+mode "none").
+"""
+import torch
+import torch.distributed as dist
+
+from gcomp import codec
+
+MODES = ("none", "lossless", "near-lossless")
+
+
+def policy_for(mode, rel_bits=7, abs_log2=-16):
+    """The codec policy of a training mode; None for "none"."""
+    if mode not in MODES:
+        raise ValueError("mode must be one of %s, got %r" % (MODES, mode))
+    if mode == "none":
+        return None
+    return codec.Policy(mode=mode, rel_bits=rel_bits, abs_log2=abs_log2)
+
+
+class Transport:
+    # Whether calls must be issued in the same order on every worker (collectives).
+    ordered = False
+
+    def __init__(self):
+        self.raw_bytes = 0
+        self.wire_bytes = 0
+
+    def push_pull(self, key, step, tensor):
+        """Replaces `tensor` (flat, contiguous, CPU) with the mean over workers."""
+        raise NotImplementedError
+
+    def quantize(self, tensor):
+        """What the shards receive when this worker pushes `tensor` (for error feedback)."""
+        return tensor
+
+    def close(self):
+        pass
+
+
+class GlooTransport(Transport):
+    """PS arithmetic over a gloo process group (see the module comment)."""
+
+    ordered = True  # collectives: every rank must call in the same order
+
+    def __init__(self, mode="none", policy=None, group=None, block_bytes=codec.DEFAULT_BLOCK_BYTES):
+        super().__init__()
+        self.policy = policy if policy is not None else policy_for(mode)
+        self.group = group
+        self.block_bytes = block_bytes
+        self.world = dist.get_world_size(group)
+
+    def _gather_bytes(self, frame):
+        n = torch.tensor([len(frame)], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(sizes, n, group=self.group)
+        longest = int(max(s.item() for s in sizes))
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        mine[: len(frame)] = torch.frombuffer(bytearray(frame), dtype=torch.uint8)
+        frames = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world)]
+        dist.all_gather(frames, mine, group=self.group)
+        return [f[: int(s.item())].numpy().tobytes() for f, s in zip(frames, sizes)]
+
+    def push_pull(self, key, step, tensor):
+        raw = tensor.numel() * tensor.element_size()
+        self.raw_bytes += 2 * raw
+        if self.policy is None:
+            parts = [torch.empty_like(tensor) for _ in range(self.world)]
+            dist.all_gather(parts, tensor, group=self.group)
+            self.wire_bytes += 2 * raw
+        else:
+            frame = codec.encode(tensor, self.policy, self.block_bytes)
+            parts = []
+            for f in self._gather_bytes(frame):
+                part = torch.empty_like(tensor)
+                codec.decode(f, part)
+                parts.append(part)
+            self.wire_bytes += len(frame)
+        total = parts[0].clone()
+        for p in parts[1:]:
+            total += p
+        total /= self.world
+        if self.policy is None:
+            tensor.copy_(total)
+        else:
+            reply = codec.encode(total, self.policy, self.block_bytes)
+            self.wire_bytes += len(reply)
+            codec.decode(reply, tensor)
+
+    def quantize(self, tensor):
+        if self.policy is None or self.policy.mode == "lossless":
+            return tensor
+        return codec.roundtrip(tensor, self.policy, self.block_bytes)[0]
+
+
+class ClientTransport(Transport):
+    """Push-pull through the parameter server's worker Client (the `_gcomp` extension).
+
+    Keys are declared on first use with their size; every worker must use the same keys.
+    Byte counts come from the Client's own counters (what its chunks carried and sent).
+    """
+
+    def __init__(self, client, policy=None, block_bytes=codec.DEFAULT_BLOCK_BYTES):
+        # No Transport.__init__: the byte counts are the Client's.
+        self.client = client
+        self.policy = policy
+        self.block_bytes = block_bytes
+        self._declared = {}
+        self._final_stats = None
+
+    def _stats(self):
+        return self._final_stats or self.client.stats()
+
+    @property
+    def raw_bytes(self):
+        st = self._stats()
+        return st["raw_bytes_sent"] + st["raw_bytes_received"]
+
+    @property
+    def wire_bytes(self):
+        st = self._stats()
+        return st["wire_bytes_sent"] + st["wire_bytes_received"]
+
+    def push_pull(self, key, step, tensor):
+        n = tensor.numel()
+        if key not in self._declared:
+            self.client.declare(key, n, "f32")
+            self._declared[key] = n
+        elif self._declared[key] != n:
+            raise ValueError("key %r was declared with %d elements, got %d"
+                             % (key, self._declared[key], n))
+        buf, _ = codec._as_buffer(tensor, writable=True)
+        self.client.push_pull(key, step, buf)
+
+    def quantize(self, tensor):
+        if self.policy is None or self.policy.mode == "lossless":
+            return tensor
+        return codec.roundtrip(tensor, self.policy, self.block_bytes)[0]
+
+    def close(self):
+        if self._final_stats is None:
+            self._final_stats = self.client.stats()
+            self.client.close()
