@@ -10,6 +10,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "base/malloc_tuning.h"
 #include "cluster/cluster_config.h"
 #include "server/grpc_service.h"
 
@@ -24,6 +25,7 @@ ABSL_FLAG(int, shutdown_grace_ms, 5000, "How long in-flight calls may drain on S
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|off");
 
 int main(int argc, char** argv) {
+  gcomp::TuneMallocForLargeBuffers();
   absl::ParseCommandLine(argc, argv);
   const int shard = absl::GetFlag(FLAGS_shard);
   absl::Status s = gcomp::InitLogging(absl::StrCat("gcomp_server[", shard, "]"),

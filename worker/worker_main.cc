@@ -31,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/logging.h"
+#include "base/malloc_tuning.h"
 #include "base/npy.h"
 #include "codec/codec.h"
 #include "cluster/cluster_config.h"
@@ -77,6 +78,7 @@ std::string JsonEscape(absl::string_view s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gcomp::TuneMallocForLargeBuffers();
   absl::ParseCommandLine(argc, argv);
   const uint32_t w = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker));
   (void)gcomp::InitLogging(absl::StrCat("gcomp_worker[", w, "]"), absl::GetFlag(FLAGS_log_level));
@@ -166,6 +168,98 @@ int main(int argc, char** argv) {
   std::vector<double> step_ms;
   const int steps = absl::GetFlag(FLAGS_steps);
   int done_steps = 0;
+  // Checks one step's results (outputs[i] for tensors[i]) against the reference; steps must
+  // come in order, since the reference optimizer advances with each.
+  auto check_step = [&](int step, const std::vector<std::vector<float>>& outputs) {
+  // Reference: the same f32 sums in worker order, then the bound per element.
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    Tensor& t = tensors[ti];
+    const std::vector<float>& output = outputs[ti];
+    const size_t n = t.grad.size();
+    std::vector<float> scaled(n), sum(n), abs_sum(n, 0.0f);
+    std::vector<double> up_err(n, 0.0);
+    for (uint32_t v = 0; v < workers; ++v) {
+      const float f = ScaleFactor(v, step);
+      for (size_t i = 0; i < n; ++i) scaled[i] = t.grad[i] * f;
+      for (size_t c0 = 0; c0 < n; c0 += chunk_elements) {
+        const size_t c1 = std::min(n, c0 + chunk_elements);
+        double m = 0;
+        for (size_t i = c0; i < c1; ++i) {
+          if (std::isfinite(scaled[i])) m = std::max(m, std::fabs(double(scaled[i])));
+        }
+        for (size_t i = c0; i < c1; ++i) {
+          up_err[i] += up_bound(scaled[i], m);
+        }
+      }
+      for (size_t i = 0; i < n; ++i) {
+        sum[i] = v == 0 ? scaled[i] : sum[i] + scaled[i];
+        abs_sum[i] += std::fabs(scaled[i]);
+      }
+    }
+    for (size_t i = 0; i < n; ++i) sum[i] /= static_cast<float>(workers);
+    t.reference->Step(sum);
+    const absl::Span<const float> ref = t.reference->value();
+    // Gradient error bound (mean of the uplink bounds plus f32 summation slack).
+    std::vector<double> g_err(n);
+    for (size_t i = 0; i < n; ++i) {
+      g_err[i] = up_err[i] / workers +
+                 (workers + 2) * std::ldexp(double(abs_sum[i]) / workers, -24) + 1e-37;
+    }
+    for (size_t c0 = 0; c0 < n; c0 += chunk_elements) {
+      const size_t c1 = std::min(n, c0 + chunk_elements);
+      double m = 0, merr = 0;
+      for (size_t i = c0; i < c1; ++i) {
+        m = std::max(m, std::fabs(double(ref[i])));
+      }
+      for (size_t i = c0; i < c1; ++i) {
+        double e_before_down = 0;
+        switch (opt.kind) {
+          case gcomp::cluster::OptimizerKind::kNone:
+            e_before_down = g_err[i];
+            break;
+          case gcomp::cluster::OptimizerKind::kSgd:
+            t.param_error[i] += opt.learning_rate * g_err[i] * (1 + 1e-6) + 1e-37;
+            e_before_down = t.param_error[i];
+            break;
+          case gcomp::cluster::OptimizerKind::kMomentum:
+            t.velocity_error[i] = opt.momentum * t.velocity_error[i] + g_err[i] * (1 + 1e-6);
+            t.param_error[i] += opt.learning_rate * t.velocity_error[i] + 1e-37;
+            e_before_down = t.param_error[i];
+            break;
+          case gcomp::cluster::OptimizerKind::kAdam:
+            e_before_down = 0;
+            break;
+        }
+        merr = std::max(merr, e_before_down);
+        const double got = output[i];
+        const double err = std::fabs(got - double(ref[i]));
+        max_abs_error = std::max(max_abs_error, err);
+        if (std::memcmp(&output[i], &ref[i], 4) != 0) exact = false;
+        if (!bound_checked) continue;
+        double bound = e_before_down;
+        bound += down_bound(std::fabs(double(ref[i])) + e_before_down,
+                            m + merr + e_before_down);
+        if (lossless ? err != 0 : err > bound * (1 + 1e-9)) {
+          if (bound_ok) {
+            gcomp::log::Error("step {} {}[{}]: got {} want {} err {} bound {}", step, t.key, i,
+                              got, double(ref[i]), err, bound);
+          }
+          bound_ok = false;
+        }
+      }
+    }
+  }
+  };
+
+  size_t step_bytes = 0;
+  for (const Tensor& t : tensors) step_bytes += t.grad.size() * sizeof(float);
+  const size_t defer_limit = std::max<size_t>(1, (size_t{1} << 30) / std::max<size_t>(1, step_bytes));
+  std::vector<std::vector<std::vector<float>>> deferred;  // results of steps not yet checked
+  int next_check = 0;                                       // the step deferred[0] holds
+  auto flush_checks = [&] {
+    for (const auto& outputs : deferred) check_step(next_check++, outputs);
+    deferred.clear();
+  };
   for (int step = 0; step < steps; ++step) {
     for (Tensor& t : tensors) {
       const float f = ScaleFactor(w, step);
@@ -188,88 +282,16 @@ int main(int argc, char** argv) {
     step_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
     ++done_steps;
 
-    // Reference: the same f32 sums in worker order, then the bound per element.
-    for (Tensor& t : tensors) {
-      if (!verify) {
-        digest = XXH64(t.output.data(), t.grad.size() * 4, digest);
-        continue;
-      }
-      const size_t n = t.grad.size();
-      std::vector<float> scaled(n), sum(n), abs_sum(n, 0.0f);
-      std::vector<double> up_err(n, 0.0);
-      for (uint32_t v = 0; v < workers; ++v) {
-        const float f = ScaleFactor(v, step);
-        for (size_t i = 0; i < n; ++i) scaled[i] = t.grad[i] * f;
-        for (size_t c0 = 0; c0 < n; c0 += chunk_elements) {
-          const size_t c1 = std::min(n, c0 + chunk_elements);
-          double m = 0;
-          for (size_t i = c0; i < c1; ++i) {
-            if (std::isfinite(scaled[i])) m = std::max(m, std::fabs(double(scaled[i])));
-          }
-          for (size_t i = c0; i < c1; ++i) {
-            up_err[i] += up_bound(scaled[i], m);
-          }
-        }
-        for (size_t i = 0; i < n; ++i) {
-          sum[i] = v == 0 ? scaled[i] : sum[i] + scaled[i];
-          abs_sum[i] += std::fabs(scaled[i]);
-        }
-      }
-      for (size_t i = 0; i < n; ++i) sum[i] /= static_cast<float>(workers);
-      t.reference->Step(sum);
-      const absl::Span<const float> ref = t.reference->value();
-      // Gradient error bound (mean of the uplink bounds plus f32 summation slack).
-      std::vector<double> g_err(n);
-      for (size_t i = 0; i < n; ++i) {
-        g_err[i] = up_err[i] / workers +
-                   (workers + 2) * std::ldexp(double(abs_sum[i]) / workers, -24) + 1e-37;
-      }
-      for (size_t c0 = 0; c0 < n; c0 += chunk_elements) {
-        const size_t c1 = std::min(n, c0 + chunk_elements);
-        double m = 0, merr = 0;
-        for (size_t i = c0; i < c1; ++i) {
-          m = std::max(m, std::fabs(double(ref[i])));
-        }
-        for (size_t i = c0; i < c1; ++i) {
-          double e_before_down = 0;
-          switch (opt.kind) {
-            case gcomp::cluster::OptimizerKind::kNone:
-              e_before_down = g_err[i];
-              break;
-            case gcomp::cluster::OptimizerKind::kSgd:
-              t.param_error[i] += opt.learning_rate * g_err[i] * (1 + 1e-6) + 1e-37;
-              e_before_down = t.param_error[i];
-              break;
-            case gcomp::cluster::OptimizerKind::kMomentum:
-              t.velocity_error[i] = opt.momentum * t.velocity_error[i] + g_err[i] * (1 + 1e-6);
-              t.param_error[i] += opt.learning_rate * t.velocity_error[i] + 1e-37;
-              e_before_down = t.param_error[i];
-              break;
-            case gcomp::cluster::OptimizerKind::kAdam:
-              e_before_down = 0;
-              break;
-          }
-          merr = std::max(merr, e_before_down);
-          const double got = t.output[i];
-          const double err = std::fabs(got - double(ref[i]));
-          max_abs_error = std::max(max_abs_error, err);
-          if (std::memcmp(&t.output[i], &ref[i], 4) != 0) exact = false;
-          if (!bound_checked) continue;
-          double bound = e_before_down;
-          bound += down_bound(std::fabs(double(ref[i])) + e_before_down,
-                              m + merr + e_before_down);
-          if (lossless ? err != 0 : err > bound * (1 + 1e-9)) {
-            if (bound_ok) {
-              gcomp::log::Error("step {} {}[{}]: got {} want {} err {} bound {}", step, t.key, i,
-                                got, double(ref[i]), err, bound);
-            }
-            bound_ok = false;
-          }
-        }
-      }
-      digest = XXH64(t.output.data(), n * 4, digest);
-    }
+    for (const Tensor& t : tensors) digest = XXH64(t.output.data(), t.grad.size() * 4, digest);
+    if (!verify) continue;
+    std::vector<std::vector<float>> outputs;
+    for (const Tensor& t : tensors) outputs.push_back(t.output);
+    // Checking costs W times the reference work; done between steps it would stall the
+    // next push of every worker, so results wait until the end (or until 1 GiB of them).
+    deferred.push_back(std::move(outputs));
+    if (deferred.size() >= defer_limit) flush_checks();
   }
+  flush_checks();
   const gcomp::worker::ClientStats st = (*client)->stats();
   const std::string body = absl::StrFormat(
       ",\"steps\":%d,\"raw_bytes\":%d,\"wire_bytes\":%d,\"max_abs_error\":%.9g,\"bound_ok\":%s,"
