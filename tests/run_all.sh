@@ -65,7 +65,11 @@ run_bazel_tests asan "--config=asan" //codec/... //base/...
 # Python tests (pytest from Debian, run by the system interpreter that has torch).
 # `bazel test` builds only test targets, so build what they import and launch first: the
 # extension and the shard binary. Tests that need them skip (with the reason) if this fails.
-bazel build //python:_gcomp.so //server:gcomp_server || status=1
+if ! bazel build //python:_gcomp.so //server:gcomp_server; then
+  status=1
+  mkdir -p "$REPORT_DIR/xml/python"
+  echo "bazel build of the Python extension or gcomp_server failed" >> "$REPORT_DIR/xml/python/unbuilt.txt"
+fi
 if compgen -G "python/**/*_test.py" >/dev/null || compgen -G "python/tests/*.py" >/dev/null \
    || compgen -G "examples/*_test.py" >/dev/null; then
   PYTHONPATH="$ROOT/python:$ROOT/bazel-bin/python:${PYTHONPATH:-}" \
