@@ -76,9 +76,12 @@ struct Client::Impl {
     grpc::Status s;
     for (uint32_t attempt = 0;; ++attempt) {
       s = call();
-      if (s.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= config.max_retries()) {
-        return s;
-      }
+      // UNAVAILABLE: the shard could not be reached. CANCELLED: the shard dropped the call
+      // (e.g. while draining for shutdown); this client never cancels its own calls. Both
+      // are safe to retry, since pushes are idempotent on the shard.
+      const bool retryable = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             s.error_code() == grpc::StatusCode::CANCELLED;
+      if (!retryable || attempt >= config.max_retries()) return s;
       ++retries;
       const int64_t backoff_ms =
           std::min<int64_t>(int64_t{config.retry_backoff_ms()} << std::min(attempt, 10u), kMaxBackoffMs);

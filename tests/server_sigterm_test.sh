@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# A real gcomp_server process under SIGTERM: a worker waiting in a step (its peer never
+# comes) must get a clear UNAVAILABLE, and the server must exit 0 within its grace period.
+set -uo pipefail
+SERVER="$1"
+WORKER="$2"
+fail() { echo "FAIL: $*"; exit 1; }
+DIR="$TEST_TMPDIR"
+
+# A small gradient file (.npy v1.0, 4096 '<f4' values).
+/usr/bin/python3 - "$DIR/g.npy" <<'PY'
+import struct, sys
+n = 4096
+header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % n
+header += " " * (118 - len(header)) + "\n"
+with open(sys.argv[1], "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+    f.write(struct.pack("<%df" % n, *[(i % 97) * 1e-3 for i in range(n)]))
+PY
+PORT=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cat > "$DIR/cluster.yaml" <<YAML
+job: sigterm
+workers: 2
+shards: ["127.0.0.1:$PORT"]
+step_timeout_ms: 60000
+rpc_timeout_ms: 90000
+YAML
+
+"$SERVER" --config "$DIR/cluster.yaml" --shard 0 --shutdown_grace_ms 2000 \
+  > "$DIR/server.out" 2> "$DIR/server.log" &
+server_pid=$!
+# Worker 0 alone: its step waits for worker 1, which never comes.
+"$WORKER" --config "$DIR/cluster.yaml" --worker 0 --gradients "$DIR/g.npy" --steps 1 \
+  > "$DIR/worker.json" 2> "$DIR/worker.log" &
+worker_pid=$!
+sleep 2
+kill -0 "$worker_pid" 2>/dev/null || { cat "$DIR/worker.json" "$DIR/worker.log"; fail "worker ended before the signal"; }
+
+start=$(date +%s)
+kill -TERM "$server_pid"
+wait "$server_pid"
+server_rc=$?
+elapsed=$(( $(date +%s) - start ))
+wait "$worker_pid"
+worker_rc=$?
+cat "$DIR/server.log" "$DIR/worker.json"
+
+[[ $server_rc -eq 0 ]] || fail "server exited $server_rc after SIGTERM"
+(( elapsed <= 10 )) || fail "server took ${elapsed}s to shut down"
+grep -q "shutting down" "$DIR/server.log" || fail "no shutdown line in the server log"
+[[ $worker_rc -ne 0 ]] || fail "the waiting worker reported success"
+grep -q "UNAVAILABLE" "$DIR/worker.json" || fail "the waiting worker's error is not UNAVAILABLE"
+echo PASS
