@@ -190,9 +190,12 @@ void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8
     total += (StreamCount(n, s) * kMaxCodeLen + 7) / 8 + 16;
   }
   if (scratch.size() < total) scratch.resize(total);
-  BitWriter w0(scratch.data() + offset[0]), w1(scratch.data() + offset[1]),
-      w2(scratch.data() + offset[2]), w3(scratch.data() + offset[3]);
-  BitWriter* writers[kNumStreams] = {&w0, &w1, &w2, &w3};
+  // Stream 0 goes straight to `out`; the others wait in scratch until the sizes before
+  // them are known.
+  uint8_t* base[kNumStreams] = {out, scratch.data() + offset[1], scratch.data() + offset[2],
+                                scratch.data() + offset[3]};
+  // No pointer to a writer escapes, so each stays in registers.
+  BitWriter w0(base[0]), w1(base[1]), w2(base[2]), w3(base[3]);
   const size_t q = n / kNumStreams;  // every stream holds at least q symbols
 #define GCOMP_PUT(w, x)                         \
   do {                                          \
@@ -212,17 +215,21 @@ void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8
     w2.Flush();
     w3.Flush();
   }
-  for (int s = 0; s < kNumStreams; ++s) {
+  auto finish = [&](BitWriter w, int s) {
     for (size_t k = i; k < StreamCount(n, s); ++k) {
-      GCOMP_PUT(*writers[s], in[s][k]);
-      writers[s]->Flush();
+      GCOMP_PUT(w, in[s][k]);
+      w.Flush();
     }
-  }
+    return static_cast<uint32_t>(w.Finish());
+  };
 #undef GCOMP_PUT
-  uint8_t* p = out;
-  for (int s = 0; s < kNumStreams; ++s) {
-    sizes[s] = static_cast<uint32_t>(writers[s]->Finish());
-    std::memcpy(p, scratch.data() + offset[s], sizes[s]);
+  sizes[0] = finish(w0, 0);
+  sizes[1] = finish(w1, 1);
+  sizes[2] = finish(w2, 2);
+  sizes[3] = finish(w3, 3);
+  uint8_t* p = out + sizes[0];
+  for (int s = 1; s < kNumStreams; ++s) {
+    std::memcpy(p, base[s], sizes[s]);
     p += sizes[s];
   }
 }
