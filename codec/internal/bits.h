@@ -62,6 +62,14 @@ class BitWriter {
 class BitReader {
  public:
   BitReader(const uint8_t* begin, size_t size) : begin_(begin), size_(size) {}
+  // Starts `bit` bits into the buffer (lets a faster unchecked loop hand over its tail).
+  BitReader(const uint8_t* begin, size_t size, size_t bit)
+      : begin_(begin), size_(size), pos_(bit / 8) {
+    if (bit % 8 != 0) {
+      Refill();
+      Consume(bit % 8);
+    }
+  }
   // After Refill(), at least 56 bits are available to Peek/Consume.
   inline void Refill() {
     if (pos_ + 8 <= size_) {

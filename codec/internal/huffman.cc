@@ -190,9 +190,12 @@ void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8
     total += (StreamCount(n, s) * kMaxCodeLen + 7) / 8 + 16;
   }
   if (scratch.size() < total) scratch.resize(total);
-  BitWriter w0(scratch.data() + offset[0]), w1(scratch.data() + offset[1]),
-      w2(scratch.data() + offset[2]), w3(scratch.data() + offset[3]);
-  BitWriter* writers[kNumStreams] = {&w0, &w1, &w2, &w3};
+  // Stream 0 goes straight to `out`; the others wait in scratch until the sizes before
+  // them are known.
+  uint8_t* base[kNumStreams] = {out, scratch.data() + offset[1], scratch.data() + offset[2],
+                                scratch.data() + offset[3]};
+  // No pointer to a writer escapes, so each stays in registers.
+  BitWriter w0(base[0]), w1(base[1]), w2(base[2]), w3(base[3]);
   const size_t q = n / kNumStreams;  // every stream holds at least q symbols
 #define GCOMP_PUT(w, x)                         \
   do {                                          \
@@ -212,67 +215,133 @@ void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8
     w2.Flush();
     w3.Flush();
   }
-  for (int s = 0; s < kNumStreams; ++s) {
+  auto finish = [&](BitWriter w, int s) {
     for (size_t k = i; k < StreamCount(n, s); ++k) {
-      GCOMP_PUT(*writers[s], in[s][k]);
-      writers[s]->Flush();
+      GCOMP_PUT(w, in[s][k]);
+      w.Flush();
     }
-  }
+    return static_cast<uint32_t>(w.Finish());
+  };
 #undef GCOMP_PUT
-  uint8_t* p = out;
-  for (int s = 0; s < kNumStreams; ++s) {
-    sizes[s] = static_cast<uint32_t>(writers[s]->Finish());
-    std::memcpy(p, scratch.data() + offset[s], sizes[s]);
+  sizes[0] = finish(w0, 0);
+  sizes[1] = finish(w1, 1);
+  sizes[2] = finish(w2, 2);
+  sizes[3] = finish(w3, 3);
+  uint8_t* p = out + sizes[0];
+  for (int s = 1; s < kNumStreams; ++s) {
+    std::memcpy(p, base[s], sizes[s]);
     p += sizes[s];
   }
 }
 
+namespace {
+
+// Up to 4 symbols per 11-bit lookup: bytes 0-3 symbols, byte 4 bits used, byte 5 count.
+// Gradient exponents average ~2-3 bits, so one lookup usually yields 3-4 symbols.
+constexpr int kSymbolsPerEntry = 4;
+void BuildMultiTable(const uint16_t* table, uint64_t* multi) {
+  for (uint32_t j = 0; j < kDecodeTableSize; ++j) {
+    uint64_t syms = 0;
+    unsigned used = 0, count = 0;
+    while (count < kSymbolsPerEntry) {
+      const uint16_t e = table[j >> used];  // bits past the index read as zeros...
+      const unsigned len = e >> 8;
+      if (used + len > kMaxCodeLen) break;  // ...so a code must end inside the index
+      syms |= uint64_t{static_cast<uint8_t>(e)} << (8 * count);
+      used += len;
+      ++count;
+    }
+    multi[j] = syms | uint64_t{used} << 32 | uint64_t{count} << 40;
+  }
+}
+
+}  // namespace
+
 absl::Status DecodeStreams(const absl::Span<const uint8_t> streams[kNumStreams],
                            const uint16_t* table, size_t n, uint8_t* syms) {
-  BitReader r0(streams[0].data(), streams[0].size());
-  BitReader r1(streams[1].data(), streams[1].size());
-  BitReader r2(streams[2].data(), streams[2].size());
-  BitReader r3(streams[3].data(), streams[3].size());
-  const size_t q = n / 4;
-  uint8_t* o0 = syms;
-  uint8_t* o1 = o0 + StreamCount(n, 0);
-  uint8_t* o2 = o1 + StreamCount(n, 1);
-  uint8_t* o3 = o2 + StreamCount(n, 2);
+  uint64_t multi[kDecodeTableSize];
+  BuildMultiTable(table, multi);
   constexpr uint64_t kMask = kDecodeTableSize - 1;
-#define GCOMP_DECODE_ONE(r, o, i)                  \
-  do {                                             \
-    uint16_t e = table[r.Peek() & kMask];          \
-    o[i] = static_cast<uint8_t>(e);                \
-    r.Consume(e >> 8);                             \
+
+  // Lean reader state (next byte, bit buffer, valid bits) so that the 4 streams fit in
+  // registers. The unchecked loop below runs only while every stream has 8 bytes left to
+  // load and room for 16 more symbols; the checked BitReader finishes each stream.
+  const uint8_t* in[kNumStreams];
+  const uint8_t* in_end[kNumStreams];
+  uint8_t* out[kNumStreams];
+  uint8_t* out_end[kNumStreams];
+  uint64_t buf[kNumStreams] = {};
+  unsigned cnt[kNumStreams] = {};
+  uint8_t* o = syms;
+  for (int s = 0; s < kNumStreams; ++s) {
+    in[s] = streams[s].data();
+    in_end[s] = in[s] + streams[s].size();
+    out[s] = o;
+    o += StreamCount(n, s);
+    out_end[s] = o;
+  }
+  for (;;) {
+    // Iterations that are safe without checks: a refill advances at most 7 bytes, an
+    // iteration emits at most 16 symbols.
+    size_t safe = SIZE_MAX;
+    for (int s = 0; s < kNumStreams; ++s) {
+      const ptrdiff_t bytes = in_end[s] - in[s], room = out_end[s] - out[s];
+      if (bytes < 8 || room < 16) {
+        safe = 0;
+        break;
+      }
+      safe = std::min(safe, std::min<size_t>((bytes - 8) / 7 + 1, room / 16));
+    }
+    if (safe == 0) break;
+    const uint8_t *p0 = in[0], *p1 = in[1], *p2 = in[2], *p3 = in[3];
+    uint8_t *o0 = out[0], *o1 = out[1], *o2 = out[2], *o3 = out[3];
+    uint64_t b0 = buf[0], b1 = buf[1], b2 = buf[2], b3 = buf[3];
+    unsigned c0 = cnt[0], c1 = cnt[1], c2 = cnt[2], c3 = cnt[3];
+#define GCOMP_REFILL(p, b, c)   \
+  do {                          \
+    b |= Load64(p) << c;        \
+    p += (63 - c) >> 3;         \
+    c |= 56;                    \
   } while (0)
-  size_t i = 0;
-  // 4 symbols per stream per refill: 44 bits <= 56.
-  for (; i + 4 <= q; i += 4) {
-    r0.Refill();
-    r1.Refill();
-    r2.Refill();
-    r3.Refill();
-    for (int k = 0; k < 4; ++k) {
-      GCOMP_DECODE_ONE(r0, o0, i + k);
-      GCOMP_DECODE_ONE(r1, o1, i + k);
-      GCOMP_DECODE_ONE(r2, o2, i + k);
-      GCOMP_DECODE_ONE(r3, o3, i + k);
+#define GCOMP_DECODE(p, b, c, o)                        \
+  do {                                                  \
+    const uint64_t e = multi[b & kMask];                \
+    Store32(o, static_cast<uint32_t>(e));               \
+    o += (e >> 40) & 0xff;                              \
+    b >>= (e >> 32) & 0xff;                             \
+    c -= (e >> 32) & 0xff;                              \
+  } while (0)
+    for (size_t k = 0; k < safe; ++k) {
+      // 4 lookups of <= 11 bits per refill: 44 <= 56.
+      GCOMP_REFILL(p0, b0, c0);
+      GCOMP_REFILL(p1, b1, c1);
+      GCOMP_REFILL(p2, b2, c2);
+      GCOMP_REFILL(p3, b3, c3);
+      for (int t = 0; t < 4; ++t) {
+        GCOMP_DECODE(p0, b0, c0, o0);
+        GCOMP_DECODE(p1, b1, c1, o1);
+        GCOMP_DECODE(p2, b2, c2, o2);
+        GCOMP_DECODE(p3, b3, c3, o3);
+      }
     }
+#undef GCOMP_DECODE
+#undef GCOMP_REFILL
+    in[0] = p0, in[1] = p1, in[2] = p2, in[3] = p3;
+    out[0] = o0, out[1] = o1, out[2] = o2, out[3] = o3;
+    buf[0] = b0, buf[1] = b1, buf[2] = b2, buf[3] = b3;
+    cnt[0] = c0, cnt[1] = c1, cnt[2] = c2, cnt[3] = c3;
   }
-  BitReader* rs[kNumStreams] = {&r0, &r1, &r2, &r3};
-  uint8_t* os[kNumStreams] = {o0, o1, o2, o3};
+
   for (int s = 0; s < kNumStreams; ++s) {
-    const size_t m = StreamCount(n, s);
-    BitReader& r = *rs[s];
-    uint8_t* o = os[s];
-    for (size_t j = i; j < m; ++j) {
+    const size_t consumed = static_cast<size_t>(in[s] - streams[s].data()) * 8 - cnt[s];
+    BitReader r(streams[s].data(), streams[s].size(), consumed);
+    for (uint8_t* q = out[s]; q < out_end[s]; ++q) {
       r.Refill();
-      GCOMP_DECODE_ONE(r, o, j);
+      const uint16_t e = table[r.Peek() & kMask];
+      *q = static_cast<uint8_t>(e);
+      r.Consume(e >> 8);
     }
-  }
-#undef GCOMP_DECODE_ONE
-  for (int s = 0; s < kNumStreams; ++s) {
-    if (!rs[s]->AtExactEnd()) {
+    if (!r.AtExactEnd()) {
       return absl::DataLossError(
           absl::StrCat("exponent stream ", s, " does not end at its last byte"));
     }
