@@ -144,6 +144,9 @@ def run_worker(args, task):
         spec = json.load(f)
     rank, world = args.rank, spec["workers"]
     torch.set_num_threads(1)
+    # Gloo otherwise picks the interface its hostname resolves to, which on some machines
+    # is not reachable between local processes, and the group hangs at start-up.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % spec["port"],
                             rank=rank, world_size=world)
     torch.manual_seed(spec["seed"])

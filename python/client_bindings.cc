@@ -22,26 +22,6 @@ namespace py = pybind11;
 namespace gcomp::python {
 namespace {
 
-struct Buffer {
-  py::buffer_info info;
-  void* data = nullptr;
-  size_t bytes = 0;
-};
-
-Buffer Contiguous(const py::buffer& obj, bool writable) {
-  Buffer b;
-  b.info = obj.request(writable);
-  ssize_t expected = b.info.itemsize;
-  for (ssize_t d = b.info.ndim - 1; d >= 0; --d) {
-    if (b.info.shape[d] > 1 && b.info.strides[d] != expected) {
-      throw py::value_error("buffer must be C-contiguous");
-    }
-    expected *= b.info.shape[d];
-  }
-  b.data = b.info.ptr;
-  b.bytes = static_cast<size_t>(b.info.size) * static_cast<size_t>(b.info.itemsize);
-  return b;
-}
 
 // Owns a worker::Client; Python sees it as gcomp's `Client`. Thread-safe like the Client.
 class PyClient {
@@ -73,11 +53,12 @@ class PyClient {
   // In place when `out` is None.
   void PushPull(const std::string& key, int64_t step, const py::buffer& data,
                 const py::object& out) {
-    Buffer in = Contiguous(data, /*writable=*/out.is_none());
-    Buffer dst = out.is_none() ? Buffer{} : Contiguous(out.cast<py::buffer>(), true);
+    ContiguousBuffer in = RequestContiguous(data, /*writable=*/out.is_none());
+    ContiguousBuffer dst =
+        out.is_none() ? ContiguousBuffer{} : RequestContiguous(out.cast<py::buffer>(), true);
     void* out_ptr = out.is_none() ? in.data : dst.data;
-    CheckSize(key, in.bytes);
-    if (!out.is_none()) CheckSize(key, dst.bytes);
+    CheckSize(key, in.size);
+    if (!out.is_none()) CheckSize(key, dst.size);
     absl::Status s;
     {
       py::gil_scoped_release release;
@@ -87,8 +68,8 @@ class PyClient {
   }
 
   void Pull(const std::string& key, const py::buffer& out) {
-    Buffer dst = Contiguous(out, /*writable=*/true);
-    CheckSize(key, dst.bytes);
+    ContiguousBuffer dst = RequestContiguous(out, /*writable=*/true);
+    CheckSize(key, dst.size);
     absl::Status s;
     {
       py::gil_scoped_release release;

@@ -16,31 +16,10 @@ namespace py = pybind11;
 namespace gcomp::python {
 namespace {
 
-// A contiguous byte range of a buffer-protocol object; `info` keeps the export alive.
-struct Bytes {
-  py::buffer_info info;
-  const uint8_t* data = nullptr;
-  size_t size = 0;
-};
-
-Bytes Contiguous(const py::buffer& obj, bool writable) {
-  Bytes b;
-  b.info = obj.request(writable);
-  ssize_t expected = b.info.itemsize;
-  for (ssize_t d = b.info.ndim - 1; d >= 0; --d) {
-    if (b.info.shape[d] > 1 && b.info.strides[d] != expected) {
-      throw py::value_error("buffer must be C-contiguous");
-    }
-    expected *= b.info.shape[d];
-  }
-  b.data = static_cast<const uint8_t*>(b.info.ptr);
-  b.size = static_cast<size_t>(b.info.size) * static_cast<size_t>(b.info.itemsize);
-  return b;
-}
 
 codec::DType DTypeOf(const std::string& name) { return ValueOrThrow(codec::ParseDType(name)); }
 
-size_t ElementsOf(const Bytes& b, codec::DType dtype) {
+size_t ElementsOf(const ContiguousBuffer& b, codec::DType dtype) {
   size_t width = codec::DTypeBytes(dtype);
   if (b.size % width != 0) {
     throw py::value_error("buffer size " + std::to_string(b.size) +
@@ -61,7 +40,7 @@ codec::Policy PolicyOf(const std::string& mode, int rel_bits, int abs_log2) {
 
 py::bytes Encode(const py::buffer& data, const std::string& dtype_name, const std::string& mode,
                  int rel_bits, int abs_log2, size_t block_bytes, int threads) {
-  Bytes in = Contiguous(data, /*writable=*/false);
+  ContiguousBuffer in = RequestContiguous(data, /*writable=*/false);
   codec::DType dtype = DTypeOf(dtype_name);
   size_t n = ElementsOf(in, dtype);
   codec::BufferOptions options;
@@ -80,8 +59,8 @@ py::bytes Encode(const py::buffer& data, const std::string& dtype_name, const st
 
 void Decode(const py::buffer& frame, const py::buffer& out, const std::string& dtype_name,
             int threads) {
-  Bytes in = Contiguous(frame, /*writable=*/false);
-  Bytes dst = Contiguous(out, /*writable=*/true);
+  ContiguousBuffer in = RequestContiguous(frame, /*writable=*/false);
+  ContiguousBuffer dst = RequestContiguous(out, /*writable=*/true);
   codec::DType dtype = DTypeOf(dtype_name);
   size_t n = ElementsOf(dst, dtype);
   absl::Status status;
@@ -94,7 +73,7 @@ void Decode(const py::buffer& frame, const py::buffer& out, const std::string& d
 }
 
 py::dict InspectFrame(const py::buffer& frame) {
-  Bytes in = Contiguous(frame, /*writable=*/false);
+  ContiguousBuffer in = RequestContiguous(frame, /*writable=*/false);
   codec::FrameInfo info =
       ValueOrThrow(codec::InspectFrame(absl::Span<const uint8_t>(in.data, in.size)));
   py::dict d;

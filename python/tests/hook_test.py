@@ -28,7 +28,13 @@ def run_ranks(mode, tmp_path, world=2, cluster_config=None):
             + (["--cluster-config", cluster_config] if cluster_config else []),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for p in procs:
-        log, _ = p.communicate(timeout=300)
+        try:
+            log, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            log, _ = p.communicate()
+            pytest.fail("rank did not finish within 120 s:\n" + log)
         assert p.returncode == 0, log
     return [json.load(open(o)) for o in outs]
 

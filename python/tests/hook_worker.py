@@ -51,6 +51,9 @@ def main():
     a.add_argument("--cluster-config", help="push-pull through these shards (else gloo)")
     args = a.parse_args()
     torch.set_num_threads(1)
+    # Gloo otherwise picks the interface its hostname resolves to, which on some machines
+    # is not reachable between local processes, and the group hangs at start-up.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port,
                             rank=args.rank, world_size=args.world)
     result = {"ddp_max_err": [], "sync_max_err": [], "ref_max_abs": []}
