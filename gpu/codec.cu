@@ -107,6 +107,49 @@ absl::Status FinishLaunch(uint8_t* mem_dev, cudaStream_t stream, const char* wha
   return launch.ok() ? free : launch;
 }
 
+// Pointer checks of one chunk: encode reads elements and writes 8-byte words; decode reads a
+// block at any byte and writes elements.
+absl::Status CheckPointers(size_t i, const EncodeChunk& c, size_t eb) {
+  if ((c.elements > 0 && c.in_dev == nullptr) || c.out_dev == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": null pointer"));
+  }
+  if (!Aligned(c.in_dev, eb) || !Aligned(c.out_dev, 8)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk ", i, ": input must be element-aligned, output 8-byte aligned"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPointers(size_t i, const DecodeChunk& c, size_t eb) {
+  if (c.in_dev == nullptr || (c.elements > 0 && c.out_dev == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": null pointer"));
+  }
+  if (!Aligned(c.out_dev, eb)) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": output not element-aligned"));
+  }
+  return absl::OkStatus();
+}
+
+// One job per chunk with its scratch offset, after checking the chunk.
+template <typename Chunk>
+absl::Status MakeJobs(absl::Span<const Chunk> chunks, size_t eb, std::vector<DevJob>* jobs,
+                      size_t* scratch) {
+  jobs->resize(chunks.size());
+  *scratch = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    if (c.elements > codec::kMaxBlockElements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", i, ": a block holds at most 2^26 elements, got ", c.elements));
+    }
+    if (absl::Status s = CheckPointers(i, c, eb); !s.ok()) return s;
+    (*jobs)[i] = DevJob{static_cast<const uint8_t*>(c.in_dev), static_cast<uint8_t*>(c.out_dev),
+                        c.elements, *scratch};
+    *scratch += ScratchBytes(c.elements);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 size_t MaxEncodedBytes(size_t elements, codec::DType dtype) {
@@ -119,25 +162,9 @@ absl::Status EncodeBatch(codec::DType dtype, const codec::Policy& policy,
   if (absl::Status s = codec::ValidatePolicy(policy); !s.ok()) return s;
   if (absl::Status s = CheckDType(dtype); !s.ok()) return s;
   const size_t eb = codec::DTypeBytes(dtype);
-  std::vector<DevJob> jobs(chunks.size());
+  std::vector<DevJob> jobs;
   size_t scratch = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const EncodeChunk& c = chunks[i];
-    if (c.elements > codec::kMaxBlockElements) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk ", i, ": a block holds at most 2^26 elements, got ", c.elements));
-    }
-    if ((c.elements > 0 && c.in_dev == nullptr) || c.out_dev == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": null pointer"));
-    }
-    if (!Aligned(c.in_dev, eb) || !Aligned(c.out_dev, 8)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk ", i, ": input must be element-aligned, output 8-byte aligned"));
-    }
-    jobs[i] = DevJob{static_cast<const uint8_t*>(c.in_dev), static_cast<uint8_t*>(c.out_dev),
-                     c.elements, scratch};
-    scratch += ScratchBytes(c.elements);
-  }
+  if (absl::Status s = MakeJobs(chunks, eb, &jobs, &scratch); !s.ok()) return s;
   if (out_bytes_dev == nullptr) return absl::InvalidArgumentError("null out_bytes_dev");
   if (absl::Status s = AvailabilityStatus(); !s.ok()) return s;
   if (chunks.empty()) return absl::OkStatus();
@@ -163,24 +190,9 @@ absl::Status DecodeBatchAsync(codec::DType dtype, absl::Span<const DecodeChunk> 
                               cudaStream_t stream) {
   if (absl::Status s = CheckDType(dtype); !s.ok()) return s;
   const size_t eb = codec::DTypeBytes(dtype);
-  std::vector<DevJob> jobs(chunks.size());
+  std::vector<DevJob> jobs;
   size_t scratch = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const DecodeChunk& c = chunks[i];
-    if (c.elements > codec::kMaxBlockElements) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk ", i, ": a block holds at most 2^26 elements, got ", c.elements));
-    }
-    if (c.in_dev == nullptr || (c.elements > 0 && c.out_dev == nullptr)) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": null pointer"));
-    }
-    if (!Aligned(c.out_dev, eb)) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": output not element-aligned"));
-    }
-    jobs[i] = DevJob{static_cast<const uint8_t*>(c.in_dev), static_cast<uint8_t*>(c.out_dev),
-                     c.elements, scratch};
-    scratch += ScratchBytes(c.elements);
-  }
+  if (absl::Status s = MakeJobs(chunks, eb, &jobs, &scratch); !s.ok()) return s;
   if (in_bytes_dev == nullptr || status_dev == nullptr) {
     return absl::InvalidArgumentError("null in_bytes_dev or status_dev");
   }

@@ -15,21 +15,13 @@
 #include "gpu/runtime.h"
 #include "gtest/gtest.h"
 #include "server/grpc_service.h"
+#include "tests/synthetic_gradient.h"
 #include "worker/client.h"
 
 namespace gcomp {
 namespace {
 
-std::vector<float> Gradient(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> g(n);
-  for (size_t i = 0; i < n; ++i) {
-    g[i] = normal(rng) * std::exp(normal(rng) * 2.0f) * 1e-3f;
-    if (rng() % 4 == 0) g[i] = 0.0f;
-  }
-  return g;
-}
+using testing::SyntheticGradient;
 
 void RunMode(const std::string& mode) {
   SCOPED_TRACE(mode);
@@ -54,7 +46,7 @@ void RunMode(const std::string& mode) {
     ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
     clients.push_back(*std::move(c));
   }
-  const std::vector<float> g0 = Gradient(n, 1), g1 = Gradient(n, 2);
+  const std::vector<float> g0 = SyntheticGradient(n, 1), g1 = SyntheticGradient(n, 2);
   auto in_dev = gpu::DeviceBuffer::Allocate(n * 4);
   auto out_dev = gpu::DeviceBuffer::Allocate(n * 4);
   ASSERT_TRUE(in_dev.ok() && out_dev.ok());

@@ -16,6 +16,7 @@
 #include "cluster/cluster_config.h"
 #include "server/grpc_service.h"
 #include "cluster/wire_block.h"
+#include "tests/synthetic_gradient.h"
 #include "worker/client.h"
 
 namespace gcomp {
@@ -52,18 +53,9 @@ std::unique_ptr<Cluster> StartCluster(int shards, int workers, const std::string
   return c;
 }
 
-std::vector<float> Gradient(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> g(n);
-  for (size_t i = 0; i < n; ++i) {
-    g[i] = normal(rng) * std::exp(normal(rng) * 2.0f) * 1e-3f;
-    if (rng() % 4 == 0) g[i] = 0.0f;
-  }
-  return g;
-}
+using testing::SyntheticGradient;
 
-// Pushes W gradients (worker w's = Gradient(n, w)) for one step and checks every result
+// Pushes W gradients (worker w's = SyntheticGradient(n, w)) for one step and checks every result
 // against the f32 mean in worker order: bit-exact for lossless/none, within the
 // codec's bound for near-lossless.
 void CheckAggregation(int shards, int workers, size_t n, const std::string& mode) {
@@ -77,7 +69,7 @@ void CheckAggregation(int shards, int workers, size_t n, const std::string& mode
     clients.push_back(*std::move(c));
   }
   std::vector<std::vector<float>> in(workers), out(workers, std::vector<float>(n));
-  for (int w = 0; w < workers; ++w) in[w] = Gradient(n, w + 1);
+  for (int w = 0; w < workers; ++w) in[w] = SyntheticGradient(n, w + 1);
   for (int step = 0; step < 2; ++step) {
     std::vector<std::future<absl::Status>> done;
     for (int w = 0; w < workers; ++w) {
@@ -316,7 +308,7 @@ TEST(Pull, ReturnsTheLastStepsResult) {
     ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
     clients.push_back(*std::move(c));
   }
-  std::vector<std::vector<float>> in = {Gradient(n, 1), Gradient(n, 2)};
+  std::vector<std::vector<float>> in = {SyntheticGradient(n, 1), SyntheticGradient(n, 2)};
   std::vector<std::vector<float>> out(2, std::vector<float>(n));
   for (int step = 0; step < 2; ++step) {
     std::vector<std::future<absl::Status>> done;
