@@ -17,7 +17,6 @@ namespace gcomp::codec {
 namespace {
 
 using internal::BitReader;
-using internal::BitWriter;
 using internal::HuffmanCode;
 using internal::Layout;
 using internal::Load32;
@@ -183,36 +182,11 @@ absl::Status EncodeTyped(DType dtype, const void* data, size_t n, const BlockEnc
   uint8_t* syms = sc.syms.data();
   uint64_t* bitmap = sc.bitmap.data();
 
-  // Pass 2, 64 elements at a time: quantize (vectorized where the CPU allows), then pack the
-  // sign + mantissa bits two elements per flush and gather the nonzero symbols.
-  BitWriter mw(blk + kBlockHeaderBytes);
-  internal::Group g;
-  size_t j = 0;
-  for (size_t w = 0; w < words; ++w) {
-    const size_t lo = w * internal::kGroup;
-    const size_t cnt = std::min(n - lo, internal::kGroup);
-    bitmap[w] = internal::QuantizeGroup(
-        dtype, static_cast<const uint8_t*>(data) + lo * sizeof(U), cnt, qp, &g);
-    size_t i = 0;
-    for (; i + 2 <= cnt; i += 2) {
-      mw.Put(g.value[i], g.bits[i]);
-      mw.Put(g.value[i + 1], g.bits[i + 1]);
-      mw.Flush();
-      syms[j] = static_cast<uint8_t>(g.sym[i]);
-      j += g.bits[i] != 0;
-      syms[j] = static_cast<uint8_t>(g.sym[i + 1]);
-      j += g.bits[i + 1] != 0;
-    }
-    if (i < cnt) {
-      mw.Put(g.value[i], g.bits[i]);
-      mw.Flush();
-      syms[j] = static_cast<uint8_t>(g.sym[i]);
-      j += g.bits[i] != 0;
-    }
-  }
-  const size_t nnz = j;
+  // Pass 2: quantize; write the sign + mantissa plane, the symbols and the zero bitmap.
+  size_t nnz = 0;
+  b.mantissa_bytes = internal::SplitElements(dtype, data, n, qp, blk + kBlockHeaderBytes, syms,
+                                             bitmap, &nnz);
   b.nonzeros = static_cast<uint32_t>(nnz);
-  b.mantissa_bytes = mw.Finish();
   uint8_t* p = blk + kBlockHeaderBytes + b.mantissa_bytes;
 
   // Zero map: the smallest of none / bitmap / zero positions / nonzero positions.

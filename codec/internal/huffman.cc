@@ -7,6 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "codec/internal/bits.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace gcomp::codec::internal {
 namespace {
 
@@ -171,67 +175,287 @@ void BuildDecodeTable(const HuffmanCode& code, uint16_t* table) {
   }
 }
 
-void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
-                   uint32_t sizes[kNumStreams]) {
-  // Code words with their lengths packed for one load: bits 0-15 code, 16-23 length.
-  uint32_t word[256];
+namespace {
+
+// Code words with their lengths packed for one load: bits 0-15 code, 16-23 length.
+void PackedWords(const HuffmanCode& code, uint32_t word[256]) {
   for (int s = 0; s < 256; ++s) word[s] = code.code[s] | (uint32_t{code.len[s]} << 16);
-  // The four writers run in one loop (four independent dependency chains) into their own
-  // scratch areas; the streams are then laid end to end.
-  thread_local std::vector<uint8_t> scratch;
-  size_t offset[kNumStreams];
-  size_t total = 0;
+}
+
+// Where each of the 4 streams starts in syms and in the scratch area the writers use; stream
+// 0 is written straight to `out`, the others wait in scratch until the sizes before them
+// are known.
+struct StreamPlan {
   const uint8_t* in[kNumStreams];
-  size_t start = 0;
+  size_t count[kNumStreams];
+  uint8_t* base[kNumStreams];
+};
+StreamPlan PlanStreams(const uint8_t* syms, size_t n, uint8_t* out) {
+  thread_local std::vector<uint8_t> scratch;
+  StreamPlan plan;
+  size_t offset[kNumStreams];
+  size_t total = 0, start = 0;
   for (int s = 0; s < kNumStreams; ++s) {
-    in[s] = syms + start;
-    start += StreamCount(n, s);
+    plan.in[s] = syms + start;
+    plan.count[s] = StreamCount(n, s);
+    start += plan.count[s];
     offset[s] = total;
-    total += (StreamCount(n, s) * kMaxCodeLen + 7) / 8 + 16;
+    total += (plan.count[s] * kMaxCodeLen + 7) / 8 + 16;
   }
   if (scratch.size() < total) scratch.resize(total);
-  // Stream 0 goes straight to `out`; the others wait in scratch until the sizes before
-  // them are known.
-  uint8_t* base[kNumStreams] = {out, scratch.data() + offset[1], scratch.data() + offset[2],
-                                scratch.data() + offset[3]};
+  plan.base[0] = out;
+  for (int s = 1; s < kNumStreams; ++s) plan.base[s] = scratch.data() + offset[s];
+  return plan;
+}
+
+// Codes in[from, to) one symbol per flush and closes the stream; returns its byte size.
+uint32_t FinishStream(BitWriter w, const uint8_t* in, size_t from, size_t to,
+                      const uint32_t* word) {
+  for (size_t k = from; k < to; ++k) {
+    const uint32_t c = word[in[k]];
+    w.Put(c & 0xffff, c >> 16);
+    w.Flush();
+  }
+  return static_cast<uint32_t>(w.Finish());
+}
+
+// Lays streams 1-3 after stream 0.
+void JoinStreams(const StreamPlan& plan, uint8_t* out, const uint32_t sizes[kNumStreams]) {
+  uint8_t* p = out + sizes[0];
+  for (int s = 1; s < kNumStreams; ++s) {
+    std::memcpy(p, plan.base[s], sizes[s]);
+    p += sizes[s];
+  }
+}
+
+#if defined(__x86_64__)
+
+// Byte lookup in a table of 16 * NT entries held as NT 16-byte tables (each repeated in
+// both 128-bit lanes). pshufb yields 0 for an index byte with its top bit set; adding 0x70
+// with unsigned saturation sets it for every index outside the current 16 entries.
+template <int NT>
+__attribute__((target("avx2"))) inline __m256i LookupBytes(__m256i idx, const __m256i* table) {
+  const __m256i bias = _mm256_set1_epi8(0x70);
+  __m256i r = _mm256_shuffle_epi8(table[0], _mm256_adds_epu8(idx, bias));
+  for (int k = 1; k < NT; ++k) {
+    idx = _mm256_sub_epi8(idx, _mm256_set1_epi8(16));
+    r = _mm256_or_si256(r, _mm256_shuffle_epi8(table[k], _mm256_adds_epu8(idx, bias)));
+  }
+  return r;
+}
+
+// 16 lanes of (code | length << 12) -> 4 lanes of 4 concatenated codes (<= 44 bits, the first
+// code in the low bits) with their total length in bits 56-63.
+__attribute__((target("avx2"))) inline __m256i ConcatCodes(__m256i v) {
+  const __m256i lo16 = _mm256_set1_epi32(0xffff);
+  const __m256i lo32 = _mm256_set1_epi64x(0xffffffff);
+  __m256i len = _mm256_srli_epi16(v, 12);
+  __m256i code = _mm256_and_si256(v, _mm256_set1_epi16(0x0fff));
+  __m256i first = _mm256_and_si256(len, lo16);
+  code = _mm256_or_si256(_mm256_and_si256(code, lo16),
+                         _mm256_sllv_epi32(_mm256_srli_epi32(code, 16), first));
+  len = _mm256_add_epi32(first, _mm256_srli_epi32(len, 16));
+  first = _mm256_and_si256(len, lo32);
+  code = _mm256_or_si256(_mm256_and_si256(code, lo32),
+                         _mm256_sllv_epi64(_mm256_srli_epi64(code, 32), first));
+  len = _mm256_add_epi64(first, _mm256_srli_epi64(len, 32));
+  return _mm256_or_si256(code, _mm256_slli_epi64(len, 56));
+}
+
+// Two neighbouring 4-code chunks (64-bit lanes 0-1 and 2-3) joined into one 8-code unit in
+// lanes 0 and 2, with the total length in bits 56-63. The code bits are right only when
+// that length is <= 56; the caller falls back to the two chunks otherwise.
+__attribute__((target("avx2"))) inline __m256i JoinChunks(__m256i c) {
+  const __m256i mask56 = _mm256_set1_epi64x((int64_t{1} << 56) - 1);
+  const __m256i first_len = _mm256_srli_epi64(c, 56);
+  const __m256i second = _mm256_bsrli_epi128(c, 8);
+  const __m256i code = _mm256_or_si256(
+      _mm256_and_si256(c, mask56),
+      _mm256_sllv_epi64(_mm256_and_si256(second, mask56), first_len));
+  const __m256i len = _mm256_add_epi64(first_len, _mm256_srli_epi64(second, 56));
+  return _mm256_or_si256(_mm256_and_si256(code, mask56), _mm256_slli_epi64(len, 56));
+}
+
+// The codes of in[0, 32): unit[k] holds codes 8k .. 8k+7, chunk[2k] and chunk[2k+1] the
+// same codes in two halves (each <= 44 bits, length in bits 56-63).
+struct Units {
+  alignas(32) uint64_t a[4], b[4], ja[4], jb[4];
+};
+template <int NT>
+__attribute__((target("avx2"))) inline void UnitsOf32(const uint8_t* in, __m256i min_sym,
+                                                      const __m256i* lo_table,
+                                                      const __m256i* hi_table, Units* u) {
+  const __m256i idx =
+      _mm256_sub_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)), min_sym);
+  const __m256i lo = LookupBytes<NT>(idx, lo_table);
+  const __m256i hi = LookupBytes<NT>(idx, hi_table);
+  // unpack works within 128-bit lanes: a holds codes 0-7 and 16-23, b 8-15 and 24-31.
+  const __m256i a = ConcatCodes(_mm256_unpacklo_epi8(lo, hi));
+  const __m256i b = ConcatCodes(_mm256_unpackhi_epi8(lo, hi));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(u->a), a);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(u->b), b);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(u->ja), JoinChunks(a));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(u->jb), JoinChunks(b));
+}
+
+constexpr uint64_t kCodeMask = (uint64_t{1} << 56) - 1;
+
+// Puts one 8-code unit (or its two halves when it is longer than 56 bits).
+__attribute__((always_inline, target("bmi2"))) inline void PutUnit(BitWriter& w, uint64_t unit,
+                                                    const uint64_t* half) {
+  const unsigned len = static_cast<unsigned>(unit >> 56);
+  if (__builtin_expect(len <= 56, 1)) {
+    w.Put(unit & kCodeMask, len);
+    w.Flush();
+  } else {
+    w.Put(half[0] & kCodeMask, static_cast<unsigned>(half[0] >> 56));
+    w.Flush();
+    w.Put(half[1] & kCodeMask, static_cast<unsigned>(half[1] >> 56));
+    w.Flush();
+  }
+}
+
+__attribute__((always_inline, target("bmi2"))) inline void PutUnits(BitWriter& w, const Units& u) {
+  PutUnit(w, u.ja[0], u.a);      // codes 0-7
+  PutUnit(w, u.jb[0], u.b);      // 8-15
+  PutUnit(w, u.ja[2], u.a + 2);  // 16-23
+  PutUnit(w, u.jb[2], u.b + 2);  // 24-31
+}
+
+template <int NT>
+__attribute__((target("avx2,bmi2"))) void EncodeStreamsAvx2(const StreamPlan& plan,
+                                                            int min_sym,
+                                                            const HuffmanCode& code,
+                                                            uint32_t sizes[kNumStreams]) {
+  // Per symbol - min_sym: the code's low byte, and its top 3 bits | length << 4.
+  alignas(32) uint8_t lo_bytes[4][16] = {}, hi_bytes[4][16] = {};
+  for (int i = 0; i < 16 * NT && min_sym + i < 256; ++i) {
+    const int s = min_sym + i;
+    lo_bytes[i / 16][i % 16] = static_cast<uint8_t>(code.code[s]);
+    hi_bytes[i / 16][i % 16] = static_cast<uint8_t>((code.code[s] >> 8) | (code.len[s] << 4));
+  }
+  __m256i lo_table[NT], hi_table[NT];
+  for (int k = 0; k < NT; ++k) {
+    lo_table[k] = _mm256_broadcastsi128_si256(
+        _mm_load_si128(reinterpret_cast<const __m128i*>(lo_bytes[k])));
+    hi_table[k] = _mm256_broadcastsi128_si256(
+        _mm_load_si128(reinterpret_cast<const __m128i*>(hi_bytes[k])));
+  }
+  const __m256i min_vec = _mm256_set1_epi8(static_cast<char>(min_sym));
   // No pointer to a writer escapes, so each stays in registers.
-  BitWriter w0(base[0]), w1(base[1]), w2(base[2]), w3(base[3]);
-  const size_t q = n / kNumStreams;  // every stream holds at least q symbols
-#define GCOMP_PUT(w, x)                         \
-  do {                                          \
-    const uint32_t c = word[x];                 \
-    (w).Put(c & 0xffff, c >> 16);               \
+  BitWriter w0(plan.base[0]), w1(plan.base[1]), w2(plan.base[2]), w3(plan.base[3]);
+  const size_t q = plan.count[kNumStreams - 1];  // the shortest stream
+  Units u0, u1, u2, u3;
+  size_t i = 0;
+  for (; i + 32 <= q; i += 32) {
+    UnitsOf32<NT>(plan.in[0] + i, min_vec, lo_table, hi_table, &u0);
+    UnitsOf32<NT>(plan.in[1] + i, min_vec, lo_table, hi_table, &u1);
+    UnitsOf32<NT>(plan.in[2] + i, min_vec, lo_table, hi_table, &u2);
+    UnitsOf32<NT>(plan.in[3] + i, min_vec, lo_table, hi_table, &u3);
+    PutUnits(w0, u0);
+    PutUnits(w1, u1);
+    PutUnits(w2, u2);
+    PutUnits(w3, u3);
+  }
+  uint32_t word[256];
+  PackedWords(code, word);
+  sizes[0] = FinishStream(w0, plan.in[0], i, plan.count[0], word);
+  sizes[1] = FinishStream(w1, plan.in[1], i, plan.count[1], word);
+  sizes[2] = FinishStream(w2, plan.in[2], i, plan.count[2], word);
+  sizes[3] = FinishStream(w3, plan.in[3], i, plan.count[3], word);
+}
+
+bool CpuHasAvx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2");
+}
+
+#endif  // __x86_64__
+
+void EncodeStreamsScalarPlan(const StreamPlan& plan, const HuffmanCode& code,
+                             uint32_t sizes[kNumStreams]) {
+  uint32_t word[256];
+  PackedWords(code, word);
+  // The four writers run in one loop: four independent dependency chains.
+  BitWriter w0(plan.base[0]), w1(plan.base[1]), w2(plan.base[2]), w3(plan.base[3]);
+  const size_t q = plan.count[kNumStreams - 1];  // the shortest stream
+#define GCOMP_PUT(w, x)           \
+  do {                            \
+    const uint32_t c = word[x];   \
+    (w).Put(c & 0xffff, c >> 16); \
   } while (0)
   size_t i = 0;
   for (; i + 4 <= q; i += 4) {  // 4 codes of <= 11 bits per flush
     for (size_t k = 0; k < 4; ++k) {
-      GCOMP_PUT(w0, in[0][i + k]);
-      GCOMP_PUT(w1, in[1][i + k]);
-      GCOMP_PUT(w2, in[2][i + k]);
-      GCOMP_PUT(w3, in[3][i + k]);
+      GCOMP_PUT(w0, plan.in[0][i + k]);
+      GCOMP_PUT(w1, plan.in[1][i + k]);
+      GCOMP_PUT(w2, plan.in[2][i + k]);
+      GCOMP_PUT(w3, plan.in[3][i + k]);
     }
     w0.Flush();
     w1.Flush();
     w2.Flush();
     w3.Flush();
   }
-  auto finish = [&](BitWriter w, int s) {
-    for (size_t k = i; k < StreamCount(n, s); ++k) {
-      GCOMP_PUT(w, in[s][k]);
-      w.Flush();
-    }
-    return static_cast<uint32_t>(w.Finish());
-  };
 #undef GCOMP_PUT
-  sizes[0] = finish(w0, 0);
-  sizes[1] = finish(w1, 1);
-  sizes[2] = finish(w2, 2);
-  sizes[3] = finish(w3, 3);
-  uint8_t* p = out + sizes[0];
-  for (int s = 1; s < kNumStreams; ++s) {
-    std::memcpy(p, base[s], sizes[s]);
-    p += sizes[s];
+  sizes[0] = FinishStream(w0, plan.in[0], i, plan.count[0], word);
+  sizes[1] = FinishStream(w1, plan.in[1], i, plan.count[1], word);
+  sizes[2] = FinishStream(w2, plan.in[2], i, plan.count[2], word);
+  sizes[3] = FinishStream(w3, plan.in[3], i, plan.count[3], word);
+}
+
+}  // namespace
+
+bool StreamsUseAvx2() {
+#if defined(__x86_64__)
+  static const bool avx2 = CpuHasAvx2();
+  return avx2;
+#else
+  return false;
+#endif
+}
+
+void EncodeStreamsScalar(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
+                         uint32_t sizes[kNumStreams]) {
+  const StreamPlan plan = PlanStreams(syms, n, out);
+  EncodeStreamsScalarPlan(plan, code, sizes);
+  JoinStreams(plan, out, sizes);
+}
+
+void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
+                   uint32_t sizes[kNumStreams]) {
+  const StreamPlan plan = PlanStreams(syms, n, out);
+#if defined(__x86_64__)
+  // The vector path looks codes up 16 symbols per table: it takes codes whose symbols span
+  // at most 64 values (near-lossless blocks span about 2 - A; lossless gradients ~40).
+  int lo = 256, hi = -1;
+  for (int s = 0; s < code.alphabet; ++s) {
+    if (code.len[s] != 0 || s == code.single_symbol) {
+      lo = std::min(lo, s);
+      hi = std::max(hi, s);
+    }
   }
+  if (StreamsUseAvx2() && hi >= lo && n >= 4 * 32) {
+    switch ((hi - lo) / 16) {
+      case 0:
+        EncodeStreamsAvx2<1>(plan, lo, code, sizes);
+        return JoinStreams(plan, out, sizes);
+      case 1:
+        EncodeStreamsAvx2<2>(plan, lo, code, sizes);
+        return JoinStreams(plan, out, sizes);
+      case 2:
+        EncodeStreamsAvx2<3>(plan, lo, code, sizes);
+        return JoinStreams(plan, out, sizes);
+      case 3:
+        EncodeStreamsAvx2<4>(plan, lo, code, sizes);
+        return JoinStreams(plan, out, sizes);
+      default:
+        break;
+    }
+  }
+#endif
+  EncodeStreamsScalarPlan(plan, code, sizes);
+  JoinStreams(plan, out, sizes);
 }
 
 namespace {

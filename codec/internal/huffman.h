@@ -48,6 +48,10 @@ inline size_t StreamCount(size_t n, int s) { return n / 4 + (static_cast<size_t>
 // MaxStreamBytes(n) + 8 writable bytes). Returns each stream's byte size.
 void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
                    uint32_t sizes[kNumStreams]);
+// The same without the vector path, and whether EncodeStreams takes it on this CPU (tests).
+void EncodeStreamsScalar(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
+                         uint32_t sizes[kNumStreams]);
+bool StreamsUseAvx2();
 inline size_t MaxStreamBytes(size_t n) { return (n * kMaxCodeLen + 7) / 8 + kNumStreams; }
 
 // Decodes n symbols from the 4 streams (spans of the block) into syms[0, n). DataLoss if a

@@ -79,6 +79,42 @@ TEST(Huffman, SerializeParseRoundTripAndStreams) {
   }
 }
 
+// The vector path (symbol spans up to 64, when the CPU has AVX2) writes the same bytes as
+// the scalar one, for every span, length and stream tail.
+TEST(Huffman, VectorStreamsEqualScalarStreams) {
+  if (!StreamsUseAvx2()) GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
+  std::mt19937 rng(5);
+  for (int spread : {1, 2, 5, 16, 17, 31, 32, 33, 48, 63, 64, 65, 200}) {
+    for (size_t n : {size_t{127}, size_t{128}, size_t{129}, size_t{1000}, size_t{4099},
+                     size_t{65536}}) {
+      const int base = static_cast<int>(rng() % (257 - spread));
+      std::vector<uint8_t> syms(n + 32);
+      uint64_t freq[256] = {};
+      for (size_t i = 0; i < n; ++i) {
+        // Skewed, so that code lengths run from 1 to the 11-bit cap.
+        const int d = std::min<int>(spread - 1, __builtin_ctz(rng() | 1u << 30) +
+                                                    static_cast<int>(rng() % 3));
+        syms[i] = static_cast<uint8_t>(base + d);
+        ++freq[syms[i]];
+      }
+      HuffmanCode code;
+      BuildLengths(freq, 256, &code);
+      AssignCodes(&code);
+      std::vector<uint8_t> fast(MaxStreamBytes(n) + 8), slow(MaxStreamBytes(n) + 8);
+      uint32_t fast_sizes[4], slow_sizes[4];
+      EncodeStreams(syms.data(), n, code, fast.data(), fast_sizes);
+      EncodeStreamsScalar(syms.data(), n, code, slow.data(), slow_sizes);
+      size_t total = 0;
+      for (int s = 0; s < 4; ++s) {
+        ASSERT_EQ(fast_sizes[s], slow_sizes[s]) << "spread " << spread << " n " << n;
+        total += slow_sizes[s];
+      }
+      ASSERT_EQ(0, std::memcmp(fast.data(), slow.data(), total))
+          << "spread " << spread << " n " << n;
+    }
+  }
+}
+
 TEST(Huffman, ParseRejectsBadTables) {
   const uint8_t incomplete[] = {0, 2, 0x11, 0x02};  // lengths 1,1,2: over-full
   HuffmanCode code;

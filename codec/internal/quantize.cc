@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "codec/internal/bits.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -53,6 +55,43 @@ uint64_t QuantizeScalarTyped(const U* in, size_t count, const QuantParams& q, Gr
     mask |= uint64_t{nz} << i;
   }
   return mask;
+}
+
+// Appends the k + 1 bit fields of a quantized group to the plane and its nonzero symbols to
+// syms[*j...]; two fields (<= 48 bits) per flush.
+void PackGroupScalar(const Group& g, size_t count, BitWriter* plane, uint8_t* syms, size_t* j) {
+  size_t i = 0, k = *j;
+  for (; i + 2 <= count; i += 2) {
+    plane->Put(g.value[i], g.bits[i]);
+    plane->Put(g.value[i + 1], g.bits[i + 1]);
+    plane->Flush();
+    syms[k] = static_cast<uint8_t>(g.sym[i]);
+    k += g.bits[i] != 0;
+    syms[k] = static_cast<uint8_t>(g.sym[i + 1]);
+    k += g.bits[i + 1] != 0;
+  }
+  if (i < count) {
+    plane->Put(g.value[i], g.bits[i]);
+    plane->Flush();
+    syms[k] = static_cast<uint8_t>(g.sym[i]);
+    k += g.bits[i] != 0;
+  }
+  *j = k;
+}
+
+template <typename U>
+size_t SplitScalarTyped(const U* in, size_t n, const QuantParams& q, uint8_t* plane,
+                        uint8_t* syms, uint64_t* bitmap, size_t* nnz) {
+  BitWriter w(plane);
+  Group g;
+  size_t j = 0;
+  for (size_t lo = 0; lo < n; lo += kGroup) {
+    const size_t count = n - lo < kGroup ? n - lo : kGroup;
+    bitmap[lo / kGroup] = QuantizeScalarTyped(in + lo, count, q, &g);
+    PackGroupScalar(g, count, &w, syms, &j);
+  }
+  *nnz = j;
+  return w.Finish();
 }
 
 template <typename U>
@@ -126,59 +165,264 @@ __attribute__((target("avx2"))) inline __m256i WidthOf8(__m256i s, __m256i offse
   return _mm256_blendv_epi8(k, full, special);
 }
 
-template <typename U>
-__attribute__((target("avx2"))) uint64_t QuantizeAvx2Typed(const U* in, size_t count,
-                                                            const QuantParams& q, Group* g) {
-  const __m256i mag_mask = _mm256_set1_epi32(static_cast<int>(q.mag_mask));
-  const __m256i mant_mask = _mm256_set1_epi32(static_cast<int>(q.mant_mask));
-  const __m256i zero_test = _mm256_set1_epi32(static_cast<int>(q.zero_test));
-  const __m256i zero_floor = _mm256_set1_epi32(q.zero_below - 1);
-  const __m256i offset = _mm256_set1_epi32(q.width_offset);
-  const __m256i cap = _mm256_set1_epi32(q.width_cap);
-  const __m256i full = _mm256_set1_epi32(q.mant_bits);
-  const __m256i special_above = _mm256_set1_epi32(q.special_above);
-  const __m256i one = _mm256_set1_epi32(1);
-  const __m256i all = _mm256_set1_epi32(-1);
-  const __m128i W = _mm_cvtsi32_si128(q.mant_bits);
-  const __m128i top = _mm_cvtsi32_si128(q.top);
-  uint64_t mask = 0;
-  size_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    const __m256i u = Load8(in + i);
-    const __m256i mag = _mm256_and_si256(u, mag_mask);
-    const __m256i e = _mm256_srl_epi32(mag, W);
-    const __m256i is_zero = _mm256_cmpeq_epi32(_mm256_and_si256(u, zero_test),
-                                               _mm256_setzero_si256());
-    // nz = e >= zero_below && (u & zero_test) != 0
-    const __m256i nz = _mm256_andnot_si256(is_zero, _mm256_cmpgt_epi32(e, zero_floor));
-    const __m256i drop = _mm256_sub_epi32(full, WidthOf8(e, offset, cap, full, special_above));
-    const __m256i half = _mm256_srli_epi32(_mm256_sllv_epi32(one, drop), 1);
-    const __m256i r = _mm256_and_si256(_mm256_add_epi32(mag, half), _mm256_sllv_epi32(all, drop));
-    const __m256i e2 = _mm256_srl_epi32(r, W);
-    const __m256i k2 = WidthOf8(e2, offset, cap, full, special_above);
-    const __m256i mant =
-        _mm256_srlv_epi32(_mm256_and_si256(r, mant_mask), _mm256_sub_epi32(full, k2));
-    const __m256i sign = _mm256_sllv_epi32(_mm256_srl_epi32(u, top), k2);
-    const __m256i value = _mm256_and_si256(_mm256_or_si256(mant, sign), nz);
-    const __m256i bits = _mm256_and_si256(_mm256_add_epi32(k2, one), nz);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(g->value + i), value);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(g->bits + i), bits);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(g->sym + i), e2);
-    mask |= static_cast<uint64_t>(static_cast<uint32_t>(
-                _mm256_movemask_ps(_mm256_castsi256_ps(nz))))
-            << i;
-  }
-  if (i < count) {
-    Group tail;
-    const uint64_t m = QuantizeScalarTyped(in + i, count - i, q, &tail);
-    for (size_t j = 0; j < count - i; ++j) {
-      g->value[i + j] = tail.value[j];
-      g->bits[i + j] = tail.bits[j];
-      g->sym[i + j] = tail.sym[j];
+// kCompact.index[m]: pshufb indices moving the bytes whose bit is set in m to the front.
+// kCompact.triples[m]: for 4 32-bit lanes, indices moving bytes 0-2 of each lane whose bit
+// is set in m (m < 16) to the front.
+struct CompactTables {
+  uint64_t index[256];
+  uint8_t triples[16][16];
+  constexpr CompactTables() : index(), triples() {
+    for (int m = 0; m < 256; ++m) {
+      uint64_t v = ~uint64_t{0};  // 0xff lanes read as zero
+      int k = 0;
+      for (int bit = 0; bit < 8; ++bit) {
+        if (m & (1 << bit)) {
+          v &= ~(uint64_t{0xff} << (8 * k));
+          v |= uint64_t(bit) << (8 * k);
+          ++k;
+        }
+      }
+      index[m] = v;
     }
-    mask |= m << i;
+    for (int m = 0; m < 16; ++m) {
+      int k = 0;
+      for (int lane = 0; lane < 4; ++lane) {
+        if (m & (1 << lane)) {
+          for (int b = 0; b < 3; ++b) triples[m][k++] = static_cast<uint8_t>(4 * lane + b);
+        }
+      }
+      while (k < 16) triples[m][k++] = 0xff;
+    }
   }
-  return mask;
+};
+constexpr CompactTables kCompact;
+
+// QuantParams broadcast to vectors, made once per block (the compiler cannot hoist the
+// loads itself: the output stores might alias the params).
+struct QuantVectors {
+  __m256i mag_mask, mant_mask, zero_test, zero_floor, offset, cap, full, special_above,
+      ordinary_limit, one, all;
+  __m128i W, top;
+};
+__attribute__((target("avx2"))) inline QuantVectors MakeQuantVectors(const QuantParams& q) {
+  QuantVectors v;
+  v.mag_mask = _mm256_set1_epi32(static_cast<int>(q.mag_mask));
+  v.mant_mask = _mm256_set1_epi32(static_cast<int>(q.mant_mask));
+  v.zero_test = _mm256_set1_epi32(static_cast<int>(q.zero_test));
+  v.zero_floor = _mm256_set1_epi32(q.zero_below - 1);
+  v.offset = _mm256_set1_epi32(q.width_offset);
+  v.cap = _mm256_set1_epi32(q.width_cap);
+  v.full = _mm256_set1_epi32(q.mant_bits);
+  v.special_above = _mm256_set1_epi32(q.special_above);
+  v.ordinary_limit = _mm256_set1_epi32(q.special_above - 1);
+  v.one = _mm256_set1_epi32(1);
+  v.all = _mm256_set1_epi32(-1);
+  v.W = _mm_cvtsi32_si128(q.mant_bits);
+  v.top = _mm_cvtsi32_si128(q.top);
+  return v;
+}
+
+// The quantization of 8 elements: value (sign + mantissa field), bits (its width, 0 for a
+// zero), sym (the rounded exponent field) and nz (all ones for a nonzero element).
+struct Quantized8 {
+  __m256i value, bits, sym, nz;
+};
+
+// Any element, any mode: the closed form of format.h with both special cases.
+__attribute__((target("avx2"))) inline Quantized8 QuantizeGeneral8(__m256i u,
+                                                                  const QuantVectors& v) {
+  const __m256i mag = _mm256_and_si256(u, v.mag_mask);
+  const __m256i e = _mm256_srl_epi32(mag, v.W);
+  const __m256i is_zero =
+      _mm256_cmpeq_epi32(_mm256_and_si256(u, v.zero_test), _mm256_setzero_si256());
+  Quantized8 r;
+  // nz = e >= zero_below && (u & zero_test) != 0
+  r.nz = _mm256_andnot_si256(is_zero, _mm256_cmpgt_epi32(e, v.zero_floor));
+  const __m256i drop =
+      _mm256_sub_epi32(v.full, WidthOf8(e, v.offset, v.cap, v.full, v.special_above));
+  const __m256i half = _mm256_srli_epi32(_mm256_sllv_epi32(v.one, drop), 1);
+  const __m256i rounded =
+      _mm256_and_si256(_mm256_add_epi32(mag, half), _mm256_sllv_epi32(v.all, drop));
+  r.sym = _mm256_srl_epi32(rounded, v.W);
+  const __m256i k2 = WidthOf8(r.sym, v.offset, v.cap, v.full, v.special_above);
+  const __m256i mant =
+      _mm256_srlv_epi32(_mm256_and_si256(rounded, v.mant_mask), _mm256_sub_epi32(v.full, k2));
+  const __m256i sign = _mm256_sllv_epi32(_mm256_srl_epi32(u, v.top), k2);
+  r.value = _mm256_and_si256(_mm256_or_si256(mant, sign), r.nz);
+  r.bits = _mm256_and_si256(_mm256_add_epi32(k2, v.one), r.nz);
+  return r;
+}
+
+// Near-lossless, when no nonzero element is special: every nonzero e is >= 1 (zero_below
+// >= 1) and <= special_above - 1, so e and the rounded e2 <= e + 1 both take the plain
+// width min(cap, max(0, s + offset)). A carry leaves a zero mantissa, which the unrounded
+// drop shifts out just as well.
+__attribute__((target("avx2"))) inline Quantized8 QuantizeOrdinary8(__m256i u, __m256i e,
+                                                                   const QuantVectors& v) {
+  const __m256i mag = _mm256_and_si256(u, v.mag_mask);
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i is_zero = _mm256_cmpeq_epi32(mag, zero);
+  Quantized8 r;
+  r.nz = _mm256_andnot_si256(is_zero, _mm256_cmpgt_epi32(e, v.zero_floor));
+  const __m256i k = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(e, v.offset), zero),
+                                     v.cap);
+  const __m256i drop = _mm256_sub_epi32(v.full, k);
+  const __m256i half = _mm256_srli_epi32(_mm256_sllv_epi32(v.one, drop), 1);
+  const __m256i rounded = _mm256_add_epi32(mag, half);
+  r.sym = _mm256_srl_epi32(rounded, v.W);
+  const __m256i k2 = _mm256_min_epi32(
+      _mm256_max_epi32(_mm256_add_epi32(r.sym, v.offset), zero), v.cap);
+  const __m256i mant = _mm256_srlv_epi32(_mm256_and_si256(rounded, v.mant_mask), drop);
+  const __m256i sign = _mm256_sllv_epi32(_mm256_srl_epi32(u, v.top), k2);
+  r.value = _mm256_and_si256(_mm256_or_si256(mant, sign), r.nz);
+  r.bits = _mm256_and_si256(_mm256_add_epi32(k2, v.one), r.nz);
+  return r;
+}
+
+// Lossless: every nonzero element keeps all W mantissa bits; only +0.0 is a zero.
+__attribute__((target("avx2"))) inline Quantized8 QuantizeLossless8(__m256i u,
+                                                                   const QuantVectors& v) {
+  Quantized8 r;
+  r.nz = _mm256_xor_si256(_mm256_cmpeq_epi32(u, _mm256_setzero_si256()), v.all);
+  r.sym = _mm256_srl_epi32(_mm256_and_si256(u, v.mag_mask), v.W);
+  r.value = _mm256_or_si256(_mm256_and_si256(u, v.mant_mask),
+                            _mm256_sll_epi32(_mm256_srl_epi32(u, v.top), v.W));
+  r.bits = _mm256_and_si256(_mm256_add_epi32(v.full, v.one), r.nz);
+  return r;
+}
+
+// Appends 8 fields to the plane. Fields are joined in pairs (<= 48 bits) and, when every
+// field has <= 14 bits (near-lossless with R <= 13), in fours (<= 56 bits).
+__attribute__((target("avx2,bmi2"))) inline void PutFields8(__m256i value, __m256i bits,
+                                                           BitWriter& w) {
+  const __m256i lo32 = _mm256_set1_epi64x(0xffffffff);
+  const __m256i first = _mm256_and_si256(bits, lo32);
+  const __m256i pv = _mm256_or_si256(_mm256_and_si256(value, lo32),
+                                     _mm256_sllv_epi64(_mm256_srli_epi64(value, 32), first));
+  const __m256i pb = _mm256_add_epi64(first, _mm256_srli_epi64(bits, 32));
+  alignas(32) uint64_t tv[4], tb[4];
+  if (__builtin_expect(
+          _mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(14))) == 0, 1)) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tv),
+                       _mm256_or_si256(pv, _mm256_sllv_epi64(_mm256_bsrli_epi128(pv, 8), pb)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tb),
+                       _mm256_add_epi64(pb, _mm256_bsrli_epi128(pb, 8)));
+    w.Put(tv[0], static_cast<unsigned>(tb[0]));
+    w.Flush();
+    w.Put(tv[2], static_cast<unsigned>(tb[2]));
+    w.Flush();
+  } else {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tv), pv);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tb), pb);
+    for (int k = 0; k < 4; ++k) {
+      w.Put(tv[k], static_cast<unsigned>(tb[k]));
+      w.Flush();
+    }
+  }
+}
+
+// Lossless f32 fields are 24 bits: whole bytes, so they are stored 3 bytes per nonzero
+// element without a bit writer. Needs 16 writable bytes past the plane's end.
+__attribute__((target("avx2,popcnt"))) inline uint8_t* PutTriples8(__m256i value, uint32_t m8,
+                                                                   uint8_t* p) {
+  const uint32_t lo = m8 & 15, hi = m8 >> 4;
+  const __m128i a = _mm_shuffle_epi8(
+      _mm256_castsi256_si128(value),
+      _mm_load_si128(reinterpret_cast<const __m128i*>(kCompact.triples[lo])));
+  const __m128i b = _mm_shuffle_epi8(
+      _mm256_extracti128_si256(value, 1),
+      _mm_load_si128(reinterpret_cast<const __m128i*>(kCompact.triples[hi])));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), a);
+  p += 3 * __builtin_popcount(lo);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), b);
+  return p + 3 * __builtin_popcount(hi);
+}
+
+// Byte 0 of each 32-bit lane, the lanes whose bit is set in m8 first; stored as 8 bytes.
+__attribute__((target("avx2"))) inline void PutBytes8(__m256i x, uint32_t m8, uint8_t* p) {
+  const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                             -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1,
+                                             -1, -1, -1, -1, -1, -1);
+  const __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(x, low_bytes),
+                                                     _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+  const __m128i kept = _mm_shuffle_epi8(_mm256_castsi256_si128(packed),
+                                        _mm_cvtsi64_si128(static_cast<long long>(kCompact.index[m8])));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), kept);
+}
+
+enum class SplitPath { kLossless, kNearLossless, kGeneral };
+
+template <typename U, SplitPath P>
+__attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, size_t n,
+                                                                  const QuantParams& q,
+                                                                  uint8_t* plane,
+                                                                  uint8_t* syms,
+                                                                  uint64_t* bitmap,
+                                                                  size_t* nnz) {
+  // Lossless fields of f32 (24 bits) and bf16 (8 bits) are whole bytes.
+  constexpr bool kByteFields = P == SplitPath::kLossless && sizeof(U) == 4;
+  const bool byte_fields16 = P == SplitPath::kLossless && q.mant_bits == 7;
+  const QuantVectors v = MakeQuantVectors(q);
+  uint8_t* bytes = plane;  // where byte-aligned fields go next
+  BitWriter w(plane);
+  Group g;
+  size_t j = 0;
+  for (size_t lo = 0; lo < n; lo += kGroup) {
+    const size_t count = n - lo < kGroup ? n - lo : kGroup;
+    uint64_t mask = 0;
+    size_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+      const __m256i u = Load8(in + lo + i);
+      Quantized8 r;
+      if constexpr (P == SplitPath::kLossless) {
+        r = QuantizeLossless8(u, v);
+      } else if constexpr (P == SplitPath::kNearLossless) {
+        const __m256i e = _mm256_srl_epi32(_mm256_and_si256(u, v.mag_mask), v.W);
+        if (__builtin_expect(_mm256_movemask_epi8(_mm256_cmpgt_epi32(e, v.ordinary_limit)) == 0,
+                             1)) {
+          r = QuantizeOrdinary8(u, e, v);
+        } else {
+          r = QuantizeGeneral8(u, v);
+        }
+      } else {
+        r = QuantizeGeneral8(u, v);
+      }
+      const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(r.nz)));
+      mask |= uint64_t{m8} << i;
+      if constexpr (kByteFields) {
+        bytes = PutTriples8(r.value, m8, bytes);
+      } else if (byte_fields16) {
+        PutBytes8(r.value, m8, bytes);
+        bytes += __builtin_popcount(m8);
+      } else {
+        PutFields8(r.value, r.bits, w);
+      }
+      PutBytes8(r.sym, m8, syms + j);
+      j += static_cast<size_t>(__builtin_popcount(m8));
+    }
+    if (i < count) {  // the last few elements of the block
+      mask |= QuantizeScalarTyped(in + lo + i, count - i, q, &g) << i;
+      if (kByteFields || byte_fields16) w = BitWriter(bytes);
+      PackGroupScalar(g, count - i, &w, syms, &j);
+      if (kByteFields || byte_fields16) bytes += w.Finish();
+    }
+    bitmap[lo / kGroup] = mask;
+  }
+  *nnz = j;
+  if (kByteFields || byte_fields16) return static_cast<size_t>(bytes - plane);
+  return w.Finish();
+}
+
+template <typename U>
+size_t SplitAvx2(const U* in, size_t n, const QuantParams& q, uint8_t* plane, uint8_t* syms,
+                 uint64_t* bitmap, size_t* nnz) {
+  if (q.zero_test == ~uint32_t{0}) {  // lossless
+    return SplitAvx2Typed<U, SplitPath::kLossless>(in, n, q, plane, syms, bitmap, nnz);
+  }
+  if (q.zero_below >= 1) {  // no nonzero element has exponent field 0
+    return SplitAvx2Typed<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap, nnz);
+  }
+  return SplitAvx2Typed<U, SplitPath::kGeneral>(in, n, q, plane, syms, bitmap, nnz);
 }
 
 template <typename U>
@@ -291,17 +535,25 @@ void AssembleElements(DType dtype, const uint8_t* sym, const uint32_t* field, si
   AssembleElementsScalar(dtype, sym, field, count, q, out);
 }
 
-uint64_t QuantizeGroup(DType dtype, const void* in, size_t count, const QuantParams& q,
-                       Group* g) {
+size_t SplitElementsScalar(DType dtype, const void* in, size_t n, const QuantParams& q,
+                           uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz) {
+  if (dtype == DType::kF32) {
+    return SplitScalarTyped(static_cast<const uint32_t*>(in), n, q, plane, syms, bitmap, nnz);
+  }
+  return SplitScalarTyped(static_cast<const uint16_t*>(in), n, q, plane, syms, bitmap, nnz);
+}
+
+size_t SplitElements(DType dtype, const void* in, size_t n, const QuantParams& q,
+                     uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz) {
 #if defined(__x86_64__)
   if (QuantizeUsesAvx2()) {
     if (dtype == DType::kF32) {
-      return QuantizeAvx2Typed(static_cast<const uint32_t*>(in), count, q, g);
+      return SplitAvx2(static_cast<const uint32_t*>(in), n, q, plane, syms, bitmap, nnz);
     }
-    return QuantizeAvx2Typed(static_cast<const uint16_t*>(in), count, q, g);
+    return SplitAvx2(static_cast<const uint16_t*>(in), n, q, plane, syms, bitmap, nnz);
   }
 #endif
-  return QuantizeGroupScalar(dtype, in, count, q, g);
+  return SplitElementsScalar(dtype, in, n, q, plane, syms, bitmap, nnz);
 }
 
 }  // namespace gcomp::codec::internal

@@ -42,14 +42,25 @@ inline int WidthOf(const QuantParams& q, int s) {
 }
 
 // One group of `count` <= kGroup elements: value[i] (sign + mantissa bits), bits[i] (0 for a
-// zero, else k + 1), sym[i] (rounded exponent field); returns the nonzero bitmap.
+// zero, else k + 1), sym[i] (rounded exponent field); returns the nonzero bitmap. Scalar: the
+// reference the vector path is tested against, and the decoder tests' source of fields.
 struct Group {
   uint32_t value[kGroup];
   uint32_t bits[kGroup];
   uint32_t sym[kGroup];
 };
-uint64_t QuantizeGroup(DType dtype, const void* in, size_t count, const QuantParams& q,
-                       Group* g);
+uint64_t QuantizeGroupScalar(DType dtype, const void* in, size_t count, const QuantParams& q,
+                             Group* g);
+
+// The encoder's whole per-element pass over in[0, n): writes the sign + mantissa plane
+// (section 1) at `plane` and returns its size in bytes; writes the nonzero elements' symbols
+// to syms[0, *nnz) and the nonzero bitmap (bit i of word i / 64) to bitmap[0, ceil(n / 64)).
+// Room needed: plane (n * (W + 1) + 7) / 8 + 16 bytes, syms n + 8 bytes.
+size_t SplitElements(DType dtype, const void* in, size_t n, const QuantParams& q,
+                     uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz);
+// The same without the vector path (tests compare the two byte for byte).
+size_t SplitElementsScalar(DType dtype, const void* in, size_t n, const QuantParams& q,
+                           uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz);
 
 // The decoder's inverse: element bit patterns (dtype-sized, written to `out`) from each
 // nonzero element's symbol and its k + 1 bit field (mantissa bits, then the sign above them).
@@ -62,11 +73,9 @@ void AssembleElementsScalar(DType dtype, const uint8_t* sym, const uint32_t* fie
 int MaxFiniteExponent(DType dtype, const void* in, size_t n);
 
 // For tests: the same with the AVX2 path disabled.
-uint64_t QuantizeGroupScalar(DType dtype, const void* in, size_t count, const QuantParams& q,
-                             Group* g);
 int MaxFiniteExponentScalar(DType dtype, const void* in, size_t n);
 
-// Whether QuantizeGroup uses AVX2 on this machine.
+// Whether SplitElements uses AVX2 on this machine.
 bool QuantizeUsesAvx2();
 
 }  // namespace gcomp::codec::internal

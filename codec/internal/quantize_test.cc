@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "codec/testing/values.h"
 #include "gtest/gtest.h"
 
@@ -47,35 +48,46 @@ TEST(Quantize, ClosedFormWidthEqualsFormatDefinition) {
   }
 }
 
-// The vectorized path (where this CPU has it) must agree with the scalar one on every
-// element, for every pattern, dtype, policy and group length (tails included).
-TEST(Quantize, VectorPathEqualsScalarPath) {
+// The vectorized pass (where this CPU has it) must write the same plane, symbols and bitmap
+// as the scalar one, for every pattern, dtype, policy and length (tails included).
+TEST(Quantize, VectorSplitEqualsScalarSplit) {
   if (!QuantizeUsesAvx2()) GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const Layout lay = LayoutOf(dtype);
     for (Pattern pattern : {Pattern::kZeros, Pattern::kConstant, Pattern::kRandomBits,
                             Pattern::kGradientLike, Pattern::kSpecials, Pattern::kBoundaries}) {
       const std::vector<uint8_t> values = MakeValues(dtype, pattern, 4096, 7);
-      const size_t n = values.size() / DTypeBytes(dtype);
-      EXPECT_EQ(MaxFiniteExponent(dtype, values.data(), n),
-                MaxFiniteExponentScalar(dtype, values.data(), n));
+      const size_t total = values.size() / DTypeBytes(dtype);
+      EXPECT_EQ(MaxFiniteExponent(dtype, values.data(), total),
+                MaxFiniteExponentScalar(dtype, values.data(), total));
       for (const Policy& p : Policies()) {
-        const int emax = MaxFiniteExponentScalar(dtype, values.data(), n);
-        const QuantParams q = MakeQuantParams(LayoutOf(dtype), p, emax);
-        for (size_t count : {size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{63},
-                             size_t{64}}) {
-          for (size_t lo = 0; lo + count <= n; lo += 509) {
+        for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{63},
+                         size_t{64}, size_t{65}, size_t{1000}, total}) {
+          for (size_t lo : {size_t{0}, size_t{3}, total / 2}) {
+            if (lo + n > total) continue;
             const uint8_t* in = values.data() + lo * DTypeBytes(dtype);
-            Group fast, slow;
-            const uint64_t fast_mask = QuantizeGroup(dtype, in, count, q, &fast);
-            const uint64_t slow_mask = QuantizeGroupScalar(dtype, in, count, q, &slow);
-            ASSERT_EQ(fast_mask, slow_mask) << PatternName(pattern) << " at " << lo;
-            for (size_t i = 0; i < count; ++i) {
-              ASSERT_EQ(fast.bits[i], slow.bits[i]) << PatternName(pattern) << " " << lo + i;
-              ASSERT_EQ(fast.value[i], slow.value[i]) << PatternName(pattern) << " " << lo + i;
-              if (slow.bits[i] != 0) {
-                ASSERT_EQ(fast.sym[i], slow.sym[i]);
-              }
-            }
+            const int emax = MaxFiniteExponentScalar(dtype, in, n);
+            const QuantParams q = MakeQuantParams(lay, p, emax);
+            const size_t plane_room = (n * (lay.mant_bits + 1) + 7) / 8 + 16;
+            const size_t words = (n + 63) / 64;
+            std::vector<uint8_t> fast_plane(plane_room), slow_plane(plane_room);
+            std::vector<uint8_t> fast_syms(n + 8), slow_syms(n + 8);
+            std::vector<uint64_t> fast_bits(words), slow_bits(words);
+            size_t fast_nnz = 0, slow_nnz = 0;
+            const size_t fast_bytes = SplitElements(dtype, in, n, q, fast_plane.data(),
+                                                    fast_syms.data(), fast_bits.data(),
+                                                    &fast_nnz);
+            const size_t slow_bytes = SplitElementsScalar(dtype, in, n, q, slow_plane.data(),
+                                                          slow_syms.data(), slow_bits.data(),
+                                                          &slow_nnz);
+            const std::string where = absl::StrCat(DTypeName(dtype), " ", PatternName(pattern),
+                                                   " R=", p.rel_bits, " A=", p.abs_log2,
+                                                   " n=", n, " at ", lo);
+            ASSERT_EQ(fast_nnz, slow_nnz) << where;
+            ASSERT_EQ(fast_bytes, slow_bytes) << where;
+            ASSERT_EQ(fast_bits, slow_bits) << where;
+            ASSERT_EQ(0, std::memcmp(fast_plane.data(), slow_plane.data(), slow_bytes)) << where;
+            ASSERT_EQ(0, std::memcmp(fast_syms.data(), slow_syms.data(), slow_nnz)) << where;
           }
         }
       }
