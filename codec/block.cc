@@ -217,19 +217,8 @@ absl::Status EncodeTyped(DType dtype, const void* data, size_t n, const BlockEnc
 
   // Exponent code: the block's own table, or a shared one when that is no larger.
   if (nnz > 0) {
-    uint64_t freq[256] = {};
-    {
-      uint64_t f[4][256] = {};
-      size_t i = 0;
-      for (; i + 4 <= nnz; i += 4) {
-        ++f[0][syms[i]];
-        ++f[1][syms[i + 1]];
-        ++f[2][syms[i + 2]];
-        ++f[3][syms[i + 3]];
-      }
-      for (; i < nnz; ++i) ++f[0][syms[i]];
-      for (int s = 0; s < 256; ++s) freq[s] = f[0][s] + f[1][s] + f[2][s] + f[3][s];
-    }
+    uint64_t freq[256];
+    internal::CountSymbols(syms, nnz, freq);
     HuffmanCode own;
     internal::BuildLengths(freq, lay.alphabet(), &own);
     internal::AssignCodes(&own);

@@ -57,11 +57,46 @@ absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferO
   if (count > UINT32_MAX) return absl::InvalidArgumentError("too many blocks");
   const size_t elem = DTypeBytes(dtype);
 
-  std::vector<std::string> blocks(count);
-  std::vector<absl::Status> status(count);
   BlockEncodeOptions block_options;
   block_options.policy = options.policy;
   block_options.shared_table = options.shared_table;
+  const size_t header = kFrameFixedBytes + 4 * count + 8;
+  const size_t base = out->size();
+  auto write_header = [&](const std::vector<uint32_t>& sizes) {
+    uint8_t* h = reinterpret_cast<uint8_t*>(&(*out)[base]);
+    internal::Store32(h, internal::kFrameMagic);
+    h[4] = internal::kFrameVersion;
+    h[5] = static_cast<uint8_t>(dtype);
+    h[6] = h[7] = 0;
+    internal::Store64(h + 8, n);
+    internal::Store32(h + 16, static_cast<uint32_t>(per));
+    internal::Store32(h + 20, static_cast<uint32_t>(count));
+    for (size_t i = 0; i < count; ++i) internal::Store32(h + kFrameFixedBytes + 4 * i, sizes[i]);
+    internal::Store64(h + header - 8, XXH64(h, header - 8, 0));
+  };
+  std::vector<uint32_t> sizes(count);
+
+  if (options.pool == nullptr && (options.threads <= 1 || count <= 1)) {
+    // On this thread: each block goes straight to `out`, behind room left for the header.
+    out->reserve(base + MaxEncodedBytes(n, dtype, options.block_bytes));
+    out->resize(base + header);
+    for (size_t i = 0; i < count; ++i) {
+      const size_t lo = i * per, m = std::min(per, n - lo);
+      const size_t before = out->size();
+      absl::Status st = EncodeBlock(dtype, static_cast<const uint8_t*>(data) + lo * elem, m,
+                                    block_options, out);
+      if (!st.ok()) {
+        out->resize(base);
+        return st;
+      }
+      sizes[i] = static_cast<uint32_t>(out->size() - before);
+    }
+    write_header(sizes);
+    return absl::OkStatus();
+  }
+
+  std::vector<std::string> blocks(count);
+  std::vector<absl::Status> status(count);
   RunParallel(options.pool, options.threads, count, [&](size_t i) {
     const size_t lo = i * per, m = std::min(per, n - lo);
     status[i] = EncodeBlock(dtype, static_cast<const uint8_t*>(data) + lo * elem, m,
@@ -70,25 +105,14 @@ absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferO
   for (const absl::Status& st : status) {
     if (!st.ok()) return st;
   }
-
-  const size_t header = kFrameFixedBytes + 4 * count + 8;
-  const size_t base = out->size();
   size_t total = header;
-  for (const std::string& b : blocks) total += b.size();
-  out->resize(base + header);
-  uint8_t* h = reinterpret_cast<uint8_t*>(&(*out)[base]);
-  internal::Store32(h, internal::kFrameMagic);
-  h[4] = internal::kFrameVersion;
-  h[5] = static_cast<uint8_t>(dtype);
-  h[6] = h[7] = 0;
-  internal::Store64(h + 8, n);
-  internal::Store32(h + 16, static_cast<uint32_t>(per));
-  internal::Store32(h + 20, static_cast<uint32_t>(count));
   for (size_t i = 0; i < count; ++i) {
-    internal::Store32(h + kFrameFixedBytes + 4 * i, static_cast<uint32_t>(blocks[i].size()));
+    sizes[i] = static_cast<uint32_t>(blocks[i].size());
+    total += blocks[i].size();
   }
-  internal::Store64(h + header - 8, XXH64(h, header - 8, 0));
   out->reserve(base + total);
+  out->resize(base + header);
+  write_header(sizes);
   for (const std::string& b : blocks) out->append(b);
   return absl::OkStatus();
 }

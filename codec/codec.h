@@ -215,6 +215,8 @@ size_t MaxEncodedBytes(size_t n, DType dtype, size_t block_bytes);
 size_t MaxEncodedBytes(size_t n, DType dtype);
 
 // Appends a frame holding n elements to *out. The bytes do not depend on the thread count.
+// On one thread the blocks are written straight into *out, which is first reserved for the
+// worst case (MaxEncodedBytes); on error *out is left as it was.
 absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferOptions& options,
                           std::string* out);
 

@@ -365,6 +365,58 @@ __attribute__((target("avx2,bmi2"))) void EncodeStreamsAvx2(const StreamPlan& pl
   sizes[3] = FinishStream(w3, plan.in[3], i, plan.count[3], word);
 }
 
+// Symbol counts by byte compares: per pass K symbol values, each with a vector of 32 byte
+// counters (emptied into 64-bit totals before they can wrap). Cheaper than table increments
+// when the symbols span few values, as near-lossless blocks do (about 2 - A).
+template <int K>
+__attribute__((target("avx2"))) void CountPassAvx2(const uint8_t* syms, size_t blocks,
+                                                   int first, uint64_t* freq) {
+  __m256i acc[K], value[K];
+  uint64_t total[K] = {};
+  for (int k = 0; k < K; ++k) value[k] = _mm256_set1_epi8(static_cast<char>(first + k));
+  for (size_t b = 0; b < blocks;) {
+    const size_t end = std::min(blocks, b + 255);
+    for (int k = 0; k < K; ++k) acc[k] = _mm256_setzero_si256();
+    for (; b < end; ++b) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(syms + 32 * b));
+      for (int k = 0; k < K; ++k) {
+        acc[k] = _mm256_sub_epi8(acc[k], _mm256_cmpeq_epi8(x, value[k]));
+      }
+    }
+    for (int k = 0; k < K; ++k) {
+      const __m256i sums = _mm256_sad_epu8(acc[k], _mm256_setzero_si256());
+      total[k] += static_cast<uint64_t>(_mm256_extract_epi64(sums, 0)) +
+                  static_cast<uint64_t>(_mm256_extract_epi64(sums, 1)) +
+                  static_cast<uint64_t>(_mm256_extract_epi64(sums, 2)) +
+                  static_cast<uint64_t>(_mm256_extract_epi64(sums, 3));
+    }
+  }
+  for (int k = 0; k < K; ++k) freq[first + k] += total[k];
+}
+
+// Smallest and largest of syms[0, 32 * blocks).
+__attribute__((target("avx2"))) void SymbolRangeAvx2(const uint8_t* syms, size_t blocks,
+                                                     int* lo, int* hi) {
+  __m256i mn = _mm256_set1_epi8(-1), mx = _mm256_setzero_si256();
+  for (size_t b = 0; b < blocks; ++b) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(syms + 32 * b));
+    mn = _mm256_min_epu8(mn, x);
+    mx = _mm256_max_epu8(mx, x);
+  }
+  alignas(32) uint8_t a[32], b[32];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(a), mn);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(b), mx);
+  *lo = 255;
+  *hi = 0;
+  for (int i = 0; i < 32; ++i) {
+    *lo = std::min<int>(*lo, a[i]);
+    *hi = std::max<int>(*hi, b[i]);
+  }
+}
+
+// The vector counts cover syms[0, 32 * blocks) when their values span at most this many.
+constexpr int kMaxVectorCountSpan = 24;
+
 bool CpuHasAvx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2");
@@ -405,6 +457,47 @@ void EncodeStreamsScalarPlan(const StreamPlan& plan, const HuffmanCode& code,
 }
 
 }  // namespace
+
+void CountSymbolsScalar(const uint8_t* syms, size_t n, uint64_t freq[256]) {
+  // Four tables, so that runs of one symbol do not wait on their own increments.
+  uint32_t f[4][256] = {};
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    ++f[0][syms[i]];
+    ++f[1][syms[i + 1]];
+    ++f[2][syms[i + 2]];
+    ++f[3][syms[i + 3]];
+  }
+  for (; i < n; ++i) ++f[0][syms[i]];
+  for (int s = 0; s < 256; ++s) freq[s] = uint64_t{f[0][s]} + f[1][s] + f[2][s] + f[3][s];
+}
+
+void CountSymbols(const uint8_t* syms, size_t n, uint64_t freq[256]) {
+#if defined(__x86_64__)
+  const size_t blocks = n / 32;
+  if (StreamsUseAvx2() && blocks > 0) {
+    int lo, hi;
+    SymbolRangeAvx2(syms, blocks, &lo, &hi);
+    if (hi - lo < kMaxVectorCountSpan) {
+      CountSymbolsScalar(syms + 32 * blocks, n - 32 * blocks, freq);
+      int first = lo;
+      for (; first + 8 <= hi + 1; first += 8) CountPassAvx2<8>(syms, blocks, first, freq);
+      switch (hi + 1 - first) {
+        case 0: break;
+        case 1: CountPassAvx2<1>(syms, blocks, first, freq); break;
+        case 2: CountPassAvx2<2>(syms, blocks, first, freq); break;
+        case 3: CountPassAvx2<3>(syms, blocks, first, freq); break;
+        case 4: CountPassAvx2<4>(syms, blocks, first, freq); break;
+        case 5: CountPassAvx2<5>(syms, blocks, first, freq); break;
+        case 6: CountPassAvx2<6>(syms, blocks, first, freq); break;
+        case 7: CountPassAvx2<7>(syms, blocks, first, freq); break;
+      }
+      return;
+    }
+  }
+#endif
+  CountSymbolsScalar(syms, n, freq);
+}
 
 bool StreamsUseAvx2() {
 #if defined(__x86_64__)

@@ -44,6 +44,10 @@ void BuildDecodeTable(const HuffmanCode& code, uint16_t* table /*[kDecodeTableSi
 // Sizes of the 4 quarters of n symbols: n/4 each, the first n%4 get one more.
 inline size_t StreamCount(size_t n, int s) { return n / 4 + (static_cast<size_t>(s) < n % 4); }
 
+// freq[s] = occurrences of s in syms[0, n) (overwrites all 256 entries).
+void CountSymbols(const uint8_t* syms, size_t n, uint64_t freq[256]);
+void CountSymbolsScalar(const uint8_t* syms, size_t n, uint64_t freq[256]);
+
 // Codes syms[0, n) as 4 streams, written back to back at `out` (which needs
 // MaxStreamBytes(n) + 8 writable bytes). Returns each stream's byte size.
 void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,

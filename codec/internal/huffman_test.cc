@@ -115,6 +115,29 @@ TEST(Huffman, VectorStreamsEqualScalarStreams) {
   }
 }
 
+TEST(Huffman, VectorCountsEqualScalarCounts) {
+  std::mt19937 rng(9);
+  for (int spread : {1, 2, 7, 8, 9, 17, 23, 24, 25, 256}) {
+    for (size_t n : {size_t{0}, size_t{31}, size_t{32}, size_t{33}, size_t{255 * 32},
+                     size_t{255 * 32 + 1}, size_t{300000}}) {
+      const int base = static_cast<int>(rng() % (257 - spread));
+      std::vector<uint8_t> syms(n);
+      for (uint8_t& s : syms) s = static_cast<uint8_t>(base + rng() % spread);
+      // One symbol so frequent that a byte counter would wrap if it were not emptied.
+      for (size_t i = 0; i < n; i += 2) syms[i] = static_cast<uint8_t>(base);
+      uint64_t fast[256], slow[256];
+      CountSymbols(syms.data(), n, fast);
+      CountSymbolsScalar(syms.data(), n, slow);
+      uint64_t total = 0;
+      for (int s = 0; s < 256; ++s) {
+        ASSERT_EQ(fast[s], slow[s]) << "spread " << spread << " n " << n << " symbol " << s;
+        total += slow[s];
+      }
+      ASSERT_EQ(total, n);
+    }
+  }
+}
+
 TEST(Huffman, ParseRejectsBadTables) {
   const uint8_t incomplete[] = {0, 2, 0x11, 0x02};  // lengths 1,1,2: over-full
   HuffmanCode code;
