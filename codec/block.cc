@@ -16,7 +16,6 @@
 namespace gcomp::codec {
 namespace {
 
-using internal::BitReader;
 using internal::HuffmanCode;
 using internal::Layout;
 using internal::Load32;
@@ -29,8 +28,6 @@ struct Scratch {
   std::vector<uint8_t> bytes;    // the block being assembled
   std::vector<uint8_t> syms;     // exponent symbols of the nonzero elements
   std::vector<uint64_t> bitmap;  // 1 = nonzero
-  std::vector<uint32_t> fields;  // decoder: sign + mantissa field of each nonzero
-  std::vector<uint8_t> values;   // decoder: the nonzero elements, before the zero map
 };
 Scratch& ThreadScratch() {
   thread_local Scratch scratch;
@@ -39,18 +36,6 @@ Scratch& ThreadScratch() {
 template <typename V>
 void Grow(V& v, size_t n) {
   if (v.size() < n) v.resize(n);
-}
-
-// Element bits as an unsigned integer of the dtype's width.
-template <typename U>
-inline U LoadElem(const void* p, size_t i) {
-  U u;
-  std::memcpy(&u, static_cast<const uint8_t*>(p) + i * sizeof(U), sizeof(U));
-  return u;
-}
-template <typename U>
-inline void StoreElem(void* p, size_t i, U u) {
-  std::memcpy(static_cast<uint8_t*>(p) + i * sizeof(U), &u, sizeof(U));
 }
 
 size_t VarintBytes(uint32_t v) {
@@ -442,42 +427,12 @@ absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
   if (absl::Status st = internal::DecodeStreams(streams, dec, nnz, syms); !st.ok()) return st;
   std::memset(syms + nnz, 0, 8);
 
-  // Serial part: each nonzero element's k + 1 bit field, in order.
   const internal::QuantParams qp = internal::MakeQuantParams(lay, b.policy, b.emax);
-  uint8_t width[256];
-  for (int sym = 0; sym < 256; ++sym) {
-    width[sym] = static_cast<uint8_t>(internal::WidthOf(qp, sym) + 1);
-  }
-  Grow(sc.fields, nnz + 2);
-  uint32_t* fields = sc.fields.data();
-  BitReader r(mant.data(), mant.size());
-  {
-    size_t i = 0;
-    for (; i + 2 <= nnz; i += 2) {  // two fields of <= 24 bits per refill
-      r.Refill();
-      const uint32_t b0 = width[syms[i]];
-      fields[i] = static_cast<uint32_t>(r.Peek()) & ((uint32_t{1} << b0) - 1);
-      r.Consume(b0);
-      const uint32_t b1 = width[syms[i + 1]];
-      fields[i + 1] = static_cast<uint32_t>(r.Peek()) & ((uint32_t{1} << b1) - 1);
-      r.Consume(b1);
-    }
-    if (i < nnz) {
-      r.Refill();
-      const uint32_t b0 = width[syms[i]];
-      fields[i] = static_cast<uint32_t>(r.Peek()) & ((uint32_t{1} << b0) - 1);
-      r.Consume(b0);
-    }
-  }
-  if (!r.AtExactEnd()) {
-    return absl::DataLossError("sign/mantissa plane does not end at its last byte");
-  }
   if (b.zero_map == ZeroMapKind::kNone) {
-    internal::AssembleElements(b.dtype, syms, fields, nnz, qp, out);
-    return absl::OkStatus();
+    return internal::JoinElements(b.dtype, syms, nnz, mant, qp, nullptr, n, out);
   }
 
-  // Zeros present: assemble the nonzeros, then spread them out by the zero map.
+  // Zeros present: the nonzero bitmap, from the map as sent or from its position list.
   const size_t words = (n + 63) / 64;
   Grow(sc.bitmap, words + 1);
   uint64_t* bm = sc.bitmap.data();
@@ -493,30 +448,9 @@ absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
     if (!st.ok()) return st;
   }
   size_t ones = 0;
-  for (size_t w = 0; w < words; ++w) ones += __builtin_popcountll(bm[w]);
+  for (size_t w = 0; w < words; ++w) ones += static_cast<size_t>(__builtin_popcountll(bm[w]));
   if (ones != nnz) return absl::DataLossError("zero map does not match the nonzero count");
-  Grow(sc.values, (nnz + 1) * sizeof(U));
-  const U* vals = reinterpret_cast<const U*>(sc.values.data());
-  internal::AssembleElements(b.dtype, syms, fields, nnz, qp, sc.values.data());
-  uint8_t* dst = static_cast<uint8_t*>(out);  // may be unaligned: byte copies only
-  size_t j = 0;
-  for (size_t w = 0; w < words; ++w) {
-    const size_t lo = w * 64, cnt = std::min<size_t>(64, n - lo);
-    const uint64_t word = bm[w];
-    if (cnt == 64 && word == ~uint64_t{0}) {
-      std::memcpy(dst + lo * sizeof(U), vals + j, 64 * sizeof(U));
-      j += 64;
-    } else if (word == 0) {
-      std::memset(dst + lo * sizeof(U), 0, cnt * sizeof(U));
-    } else {
-      for (size_t i = 0; i < cnt; ++i) {  // branch-free expand; vals has a spare slot
-        const uint32_t bit = static_cast<uint32_t>(word >> i) & 1;
-        StoreElem<U>(dst, lo + i, static_cast<U>(vals[j] & (U{0} - static_cast<U>(bit))));
-        j += bit;
-      }
-    }
-  }
-  return absl::OkStatus();
+  return internal::JoinElements(b.dtype, syms, nnz, mant, qp, bm, n, out);
 }
 
 }  // namespace

@@ -373,16 +373,20 @@ __attribute__((target("avx2"))) void CountPassAvx2(const uint8_t* syms, size_t b
                                                    int first, uint64_t* freq) {
   __m256i acc[K], value[K];
   uint64_t total[K] = {};
+#pragma GCC unroll 8
   for (int k = 0; k < K; ++k) value[k] = _mm256_set1_epi8(static_cast<char>(first + k));
   for (size_t b = 0; b < blocks;) {
     const size_t end = std::min(blocks, b + 255);
+#pragma GCC unroll 8
     for (int k = 0; k < K; ++k) acc[k] = _mm256_setzero_si256();
     for (; b < end; ++b) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(syms + 32 * b));
+#pragma GCC unroll 8
       for (int k = 0; k < K; ++k) {
         acc[k] = _mm256_sub_epi8(acc[k], _mm256_cmpeq_epi8(x, value[k]));
       }
     }
+#pragma GCC unroll 8
     for (int k = 0; k < K; ++k) {
       const __m256i sums = _mm256_sad_epu8(acc[k], _mm256_setzero_si256());
       total[k] += static_cast<uint64_t>(_mm256_extract_epi64(sums, 0)) +

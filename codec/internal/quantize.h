@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "codec/codec.h"
 #include "codec/internal/format.h"
 
@@ -68,6 +70,18 @@ void AssembleElements(DType dtype, const uint8_t* sym, const uint32_t* field, si
                       const QuantParams& q, void* out);
 void AssembleElementsScalar(DType dtype, const uint8_t* sym, const uint32_t* field,
                             size_t count, const QuantParams& q, void* out);
+
+// The decoder's whole per-element pass: rebuilds the n elements of a block (dtype-sized, at
+// `out`, which may be unaligned) from the symbols of its nnz nonzero elements (syms needs 8
+// readable bytes past them), the sign + mantissa plane (section 1) and the nonzero bitmap
+// (null when nnz == n; otherwise its popcount must be nnz). DataLoss if the plane does not
+// end exactly at its last byte with zero padding.
+absl::Status JoinElements(DType dtype, const uint8_t* syms, size_t nnz,
+                          absl::Span<const uint8_t> plane, const QuantParams& q,
+                          const uint64_t* bitmap, size_t n, void* out);
+absl::Status JoinElementsScalar(DType dtype, const uint8_t* syms, size_t nnz,
+                                absl::Span<const uint8_t> plane, const QuantParams& q,
+                                const uint64_t* bitmap, size_t n, void* out);
 
 // The largest exponent field among the finite elements of in[0, n) (0 if none).
 int MaxFiniteExponent(DType dtype, const void* in, size_t n);

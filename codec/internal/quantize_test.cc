@@ -95,6 +95,61 @@ TEST(Quantize, VectorSplitEqualsScalarSplit) {
   }
 }
 
+// The decoder's vector pass rebuilds exactly what the scalar one does, from what the encoder
+// wrote, with and without a zero bitmap; both reject a plane that is cut short or too long.
+TEST(Quantize, VectorJoinEqualsScalarJoin) {
+  if (!QuantizeUsesAvx2()) GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const Layout lay = LayoutOf(dtype);
+    const size_t width = DTypeBytes(dtype);
+    for (Pattern pattern : {Pattern::kZeros, Pattern::kConstant, Pattern::kRandomBits,
+                            Pattern::kGradientLike, Pattern::kSpecials, Pattern::kBoundaries}) {
+      const std::vector<uint8_t> values = MakeValues(dtype, pattern, 5000, 3);
+      const size_t total = values.size() / width;
+      for (const Policy& p : Policies()) {
+        for (size_t n : {size_t{1}, size_t{9}, size_t{64}, size_t{100}, size_t{2048},
+                         size_t{2049}, total}) {
+          if (n > total) continue;
+          const int emax = MaxFiniteExponentScalar(dtype, values.data(), n);
+          const QuantParams q = MakeQuantParams(lay, p, emax);
+          std::vector<uint8_t> plane((n * (lay.mant_bits + 1) + 7) / 8 + 16);
+          std::vector<uint8_t> syms(n + 8, 0);
+          std::vector<uint64_t> bitmap((n + 63) / 64);
+          size_t nnz = 0;
+          const size_t bytes = SplitElementsScalar(dtype, values.data(), n, q, plane.data(),
+                                                   syms.data(), bitmap.data(), &nnz);
+          const uint64_t* bm = nnz == n ? nullptr : bitmap.data();
+          const std::string where = absl::StrCat(DTypeName(dtype), " ", PatternName(pattern),
+                                                 " R=", p.rel_bits, " A=", p.abs_log2,
+                                                 " n=", n);
+          // Unaligned output, to match callers that hand in any address.
+          std::vector<uint8_t> fast(n * width + 1), slow(n * width + 1);
+          const absl::Span<const uint8_t> exact(plane.data(), bytes);
+          ASSERT_TRUE(JoinElements(dtype, syms.data(), nnz, exact, q, bm, n, fast.data() + 1).ok())
+              << where;
+          ASSERT_TRUE(
+              JoinElementsScalar(dtype, syms.data(), nnz, exact, q, bm, n, slow.data() + 1).ok())
+              << where;
+          ASSERT_EQ(fast, slow) << where;
+          if (p.mode == Mode::kLossless) {
+            ASSERT_EQ(0, std::memcmp(fast.data() + 1, values.data(), n * width)) << where;
+          }
+          if (bytes == 0) continue;
+          const absl::Span<const uint8_t> cut(plane.data(), bytes - 1);
+          EXPECT_FALSE(JoinElements(dtype, syms.data(), nnz, cut, q, bm, n, fast.data()).ok())
+              << where;
+          EXPECT_FALSE(
+              JoinElementsScalar(dtype, syms.data(), nnz, cut, q, bm, n, slow.data()).ok())
+              << where;
+          const absl::Span<const uint8_t> longer(plane.data(), bytes + 1);
+          EXPECT_FALSE(JoinElements(dtype, syms.data(), nnz, longer, q, bm, n, fast.data()).ok())
+              << where;
+        }
+      }
+    }
+  }
+}
+
 // Assembling (symbol, field) back must give the same element on both paths, and in lossless
 // mode exactly the input element.
 TEST(Quantize, AssembleInvertsQuantizeOnBothPaths) {
