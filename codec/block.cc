@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "codec/codec.h"
 #include "codec/internal/bits.h"
+#include "codec/internal/block_scratch.h"
 #include "codec/internal/format.h"
 #include "codec/internal/huffman.h"
 #include "codec/internal/quantize.h"
@@ -140,8 +141,8 @@ void WriteHeader(const BlockInfo& b, uint8_t* h) {
 // Encoder.
 
 template <typename U>
-absl::Status EncodeTyped(DType dtype, const void* data, size_t n, const BlockEncodeOptions& opt,
-                         std::string* out) {
+absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* data, size_t n,
+                                                      const BlockEncodeOptions& opt) {
   const Layout lay = internal::LayoutOf(dtype);
   const int M = lay.mant_bits;
   const Policy& pol = opt.policy;
@@ -254,8 +255,7 @@ absl::Status EncodeTyped(DType dtype, const void* data, size_t n, const BlockEnc
   }
   WriteHeader(b, blk);
   Store64(blk + internal::kOffChecksum, Checksum(blk, total));
-  out->append(reinterpret_cast<const char*>(blk), total);
-  return absl::OkStatus();
+  return absl::Span<const uint8_t>(blk, total);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -468,6 +468,17 @@ absl::Status EncodeBlock(DType dtype, const void* data, size_t n, const Policy& 
 
 absl::Status EncodeBlock(DType dtype, const void* data, size_t n,
                          const BlockEncodeOptions& options, std::string* out) {
+  absl::StatusOr<absl::Span<const uint8_t>> block =
+      internal::EncodeBlockToScratch(dtype, data, n, options);
+  if (!block.ok()) return block.status();
+  out->append(reinterpret_cast<const char*>(block->data()), block->size());
+  return absl::OkStatus();
+}
+
+namespace internal {
+
+absl::StatusOr<absl::Span<const uint8_t>> EncodeBlockToScratch(
+    DType dtype, const void* data, size_t n, const BlockEncodeOptions& options) {
   if (absl::Status st = ValidatePolicy(options.policy); !st.ok()) return st;
   if (!internal::IsValidDType(static_cast<uint8_t>(dtype))) {
     return absl::InvalidArgumentError("bad dtype");
@@ -477,9 +488,11 @@ absl::Status EncodeBlock(DType dtype, const void* data, size_t n,
         absl::StrCat("a block holds at most 2^26 elements, got ", n));
   }
   if (n > 0 && data == nullptr) return absl::InvalidArgumentError("null data");
-  if (dtype == DType::kF32) return EncodeTyped<uint32_t>(dtype, data, n, options, out);
-  return EncodeTyped<uint16_t>(dtype, data, n, options, out);
+  if (dtype == DType::kF32) return EncodeTyped<uint32_t>(dtype, data, n, options);
+  return EncodeTyped<uint16_t>(dtype, data, n, options);
 }
+
+}  // namespace internal
 
 absl::StatusOr<BlockInfo> InspectBlock(absl::Span<const uint8_t> block) {
   return ParseBlock(block);

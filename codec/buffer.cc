@@ -5,10 +5,13 @@
 #include <memory>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/thread_pool.h"
 #include "codec/codec.h"
 #include "codec/internal/bits.h"
+#include "codec/internal/block_scratch.h"
 #include "codec/internal/format.h"
 
 namespace gcomp::codec {
@@ -16,8 +19,26 @@ namespace {
 
 constexpr size_t kFrameFixedBytes = 24;  // before the block size table
 
-size_t BlockElements(size_t block_bytes, DType dtype) {
-  return std::clamp<size_t>(block_bytes / DTypeBytes(dtype), 1, kMaxBlockElements);
+// How a frame cuts n elements: `count` blocks of `per` elements (the last may hold fewer).
+// Blocks are as equal as the element count allows, at most block_bytes each, and there is
+// an even number of them when there is more than one, so that 2 (or 4, for the common
+// counts) threads get the same amount of work.
+struct Layout {
+  size_t per = 1;
+  size_t count = 0;
+};
+Layout FrameLayout(size_t n, DType dtype, size_t block_bytes) {
+  Layout l;
+  const size_t most = std::clamp<size_t>(block_bytes / DTypeBytes(dtype), 1, kMaxBlockElements);
+  if (n == 0) {
+    l.per = most;
+    return l;
+  }
+  size_t want = (n + most - 1) / most;
+  if (want > 1) want += want % 2;
+  l.per = std::max<size_t>(1, (n + want - 1) / want);
+  l.count = (n + l.per - 1) / l.per;
+  return l;
 }
 
 // Runs fn(i) for i < n on the given pool, or on a pool of `threads` made for this call.
@@ -36,8 +57,7 @@ void RunParallel(ThreadPool* pool, int threads, size_t n,
 }  // namespace
 
 size_t MaxEncodedBytes(size_t n, DType dtype, size_t block_bytes) {
-  const size_t per = BlockElements(block_bytes, dtype);
-  const size_t blocks = (n + per - 1) / per;
+  const size_t blocks = FrameLayout(n, dtype, block_bytes).count;
   return kFrameFixedBytes + blocks * (4 + kBlockHeaderBytes) + 8 + n * DTypeBytes(dtype);
 }
 
@@ -52,68 +72,57 @@ absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferO
   }
   if (absl::Status st = ValidatePolicy(options.policy); !st.ok()) return st;
   if (n > 0 && data == nullptr) return absl::InvalidArgumentError("null data");
-  const size_t per = BlockElements(options.block_bytes, dtype);
-  const size_t count = (n + per - 1) / per;
+  const Layout layout = FrameLayout(n, dtype, options.block_bytes);
+  const size_t per = layout.per, count = layout.count;
   if (count > UINT32_MAX) return absl::InvalidArgumentError("too many blocks");
   const size_t elem = DTypeBytes(dtype);
-
   BlockEncodeOptions block_options;
   block_options.policy = options.policy;
   block_options.shared_table = options.shared_table;
   const size_t header = kFrameFixedBytes + 4 * count + 8;
   const size_t base = out->size();
-  auto write_header = [&](const std::vector<uint32_t>& sizes) {
-    uint8_t* h = reinterpret_cast<uint8_t*>(&(*out)[base]);
-    internal::Store32(h, internal::kFrameMagic);
-    h[4] = internal::kFrameVersion;
-    h[5] = static_cast<uint8_t>(dtype);
-    h[6] = h[7] = 0;
-    internal::Store64(h + 8, n);
-    internal::Store32(h + 16, static_cast<uint32_t>(per));
-    internal::Store32(h + 20, static_cast<uint32_t>(count));
-    for (size_t i = 0; i < count; ++i) internal::Store32(h + kFrameFixedBytes + 4 * i, sizes[i]);
-    internal::Store64(h + header - 8, XXH64(h, header - 8, 0));
-  };
+
+  // Blocks are encoded in parallel into per-thread scratch memory and appended in order:
+  // the thread that finishes block i waits until block i - 1 is in. Indices are handed out
+  // in increasing order and each is worked on at once, so block i - 1 is always underway.
+  // With room reserved for the worst case, *out never moves while blocks are appended.
+  out->reserve(base + MaxEncodedBytes(n, dtype, options.block_bytes));
+  out->resize(base + header);
   std::vector<uint32_t> sizes(count);
-
-  if (options.pool == nullptr && (options.threads <= 1 || count <= 1)) {
-    // On this thread: each block goes straight to `out`, behind room left for the header.
-    out->reserve(base + MaxEncodedBytes(n, dtype, options.block_bytes));
-    out->resize(base + header);
-    for (size_t i = 0; i < count; ++i) {
-      const size_t lo = i * per, m = std::min(per, n - lo);
-      const size_t before = out->size();
-      absl::Status st = EncodeBlock(dtype, static_cast<const uint8_t*>(data) + lo * elem, m,
-                                    block_options, out);
-      if (!st.ok()) {
-        out->resize(base);
-        return st;
-      }
-      sizes[i] = static_cast<uint32_t>(out->size() - before);
-    }
-    write_header(sizes);
-    return absl::OkStatus();
-  }
-
-  std::vector<std::string> blocks(count);
   std::vector<absl::Status> status(count);
+  absl::Mutex mu;
+  size_t appended = 0;  // blocks 0 .. appended - 1 are in *out
   RunParallel(options.pool, options.threads, count, [&](size_t i) {
     const size_t lo = i * per, m = std::min(per, n - lo);
-    status[i] = EncodeBlock(dtype, static_cast<const uint8_t*>(data) + lo * elem, m,
-                            block_options, &blocks[i]);
+    absl::StatusOr<absl::Span<const uint8_t>> block = internal::EncodeBlockToScratch(
+        dtype, static_cast<const uint8_t*>(data) + lo * elem, m, block_options);
+    absl::MutexLock lock(&mu);
+    auto my_turn = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return appended == i; };
+    mu.Await(absl::Condition(&my_turn));
+    if (block.ok()) {
+      out->append(reinterpret_cast<const char*>(block->data()), block->size());
+      sizes[i] = static_cast<uint32_t>(block->size());
+    } else {
+      status[i] = block.status();
+    }
+    ++appended;
   });
   for (const absl::Status& st : status) {
-    if (!st.ok()) return st;
+    if (!st.ok()) {
+      out->resize(base);
+      return st;
+    }
   }
-  size_t total = header;
-  for (size_t i = 0; i < count; ++i) {
-    sizes[i] = static_cast<uint32_t>(blocks[i].size());
-    total += blocks[i].size();
-  }
-  out->reserve(base + total);
-  out->resize(base + header);
-  write_header(sizes);
-  for (const std::string& b : blocks) out->append(b);
+  uint8_t* h = reinterpret_cast<uint8_t*>(&(*out)[base]);
+  internal::Store32(h, internal::kFrameMagic);
+  h[4] = internal::kFrameVersion;
+  h[5] = static_cast<uint8_t>(dtype);
+  h[6] = h[7] = 0;
+  internal::Store64(h + 8, n);
+  internal::Store32(h + 16, static_cast<uint32_t>(per));
+  internal::Store32(h + 20, static_cast<uint32_t>(count));
+  for (size_t i = 0; i < count; ++i) internal::Store32(h + kFrameFixedBytes + 4 * i, sizes[i]);
+  internal::Store64(h + header - 8, XXH64(h, header - 8, 0));
   return absl::OkStatus();
 }
 

@@ -189,11 +189,14 @@ struct BlockInfo {
 absl::StatusOr<BlockInfo> InspectBlock(absl::Span<const uint8_t> block);
 
 // ---------------------------------------------------------------------------------------------
-// Buffers: a frame of blocks of block_bytes of input each, encoded/decoded on a thread pool.
+// Buffers: a frame of blocks of at most block_bytes of input each, encoded/decoded on a thread
+// pool.
 
 struct BufferOptions {
   Policy policy;
-  // Input bytes per block (rounded down to whole elements; at least one element).
+  // Most input bytes per block (rounded down to whole elements; at least one element). The
+  // buffer is cut into equal blocks no larger than this, an even number of them when there
+  // is more than one (so that thread pools of 2 and often 4 get equal shares).
   size_t block_bytes = size_t{1} << 20;
   // Worker threads when `pool` is null; 1 runs on the calling thread.
   int threads = 1;
@@ -215,8 +218,8 @@ size_t MaxEncodedBytes(size_t n, DType dtype, size_t block_bytes);
 size_t MaxEncodedBytes(size_t n, DType dtype);
 
 // Appends a frame holding n elements to *out. The bytes do not depend on the thread count.
-// On one thread the blocks are written straight into *out, which is first reserved for the
-// worst case (MaxEncodedBytes); on error *out is left as it was.
+// Blocks are written straight into *out, which is first reserved for the worst case
+// (MaxEncodedBytes); on error *out is left as it was.
 absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferOptions& options,
                           std::string* out);
 

@@ -148,6 +148,34 @@ TEST(Determinism, SameBytesForAnyThreadCount) {
   EXPECT_EQ(one, again);
 }
 
+// A frame's blocks are at most block_bytes, as equal as the count allows, and even in
+// number when there are several; appending to a non-empty string keeps what was there.
+TEST(Frame, EqualBlocksOfAtMostTheBlockSize) {
+  const std::vector<uint8_t> in = MakeValues(DType::kF32, Pattern::kGradientLike, 20000, 5);
+  for (size_t n : {size_t{1}, size_t{999}, size_t{1000}, size_t{1001}, size_t{2999},
+                   size_t{3001}, size_t{7000}, size_t{20000}}) {
+    BufferOptions options;
+    options.block_bytes = 1000 * 4;
+    options.threads = 2;
+    std::string frame = "prefix";
+    ASSERT_TRUE(EncodeBuffer(DType::kF32, in.data(), n, options, &frame).ok());
+    ASSERT_EQ(frame.substr(0, 6), "prefix");
+    EXPECT_LE(frame.size() - 6, MaxEncodedBytes(n, DType::kF32, options.block_bytes));
+    absl::StatusOr<FrameInfo> info = InspectFrame(AsBytes(frame).subspan(6));
+    ASSERT_TRUE(info.ok()) << info.status();
+    const size_t count = info->blocks.size();
+    EXPECT_LE(info->block_elements, 1000u) << n;
+    EXPECT_EQ(count, (n + info->block_elements - 1) / info->block_elements) << n;
+    if (count > 1) {
+      EXPECT_EQ(count % 2, 0u) << n;
+      // The last block is short by less than one element per block.
+      EXPECT_LT(count * info->block_elements - n, count) << n;
+    }
+    std::vector<float> out(n);
+    ASSERT_TRUE(DecodeBuffer(AsBytes(frame).subspan(6), DType::kF32, out.data(), n, 2).ok());
+  }
+}
+
 TEST(Api, RejectsMismatches) {
   const std::vector<float> in(100, 1.f);
   std::string block;

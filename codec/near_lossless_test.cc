@@ -35,7 +35,13 @@ size_t CountViolations(DType dtype, const std::vector<uint8_t>& in, size_t n,
   std::vector<float> x(n), y(n);
   ToF32(dtype, in.data(), n, x.data());
   ToF32(dtype, out.data(), n, y.data());
-  const size_t per = std::max<size_t>(1, options.block_bytes / DTypeBytes(dtype));
+  // The bound refers to each block's own largest magnitude: use the frame's block size.
+  absl::StatusOr<FrameInfo> frame_info = InspectFrame(AsBytes(frame));
+  if (!frame_info.ok()) {
+    *why = frame_info.status().ToString();
+    return n + 1;
+  }
+  const size_t per = std::max<size_t>(1, frame_info->block_elements);
   size_t bad = 0;
   for (size_t lo = 0; lo < n; lo += per) {
     const size_t hi = std::min(n, lo + per);
