@@ -57,6 +57,40 @@ class BitWriter {
   unsigned fill_ = 0;
 };
 
+// Writes the same LSB-first bits as BitWriter, 64-bit words at a time: a Put takes up to 64
+// bits and needs no Flush (fewer instructions when values come in large pieces). Requires 8
+// writable bytes past the last byte it will emit.
+class WordWriter {
+ public:
+  explicit WordWriter(uint8_t* p) : begin_(p), p_(p) {}
+  // `v` must have no bits at or above `n`; n <= 64.
+  inline void Put(uint64_t v, unsigned n) {
+    const uint64_t acc = acc_ | (v << fill_);  // fill_ < 64
+    Store64(p_, acc);
+    const unsigned t = fill_ + n;
+    // The bits of v past the word: v >> (64 - fill_), written so that fill_ == 0 gives 0.
+    const uint64_t rest = (v >> 1) >> (63 - fill_);
+    const bool full = t >= 64;
+    p_ += full ? 8 : 0;
+    acc_ = full ? rest : acc;
+    fill_ = t & 63;
+  }
+  // Writes the rest, zero-padding the last byte; returns bytes written.
+  size_t Finish() {
+    Store64(p_, acc_);
+    p_ += (fill_ + 7) / 8;
+    acc_ = 0;
+    fill_ = 0;
+    return static_cast<size_t>(p_ - begin_);
+  }
+
+ private:
+  uint8_t* begin_;
+  uint8_t* p_;
+  uint64_t acc_ = 0;
+  unsigned fill_ = 0;
+};
+
 // Reads bits LSB-first from [begin, end) without ever touching bytes outside it. Past the
 // end it reads zeros; Exhausted() tells whether the consumed bits fill exactly the buffer.
 class BitReader {

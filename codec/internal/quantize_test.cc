@@ -61,8 +61,9 @@ TEST(Quantize, VectorSplitEqualsScalarSplit) {
       EXPECT_EQ(MaxFiniteExponent(dtype, values.data(), total),
                 MaxFiniteExponentScalar(dtype, values.data(), total));
       for (const Policy& p : Policies()) {
-        for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{63},
-                         size_t{64}, size_t{65}, size_t{1000}, total}) {
+        for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{15},
+                         size_t{16}, size_t{17}, size_t{63}, size_t{64}, size_t{65},
+                         size_t{1000}, total}) {
           for (size_t lo : {size_t{0}, size_t{3}, total / 2}) {
             if (lo + n > total) continue;
             const uint8_t* in = values.data() + lo * DTypeBytes(dtype);
@@ -73,21 +74,28 @@ TEST(Quantize, VectorSplitEqualsScalarSplit) {
             std::vector<uint8_t> fast_plane(plane_room), slow_plane(plane_room);
             std::vector<uint8_t> fast_syms(n + 8), slow_syms(n + 8);
             std::vector<uint64_t> fast_bits(words), slow_bits(words);
-            size_t fast_nnz = 0, slow_nnz = 0;
-            const size_t fast_bytes = SplitElements(dtype, in, n, q, fast_plane.data(),
-                                                    fast_syms.data(), fast_bits.data(),
-                                                    &fast_nnz);
+            size_t slow_nnz = 0;
             const size_t slow_bytes = SplitElementsScalar(dtype, in, n, q, slow_plane.data(),
                                                           slow_syms.data(), slow_bits.data(),
                                                           &slow_nnz);
-            const std::string where = absl::StrCat(DTypeName(dtype), " ", PatternName(pattern),
-                                                   " R=", p.rel_bits, " A=", p.abs_log2,
-                                                   " n=", n, " at ", lo);
-            ASSERT_EQ(fast_nnz, slow_nnz) << where;
-            ASSERT_EQ(fast_bytes, slow_bytes) << where;
-            ASSERT_EQ(fast_bits, slow_bits) << where;
-            ASSERT_EQ(0, std::memcmp(fast_plane.data(), slow_plane.data(), slow_bytes)) << where;
-            ASSERT_EQ(0, std::memcmp(fast_syms.data(), slow_syms.data(), slow_nnz)) << where;
+            for (VectorLevel level : {VectorLevel::kAvx2, VectorLevel::kAvx512}) {
+              if (level > MaxVectorLevel()) continue;
+              size_t fast_nnz = 0;
+              std::fill(fast_bits.begin(), fast_bits.end(), ~uint64_t{0});
+              const size_t fast_bytes = SplitElementsAt(level, dtype, in, n, q,
+                                                        fast_plane.data(), fast_syms.data(),
+                                                        fast_bits.data(), &fast_nnz);
+              const std::string where = absl::StrCat(
+                  level == VectorLevel::kAvx2 ? "AVX2 " : "AVX-512 ", DTypeName(dtype), " ",
+                  PatternName(pattern), " R=", p.rel_bits, " A=", p.abs_log2, " n=", n, " at ",
+                  lo);
+              ASSERT_EQ(fast_nnz, slow_nnz) << where;
+              ASSERT_EQ(fast_bytes, slow_bytes) << where;
+              ASSERT_EQ(fast_bits, slow_bits) << where;
+              ASSERT_EQ(0, std::memcmp(fast_plane.data(), slow_plane.data(), slow_bytes))
+                  << where;
+              ASSERT_EQ(0, std::memcmp(fast_syms.data(), slow_syms.data(), slow_nnz)) << where;
+            }
           }
         }
       }
