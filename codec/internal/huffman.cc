@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "codec/internal/bits.h"
+#include "codec/internal/cpu.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -208,13 +210,14 @@ StreamPlan PlanStreams(const uint8_t* syms, size_t n, uint8_t* out) {
   return plan;
 }
 
-// Codes in[from, to) one symbol per flush and closes the stream; returns its byte size.
-uint32_t FinishStream(BitWriter w, const uint8_t* in, size_t from, size_t to,
+// Codes in[from, to) one symbol per put and closes the stream; returns its byte size.
+template <typename Writer>
+uint32_t FinishStream(Writer w, const uint8_t* in, size_t from, size_t to,
                       const uint32_t* word) {
   for (size_t k = from; k < to; ++k) {
     const uint32_t c = word[in[k]];
     w.Put(c & 0xffff, c >> 16);
-    w.Flush();
+    if constexpr (std::is_same_v<Writer, BitWriter>) w.Flush();
   }
   return static_cast<uint32_t>(w.Finish());
 }
@@ -421,10 +424,130 @@ __attribute__((target("avx2"))) void SymbolRangeAvx2(const uint8_t* syms, size_t
 // The vector counts cover syms[0, 32 * blocks) when their values span at most this many.
 constexpr int kMaxVectorCountSpan = 24;
 
-bool CpuHasAvx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2");
+
+// AVX-512 (VBMI): one vpermi2b looks up 64 symbols in a 128-entry table, and with 64-bit
+// puts most runs of 16 codes (about 40 bits in near-lossless blocks) take one put.
+#define GCOMP_AVX512 "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,avx2,bmi2"
+#pragma GCC diagnostic push  // GCC 12's AVX-512 headers warn about their own placeholders
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// 32 lanes of (code | length << 12) -> 8 lanes of 4 codes (<= 44 bits) with their length in
+// bits 56-63: ConcatCodes on 512 bits.
+__attribute__((target(GCOMP_AVX512))) inline __m512i ConcatCodes512(__m512i v) {
+  const __m512i lo16 = _mm512_set1_epi32(0xffff);
+  const __m512i lo32 = _mm512_set1_epi64(0xffffffff);
+  __m512i len = _mm512_srli_epi16(v, 12);
+  __m512i code = _mm512_and_si512(v, _mm512_set1_epi16(0x0fff));
+  __m512i first = _mm512_and_si512(len, lo16);
+  code = _mm512_or_si512(_mm512_and_si512(code, lo16),
+                         _mm512_sllv_epi32(_mm512_srli_epi32(code, 16), first));
+  len = _mm512_add_epi32(first, _mm512_srli_epi32(len, 16));
+  first = _mm512_and_si512(len, lo32);
+  code = _mm512_or_si512(_mm512_and_si512(code, lo32),
+                         _mm512_sllv_epi64(_mm512_srli_epi64(code, 32), first));
+  len = _mm512_add_epi64(first, _mm512_srli_epi64(len, 32));
+  return _mm512_or_si512(code, _mm512_slli_epi64(len, 56));
 }
+
+// The codes of 64 symbols in three sizes of piece, each 128-bit lane L covering symbols
+// 16L .. 16L + 15: sixteen[2L] (all 16 codes, right when sixteen_len <= 64), eight_a[2L] and
+// eight_b[2L] (codes 0-7 and 8-15, right when their length <= 64), and the 4-code chunks
+// four_a[2L], four_a[2L + 1], four_b[2L], four_b[2L + 1] (always right, length in bits 56-63).
+struct Pieces64 {
+  alignas(64) uint64_t sixteen[8], sixteen_len[8];
+  alignas(64) uint64_t eight_a[8], eight_a_len[8], eight_b[8], eight_b_len[8];
+  alignas(64) uint64_t four_a[8], four_b[8];
+};
+
+__attribute__((target(GCOMP_AVX512))) inline void PiecesOf64(const uint8_t* in, __m512i min_sym,
+                                                            __m512i lo0, __m512i lo1,
+                                                            __m512i hi0, __m512i hi1,
+                                                            Pieces64* p) {
+  const __m512i mask56 = _mm512_set1_epi64((int64_t{1} << 56) - 1);
+  const __m512i idx = _mm512_sub_epi8(_mm512_loadu_si512(in), min_sym);
+  const __m512i lo = _mm512_permutex2var_epi8(lo0, idx, lo1);
+  const __m512i hi = _mm512_permutex2var_epi8(hi0, idx, hi1);
+  // unpack works within 128-bit lanes: a holds codes 0-7 of each lane's 16, b codes 8-15.
+  const __m512i a = ConcatCodes512(_mm512_unpacklo_epi8(lo, hi));
+  const __m512i b = ConcatCodes512(_mm512_unpackhi_epi8(lo, hi));
+  _mm512_store_si512(p->four_a, a);
+  _mm512_store_si512(p->four_b, b);
+  auto eight = [&](__m512i four, __m512i* code, __m512i* len)
+                   __attribute__((always_inline, target(GCOMP_AVX512))) {
+    const __m512i c = _mm512_and_si512(four, mask56);
+    const __m512i l = _mm512_srli_epi64(four, 56);
+    *code = _mm512_or_si512(c, _mm512_sllv_epi64(_mm512_bsrli_epi128(c, 8), l));
+    *len = _mm512_add_epi64(l, _mm512_bsrli_epi128(l, 8));
+  };
+  __m512i ca, la, cb, lb;
+  eight(a, &ca, &la);
+  eight(b, &cb, &lb);
+  _mm512_store_si512(p->eight_a, ca);
+  _mm512_store_si512(p->eight_a_len, la);
+  _mm512_store_si512(p->eight_b, cb);
+  _mm512_store_si512(p->eight_b_len, lb);
+  _mm512_store_si512(p->sixteen, _mm512_or_si512(ca, _mm512_sllv_epi64(cb, la)));
+  _mm512_store_si512(p->sixteen_len, _mm512_add_epi64(la, lb));
+}
+
+__attribute__((always_inline)) inline void PutPieces64(WordWriter& w, const Pieces64& p) {
+  constexpr uint64_t kCodeMask = (uint64_t{1} << 56) - 1;
+  for (int k = 0; k < 8; k += 2) {
+    if (__builtin_expect(p.sixteen_len[k] <= 64, 1)) {
+      w.Put(p.sixteen[k], static_cast<unsigned>(p.sixteen_len[k]));
+      continue;
+    }
+    const uint64_t* eights[2] = {p.eight_a, p.eight_b};
+    const uint64_t* eight_lens[2] = {p.eight_a_len, p.eight_b_len};
+    const uint64_t* fours[2] = {p.four_a, p.four_b};
+    for (int h = 0; h < 2; ++h) {
+      if (eight_lens[h][k] <= 64) {
+        w.Put(eights[h][k], static_cast<unsigned>(eight_lens[h][k]));
+      } else {
+        w.Put(fours[h][k] & kCodeMask, static_cast<unsigned>(fours[h][k] >> 56));
+        w.Put(fours[h][k + 1] & kCodeMask, static_cast<unsigned>(fours[h][k + 1] >> 56));
+      }
+    }
+  }
+}
+
+__attribute__((target(GCOMP_AVX512))) void EncodeStreams512(const StreamPlan& plan, int min_sym,
+                                                           const HuffmanCode& code,
+                                                           uint32_t sizes[kNumStreams]) {
+  // Per symbol - min_sym (< 128): the code's low byte, and its top 3 bits | length << 4.
+  alignas(64) uint8_t lo_bytes[128] = {}, hi_bytes[128] = {};
+  for (int i = 0; i < 128 && min_sym + i < 256; ++i) {
+    const int s = min_sym + i;
+    lo_bytes[i] = static_cast<uint8_t>(code.code[s]);
+    hi_bytes[i] = static_cast<uint8_t>((code.code[s] >> 8) | (code.len[s] << 4));
+  }
+  const __m512i lo0 = _mm512_load_si512(lo_bytes), lo1 = _mm512_load_si512(lo_bytes + 64);
+  const __m512i hi0 = _mm512_load_si512(hi_bytes), hi1 = _mm512_load_si512(hi_bytes + 64);
+  const __m512i min_vec = _mm512_set1_epi8(static_cast<char>(min_sym));
+  WordWriter w0(plan.base[0]), w1(plan.base[1]), w2(plan.base[2]), w3(plan.base[3]);
+  const size_t q = plan.count[kNumStreams - 1];  // the shortest stream
+  Pieces64 p;
+  size_t i = 0;
+  for (; i + 64 <= q; i += 64) {
+    PiecesOf64(plan.in[0] + i, min_vec, lo0, lo1, hi0, hi1, &p);
+    PutPieces64(w0, p);
+    PiecesOf64(plan.in[1] + i, min_vec, lo0, lo1, hi0, hi1, &p);
+    PutPieces64(w1, p);
+    PiecesOf64(plan.in[2] + i, min_vec, lo0, lo1, hi0, hi1, &p);
+    PutPieces64(w2, p);
+    PiecesOf64(plan.in[3] + i, min_vec, lo0, lo1, hi0, hi1, &p);
+    PutPieces64(w3, p);
+  }
+  uint32_t word[256];
+  PackedWords(code, word);
+  sizes[0] = FinishStream(w0, plan.in[0], i, plan.count[0], word);
+  sizes[1] = FinishStream(w1, plan.in[1], i, plan.count[1], word);
+  sizes[2] = FinishStream(w2, plan.in[2], i, plan.count[2], word);
+  sizes[3] = FinishStream(w3, plan.in[3], i, plan.count[3], word);
+}
+
+#pragma GCC diagnostic pop
 
 #endif  // __x86_64__
 
@@ -503,14 +626,7 @@ void CountSymbols(const uint8_t* syms, size_t n, uint64_t freq[256]) {
   CountSymbolsScalar(syms, n, freq);
 }
 
-bool StreamsUseAvx2() {
-#if defined(__x86_64__)
-  static const bool avx2 = CpuHasAvx2();
-  return avx2;
-#else
-  return false;
-#endif
-}
+bool StreamsUseAvx2() { return MaxVectorLevel() >= VectorLevel::kAvx2; }
 
 void EncodeStreamsScalar(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
                          uint32_t sizes[kNumStreams]) {
@@ -519,12 +635,13 @@ void EncodeStreamsScalar(const uint8_t* syms, size_t n, const HuffmanCode& code,
   JoinStreams(plan, out, sizes);
 }
 
-void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
-                   uint32_t sizes[kNumStreams]) {
+void EncodeStreamsAt(VectorLevel level, const uint8_t* syms, size_t n, const HuffmanCode& code,
+                     uint8_t* out, uint32_t sizes[kNumStreams]) {
   const StreamPlan plan = PlanStreams(syms, n, out);
 #if defined(__x86_64__)
-  // The vector path looks codes up 16 symbols per table: it takes codes whose symbols span
-  // at most 64 values (near-lossless blocks span about 2 - A; lossless gradients ~40).
+  // The vector paths look codes up in tables indexed by symbol - lo: 128 entries with
+  // AVX-512, 16 * NT with AVX2 (near-lossless blocks span about 2 - A symbols, lossless
+  // gradient blocks some 30 to 60).
   int lo = 256, hi = -1;
   for (int s = 0; s < code.alphabet; ++s) {
     if (code.len[s] != 0 || s == code.single_symbol) {
@@ -532,7 +649,12 @@ void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8
       hi = std::max(hi, s);
     }
   }
-  if (StreamsUseAvx2() && hi >= lo && n >= 4 * 32) {
+  if (level > MaxVectorLevel()) level = MaxVectorLevel();
+  if (level == VectorLevel::kAvx512 && hi >= lo && hi - lo < 128) {
+    EncodeStreams512(plan, lo, code, sizes);
+    return JoinStreams(plan, out, sizes);
+  }
+  if (level >= VectorLevel::kAvx2 && hi >= lo && n >= 4 * 32) {
     switch ((hi - lo) / 16) {
       case 0:
         EncodeStreamsAvx2<1>(plan, lo, code, sizes);
@@ -553,6 +675,11 @@ void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8
 #endif
   EncodeStreamsScalarPlan(plan, code, sizes);
   JoinStreams(plan, out, sizes);
+}
+
+void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
+                   uint32_t sizes[kNumStreams]) {
+  EncodeStreamsAt(MaxVectorLevel(), syms, n, code, out, sizes);
 }
 
 namespace {

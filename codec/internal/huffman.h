@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "codec/internal/cpu.h"
 
 namespace gcomp::codec::internal {
 
@@ -52,7 +53,10 @@ void CountSymbolsScalar(const uint8_t* syms, size_t n, uint64_t freq[256]);
 // MaxStreamBytes(n) + 8 writable bytes). Returns each stream's byte size.
 void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
                    uint32_t sizes[kNumStreams]);
-// The same without the vector path, and whether EncodeStreams takes it on this CPU (tests).
+// EncodeStreams limited to a vector level (clamped to what this CPU has), the same without
+// any vector path, and whether the CPU has AVX2 at all (tests compare them).
+void EncodeStreamsAt(VectorLevel level, const uint8_t* syms, size_t n, const HuffmanCode& code,
+                     uint8_t* out, uint32_t sizes[kNumStreams]);
 void EncodeStreamsScalar(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
                          uint32_t sizes[kNumStreams]);
 bool StreamsUseAvx2();

@@ -84,9 +84,9 @@ TEST(Huffman, SerializeParseRoundTripAndStreams) {
 TEST(Huffman, VectorStreamsEqualScalarStreams) {
   if (!StreamsUseAvx2()) GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
   std::mt19937 rng(5);
-  for (int spread : {1, 2, 5, 16, 17, 31, 32, 33, 48, 63, 64, 65, 200}) {
-    for (size_t n : {size_t{127}, size_t{128}, size_t{129}, size_t{1000}, size_t{4099},
-                     size_t{65536}}) {
+  for (int spread : {1, 2, 5, 16, 17, 31, 32, 33, 48, 63, 64, 65, 127, 128, 129, 200}) {
+    for (size_t n : {size_t{127}, size_t{128}, size_t{129}, size_t{255}, size_t{256},
+                     size_t{257}, size_t{1000}, size_t{4099}, size_t{65536}}) {
       const int base = static_cast<int>(rng() % (257 - spread));
       std::vector<uint8_t> syms(n + 32);
       uint64_t freq[256] = {};
@@ -102,15 +102,50 @@ TEST(Huffman, VectorStreamsEqualScalarStreams) {
       AssignCodes(&code);
       std::vector<uint8_t> fast(MaxStreamBytes(n) + 8), slow(MaxStreamBytes(n) + 8);
       uint32_t fast_sizes[4], slow_sizes[4];
-      EncodeStreams(syms.data(), n, code, fast.data(), fast_sizes);
       EncodeStreamsScalar(syms.data(), n, code, slow.data(), slow_sizes);
+      for (VectorLevel level : {VectorLevel::kAvx2, VectorLevel::kAvx512}) {
+        if (level > MaxVectorLevel()) continue;
+        const char* name = level == VectorLevel::kAvx2 ? "AVX2" : "AVX-512";
+        EncodeStreamsAt(level, syms.data(), n, code, fast.data(), fast_sizes);
+        size_t total = 0;
+        for (int s = 0; s < 4; ++s) {
+          ASSERT_EQ(fast_sizes[s], slow_sizes[s]) << name << " spread " << spread << " n " << n;
+          total += slow_sizes[s];
+        }
+        ASSERT_EQ(0, std::memcmp(fast.data(), slow.data(), total))
+            << name << " spread " << spread << " n " << n;
+      }
+    }
+  }
+}
+
+// Long codes in a row: the vector paths' fallbacks for runs of codes too long for one put.
+TEST(Huffman, VectorStreamsEqualScalarStreamsOnLongCodes) {
+  std::mt19937 rng(11);
+  for (int spread : {20, 64, 100, 128}) {
+    uint64_t freq[256] = {};
+    // A geometric head, so that the rest of the symbols get codes at the 11-bit cap.
+    for (int s = 0; s < spread; ++s) freq[40 + s] = s < 12 ? uint64_t{1} << (40 - 2 * s) : 1;
+    HuffmanCode code;
+    BuildLengths(freq, 256, &code);
+    AssignCodes(&code);
+    const size_t n = 20000;
+    std::vector<uint8_t> syms(n + 32);
+    for (size_t i = 0; i < n; ++i) {
+      syms[i] = static_cast<uint8_t>(40 + (rng() % 8 == 0 ? 0 : 1 + rng() % (spread - 1)));
+    }
+    std::vector<uint8_t> fast(MaxStreamBytes(n) + 8), slow(MaxStreamBytes(n) + 8);
+    uint32_t fast_sizes[4], slow_sizes[4];
+    EncodeStreamsScalar(syms.data(), n, code, slow.data(), slow_sizes);
+    for (VectorLevel level : {VectorLevel::kAvx2, VectorLevel::kAvx512}) {
+      if (level > MaxVectorLevel()) continue;
+      EncodeStreamsAt(level, syms.data(), n, code, fast.data(), fast_sizes);
       size_t total = 0;
       for (int s = 0; s < 4; ++s) {
-        ASSERT_EQ(fast_sizes[s], slow_sizes[s]) << "spread " << spread << " n " << n;
+        ASSERT_EQ(fast_sizes[s], slow_sizes[s]) << "spread " << spread;
         total += slow_sizes[s];
       }
-      ASSERT_EQ(0, std::memcmp(fast.data(), slow.data(), total))
-          << "spread " << spread << " n " << n;
+      ASSERT_EQ(0, std::memcmp(fast.data(), slow.data(), total)) << "spread " << spread;
     }
   }
 }

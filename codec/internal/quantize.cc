@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "codec/internal/bits.h"
+#include "codec/internal/cpu.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -622,12 +623,6 @@ __attribute__((target(GCOMP_AVX512))) size_t Split512Typed(const U* in, size_t n
 
 #pragma GCC diagnostic pop
 
-bool DetectAvx512() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi") &&
-         __builtin_cpu_supports("avx512vbmi2");
-}
 
 template <typename U>
 size_t SplitVector(VectorLevel level, const U* in, size_t n, const QuantParams& q,
@@ -881,10 +876,6 @@ absl::Status JoinAvx2(const uint8_t* syms, size_t nnz, const uint8_t* plane, siz
   return JoinAvx2Typed<U, FieldPath::kBits>(syms, nnz, plane, size, q, bitmap, n, out);
 }
 
-bool DetectAvx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2");
-}
 
 #endif  // __x86_64__
 
@@ -917,25 +908,8 @@ int MaxFiniteExponent(DType dtype, const void* in, size_t n) {
   return MaxFiniteExponentScalar(dtype, in, n);
 }
 
-VectorLevel MaxVectorLevel() {
-#if defined(__x86_64__)
-  static const VectorLevel level = DetectAvx512() ? VectorLevel::kAvx512
-                                   : DetectAvx2() ? VectorLevel::kAvx2
-                                                  : VectorLevel::kScalar;
-  return level;
-#else
-  return VectorLevel::kScalar;
-#endif
-}
 
-bool QuantizeUsesAvx2() {
-#if defined(__x86_64__)
-  static const bool avx2 = DetectAvx2();
-  return avx2;
-#else
-  return false;
-#endif
-}
+bool QuantizeUsesAvx2() { return MaxVectorLevel() >= VectorLevel::kAvx2; }
 
 absl::Status JoinElementsScalar(DType dtype, const uint8_t* syms, size_t nnz,
                                 absl::Span<const uint8_t> plane, const QuantParams& q,

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "codec/codec.h"
+#include "codec/internal/cpu.h"
 #include "codec/internal/format.h"
 
 namespace gcomp::codec::internal {
@@ -60,10 +61,6 @@ uint64_t QuantizeGroupScalar(DType dtype, const void* in, size_t count, const Qu
 // Room needed: plane (n * (W + 1) + 7) / 8 + 16 bytes, syms n + 8 bytes.
 size_t SplitElements(DType dtype, const void* in, size_t n, const QuantParams& q,
                      uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz);
-// The vector instruction sets these passes can use, in order.
-enum class VectorLevel { kScalar, kAvx2, kAvx512 };
-// The best this CPU has (AVX-512 means F, BW, VL, VBMI and VBMI2).
-VectorLevel MaxVectorLevel();
 // SplitElements limited to `level` (clamped to MaxVectorLevel()); tests compare the levels.
 size_t SplitElementsAt(VectorLevel level, DType dtype, const void* in, size_t n,
                        const QuantParams& q, uint8_t* plane, uint8_t* syms, uint64_t* bitmap,

@@ -1,0 +1,17 @@
+// Which vector instruction sets the codec's hot loops may use on this CPU. Internal to
+// codec/; every vectorized path has a scalar twin that tests compare it with.
+#ifndef GCOMP_CODEC_INTERNAL_CPU_H_
+#define GCOMP_CODEC_INTERNAL_CPU_H_
+
+namespace gcomp::codec::internal {
+
+// In increasing order. AVX-512 here means F, BW, VL, VBMI and VBMI2 (Ice Lake, Zen 4 and
+// later).
+enum class VectorLevel { kScalar, kAvx2, kAvx512 };
+
+// The best level this CPU has; kScalar off x86-64. Detected once.
+VectorLevel MaxVectorLevel();
+
+}  // namespace gcomp::codec::internal
+
+#endif  // GCOMP_CODEC_INTERNAL_CPU_H_
