@@ -1,5 +1,8 @@
 #include "codec/internal/cpu.h"
 
+#include <cstdlib>
+#include <cstring>
+
 namespace gcomp::codec::internal {
 namespace {
 
@@ -18,10 +21,20 @@ VectorLevel Detect() {
   return VectorLevel::kScalar;
 }
 
+// GCOMP_SIMD=scalar|avx2 lowers the level (to compare paths, or to rule one out); unknown
+// values are ignored.
+VectorLevel Capped(VectorLevel level) {
+  const char* cap = std::getenv("GCOMP_SIMD");
+  if (cap == nullptr) return level;
+  if (std::strcmp(cap, "scalar") == 0) return VectorLevel::kScalar;
+  if (std::strcmp(cap, "avx2") == 0 && level > VectorLevel::kAvx2) return VectorLevel::kAvx2;
+  return level;
+}
+
 }  // namespace
 
 VectorLevel MaxVectorLevel() {
-  static const VectorLevel level = Detect();
+  static const VectorLevel level = Capped(Detect());
   return level;
 }
 

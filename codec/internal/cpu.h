@@ -9,7 +9,8 @@ namespace gcomp::codec::internal {
 // later).
 enum class VectorLevel { kScalar, kAvx2, kAvx512 };
 
-// The best level this CPU has; kScalar off x86-64. Detected once.
+// The best level this CPU has; kScalar off x86-64. Detected once; the environment variable
+// GCOMP_SIMD=avx2 or GCOMP_SIMD=scalar caps it (the bytes written never depend on it).
 VectorLevel MaxVectorLevel();
 
 }  // namespace gcomp::codec::internal
