@@ -345,34 +345,39 @@ __attribute__((target("avx2"))) inline Quantized8 QuantizeLossless8(__m256i u,
   return r;
 }
 
-// Appends 8 fields to the plane. Fields are joined in pairs (<= 48 bits) and, when every
-// field has <= 14 bits (near-lossless with R <= 13), in fours (<= 56 bits).
+// Appends 8 fields to the plane. Fields are joined in pairs (<= 48 bits), then in fours
+// when every field has <= 14 bits (near-lossless with R <= 13), and in eights (<= 64 bits)
+// when every field has <= 8 bits (R <= 7, the default).
 __attribute__((target("avx2,bmi2"))) inline void PutFields8(__m256i value, __m256i bits,
-                                                           BitWriter& w) {
+                                                           WordWriter& w) {
   const __m256i lo32 = _mm256_set1_epi64x(0xffffffff);
   const __m256i first = _mm256_and_si256(bits, lo32);
   const __m256i pv = _mm256_or_si256(_mm256_and_si256(value, lo32),
                                      _mm256_sllv_epi64(_mm256_srli_epi64(value, 32), first));
   const __m256i pb = _mm256_add_epi64(first, _mm256_srli_epi64(bits, 32));
   alignas(32) uint64_t tv[4], tb[4];
-  if (__builtin_expect(
-          _mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(14))) == 0, 1)) {
-    _mm256_store_si256(reinterpret_cast<__m256i*>(tv),
-                       _mm256_or_si256(pv, _mm256_sllv_epi64(_mm256_bsrli_epi128(pv, 8), pb)));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(tb),
-                       _mm256_add_epi64(pb, _mm256_bsrli_epi128(pb, 8)));
-    w.Put(tv[0], static_cast<unsigned>(tb[0]));
-    w.Flush();
-    w.Put(tv[2], static_cast<unsigned>(tb[2]));
-    w.Flush();
-  } else {
-    _mm256_store_si256(reinterpret_cast<__m256i*>(tv), pv);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(tb), pb);
-    for (int k = 0; k < 4; ++k) {
-      w.Put(tv[k], static_cast<unsigned>(tb[k]));
-      w.Flush();
+  const int over8 = _mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(8)));
+  if (__builtin_expect(over8 == 0, 1) ||
+      _mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(14))) == 0) {
+    const __m256i qv = _mm256_or_si256(pv, _mm256_sllv_epi64(_mm256_bsrli_epi128(pv, 8), pb));
+    const __m256i qb = _mm256_add_epi64(pb, _mm256_bsrli_epi128(pb, 8));
+    if (__builtin_expect(over8 == 0, 1)) {  // fours of <= 32 bits in lanes 0 and 2
+      const __m256i ov =
+          _mm256_or_si256(qv, _mm256_sllv_epi64(_mm256_permute4x64_epi64(qv, 2), qb));
+      const __m256i ob = _mm256_add_epi64(qb, _mm256_permute4x64_epi64(qb, 2));
+      w.Put(static_cast<uint64_t>(_mm_cvtsi128_si64(_mm256_castsi256_si128(ov))),
+            static_cast<unsigned>(_mm256_cvtsi256_si32(ob)));
+      return;
     }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tv), qv);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tb), qb);
+    w.Put(tv[0], static_cast<unsigned>(tb[0]));
+    w.Put(tv[2], static_cast<unsigned>(tb[2]));
+    return;
   }
+  _mm256_store_si256(reinterpret_cast<__m256i*>(tv), pv);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(tb), pb);
+  for (int k = 0; k < 4; ++k) w.Put(tv[k], static_cast<unsigned>(tb[k]));
 }
 
 // Lossless f32 fields are 24 bits: whole bytes, so they are stored 3 bytes per nonzero
@@ -418,7 +423,7 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
   const bool byte_fields16 = P == SplitPath::kLossless && q.mant_bits == 7;
   const QuantVectors v = MakeQuantVectors(q);
   uint8_t* bytes = plane;  // where byte-aligned fields go next
-  BitWriter w(plane);
+  WordWriter w(plane);
   Group g;
   size_t j = 0;
   for (size_t lo = 0; lo < n; lo += kGroup) {
@@ -456,7 +461,7 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
     }
     if (i < count) {  // the last few elements of the block
       mask |= QuantizeScalarTyped(in + lo + i, count - i, q, &g) << i;
-      if (kByteFields || byte_fields16) w = BitWriter(bytes);
+      if (kByteFields || byte_fields16) w = WordWriter(bytes);
       PackGroupScalar(g, count - i, &w, syms, &j);
       if (kByteFields || byte_fields16) bytes += w.Finish();
     }
