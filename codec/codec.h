@@ -196,7 +196,7 @@ struct BufferOptions {
   Policy policy;
   // Most input bytes per block (rounded down to whole elements; at least one element). The
   // buffer is cut into equal blocks no larger than this, an even number of them when there
-  // is more than one (so that thread pools of 2 and often 4 get equal shares).
+  // is more than one (so that 2 threads get equal shares); docs/FORMAT.md has the rule.
   size_t block_bytes = size_t{1} << 20;
   // Worker threads when `pool` is null; 1 runs on the calling thread.
   int threads = 1;
