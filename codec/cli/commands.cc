@@ -3,7 +3,12 @@
 #include <lz4.h>
 #include <zstd.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -146,6 +151,67 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Independent vector adds and xors, enough to keep a core's vector units busy.
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) int VectorWork(long iterations) {
+  __m256i a = _mm256_set1_epi32(1), b = _mm256_set1_epi32(2), c = _mm256_set1_epi32(3),
+          d = _mm256_set1_epi32(4), e = _mm256_set1_epi32(5), f = _mm256_set1_epi32(6);
+  const __m256i k = _mm256_set1_epi32(3);
+  for (long i = 0; i < iterations; ++i) {
+    a = _mm256_add_epi32(a, k);
+    b = _mm256_xor_si256(b, k);
+    c = _mm256_add_epi32(c, k);
+    d = _mm256_xor_si256(d, k);
+    e = _mm256_add_epi32(e, k);
+    f = _mm256_xor_si256(f, k);
+  }
+  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a, b), c),
+                                       _mm256_add_epi32(_mm256_add_epi32(d, e), f));
+  return _mm256_extract_epi32(sum, 0);
+}
+#endif
+int ScalarWork(long iterations) {
+  uint64_t a = 1, b = 2, c = 3;
+  for (long i = 0; i < iterations; ++i) {
+    a = a * 6364136223846793005u + 1;
+    b ^= a >> 7;
+    c += b;
+  }
+  return static_cast<int>(a ^ b ^ c);
+}
+
+// How much faster `threads` threads get through the same vector work per thread than one
+// thread: the best the codec's 2-thread columns can show on this machine (virtual CPUs
+// that are two hyperthreads of one core share its vector units).
+double VectorScalingCeiling(ThreadPool& pool, int threads) {
+  const long iterations = 40'000'000;
+  bool avx2 = false;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  avx2 = __builtin_cpu_supports("avx2");
+#endif
+  std::atomic<int> sink{0};
+  auto one = [&](size_t) {
+#if defined(__x86_64__)
+    if (avx2) {
+      sink += VectorWork(iterations);
+      return;
+    }
+#endif
+    sink += ScalarWork(iterations);
+  };
+  double best1 = 1e30, bestn = 1e30;
+  for (int r = 0; r < 5; ++r) {
+    auto t0 = Clock::now();
+    one(0);
+    best1 = std::min(best1, std::chrono::duration<double>(Clock::now() - t0).count());
+    t0 = Clock::now();
+    pool.ParallelFor(static_cast<size_t>(threads), one);
+    bestn = std::min(bestn, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return threads * best1 / bestn;
+}
+
 // A byte compressor run chunk by chunk (chunks of the codec's largest block size).
 struct Baseline {
   std::string name;
@@ -225,9 +291,15 @@ absl::Status Bench(const std::vector<std::string>& paths, const BenchOptions& op
   if (paths.empty()) return absl::InvalidArgumentError("bench needs at least one .npy file");
   const int threads = std::max(1, options.threads);
   ThreadPool pool(threads - 1);
-  out << absl::StrFormat("threads: 1 and %d; timings: best of %d rounds, codecs taking turns, each timed run "
-                         "after an untimed one; block: %d bytes\n",
+  out << absl::StrFormat("threads: 1 and %d; timings: best of %d rounds, codecs taking turns, "
+                         "each timed run after an untimed one; block: %d bytes\n",
                          threads, options.repeats, options.block_bytes);
+  if (threads > 1) {
+    out << absl::StrFormat(
+        "thread scaling ceiling of this machine: %.2fx (a vector ALU loop on %d threads vs "
+        "1; below %d when the CPUs share cores)\n",
+        VectorScalingCeiling(pool, threads), threads, threads);
+  }
   for (const std::string& path : paths) {
     absl::StatusOr<NpyArray> array = ReadNpyF32(path);
     if (!array.ok()) return array.status();
