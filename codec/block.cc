@@ -88,8 +88,8 @@ uint8_t* WritePositionList(const uint64_t* bitmap, size_t n, bool want, uint8_t*
 }
 
 // Rebuilds the nonzero bitmap from a position list; checks every byte of it.
-absl::Status ReadPositionList(absl::Span<const uint8_t> list, size_t n, size_t entries,
-                              bool want, uint64_t* bitmap) {
+absl::Status ReadPositionList(absl::Span<const uint8_t> list, size_t n, size_t entries, bool want,
+                              uint64_t* bitmap) {
   const size_t words = (n + 63) / 64;
   std::fill(bitmap, bitmap + words, want ? 0 : ~uint64_t{0});
   if (!want && n % 64 != 0) bitmap[words - 1] = (uint64_t{1} << (n % 64)) - 1;
@@ -170,8 +170,8 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* d
 
   // Pass 2: quantize; write the sign + mantissa plane, the symbols and the zero bitmap.
   size_t nnz = 0;
-  b.mantissa_bytes = internal::SplitElements(dtype, data, n, qp, blk + kBlockHeaderBytes, syms,
-                                             bitmap, &nnz);
+  b.mantissa_bytes =
+      internal::SplitElements(dtype, data, n, qp, blk + kBlockHeaderBytes, syms, bitmap, &nnz);
   b.nonzeros = static_cast<uint32_t>(nnz);
   uint8_t* p = blk + kBlockHeaderBytes + b.mantissa_bytes;
 
@@ -214,8 +214,8 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* d
     HuffmanCode shared;
     b.table = TableKind::kInline;
     if (opt.shared_table != nullptr && opt.shared_table->dtype() == dtype) {
-      absl::Status st = internal::ParseTable(AsBytes(opt.shared_table->bytes()),
-                                             lay.alphabet(), &shared);
+      absl::Status st =
+          internal::ParseTable(AsBytes(opt.shared_table->bytes()), lay.alphabet(), &shared);
       if (!st.ok()) return st;
       const uint64_t shared_bits = internal::CodedBits(shared, freq);
       const uint64_t own_bits = internal::CodedBits(own, freq);
@@ -311,21 +311,20 @@ absl::StatusOr<BlockInfo> ParseBlock(absl::Span<const uint8_t> blk) {
   const uint64_t sum = uint64_t{b.mantissa_bytes} + b.zero_map_bytes + b.table_bytes +
                        b.exponent_bytes + kBlockHeaderBytes;
   if (sum != blk.size()) {
-    return absl::DataLossError(absl::StrCat("section sizes sum to ", sum,
-                                            " bytes but the block has ", blk.size()));
+    return absl::DataLossError(
+        absl::StrCat("section sizes sum to ", sum, " bytes but the block has ", blk.size()));
   }
   const size_t elem_bytes = DTypeBytes(b.dtype);
   if (b.table == TableKind::kStored) {
-    if (b.zero_map != ZeroMapKind::kNone || b.zero_map_bytes || b.table_bytes ||
-        b.exponent_bytes || nnz != n || b.mantissa_bytes != n * elem_bytes) {
+    if (b.zero_map != ZeroMapKind::kNone || b.zero_map_bytes || b.table_bytes || b.exponent_bytes ||
+        nnz != n || b.mantissa_bytes != n * elem_bytes) {
       return absl::DataLossError("stored block with inconsistent sections");
     }
   } else {
     if ((b.table == TableKind::kNone) != (nnz == 0)) {
       return absl::DataLossError("table kind does not match the nonzero count");
     }
-    if (b.table == TableKind::kNone &&
-        (b.table_bytes || b.exponent_bytes || b.mantissa_bytes)) {
+    if (b.table == TableKind::kNone && (b.table_bytes || b.exponent_bytes || b.mantissa_bytes)) {
       return absl::DataLossError("block without nonzeros has nonempty sections");
     }
     if (b.table == TableKind::kInline && (b.table_bytes < 3 || b.table_bytes > 130)) {
@@ -374,7 +373,6 @@ absl::StatusOr<BlockInfo> ParseBlock(absl::Span<const uint8_t> blk) {
 
 // ---------------------------------------------------------------------------------------------
 // Decoder.
-
 
 template <typename U>
 absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
@@ -466,8 +464,8 @@ absl::Status EncodeBlock(DType dtype, const void* data, size_t n, const Policy& 
   return EncodeBlock(dtype, data, n, options, out);
 }
 
-absl::Status EncodeBlock(DType dtype, const void* data, size_t n,
-                         const BlockEncodeOptions& options, std::string* out) {
+absl::Status EncodeBlock(DType dtype, const void* data, size_t n, const BlockEncodeOptions& options,
+                         std::string* out) {
   absl::StatusOr<absl::Span<const uint8_t>> block =
       internal::EncodeBlockToScratch(dtype, data, n, options);
   if (!block.ok()) return block.status();
@@ -477,15 +475,15 @@ absl::Status EncodeBlock(DType dtype, const void* data, size_t n,
 
 namespace internal {
 
-absl::StatusOr<absl::Span<const uint8_t>> EncodeBlockToScratch(
-    DType dtype, const void* data, size_t n, const BlockEncodeOptions& options) {
+absl::StatusOr<absl::Span<const uint8_t>> EncodeBlockToScratch(DType dtype, const void* data,
+                                                               size_t n,
+                                                               const BlockEncodeOptions& options) {
   if (absl::Status st = ValidatePolicy(options.policy); !st.ok()) return st;
   if (!internal::IsValidDType(static_cast<uint8_t>(dtype))) {
     return absl::InvalidArgumentError("bad dtype");
   }
   if (n > kMaxBlockElements) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a block holds at most 2^26 elements, got ", n));
+    return absl::InvalidArgumentError(absl::StrCat("a block holds at most 2^26 elements, got ", n));
   }
   if (n > 0 && data == nullptr) return absl::InvalidArgumentError("null data");
   if (dtype == DType::kF32) return EncodeTyped<uint32_t>(dtype, data, n, options);
@@ -503,8 +501,8 @@ absl::Status DecodeBlock(absl::Span<const uint8_t> block, DType expected_dtype, 
   return DecodeBlock(block, expected_dtype, out, n, BlockDecodeOptions());
 }
 
-absl::Status DecodeBlock(absl::Span<const uint8_t> block, DType expected_dtype, void* out,
-                         size_t n, const BlockDecodeOptions& options) {
+absl::Status DecodeBlock(absl::Span<const uint8_t> block, DType expected_dtype, void* out, size_t n,
+                         const BlockDecodeOptions& options) {
   absl::StatusOr<BlockInfo> info = ParseBlock(block);
   if (!info.ok()) return info.status();
   if (info->dtype != expected_dtype) {

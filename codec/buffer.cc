@@ -42,8 +42,7 @@ Layout FrameLayout(size_t n, DType dtype, size_t block_bytes) {
 }
 
 // Runs fn(i) for i < n on the given pool, or on a pool of `threads` made for this call.
-void RunParallel(ThreadPool* pool, int threads, size_t n,
-                 const std::function<void(size_t)>& fn) {
+void RunParallel(ThreadPool* pool, int threads, size_t n, const std::function<void(size_t)>& fn) {
   if (pool != nullptr) {
     pool->ParallelFor(n, fn);
   } else if (threads <= 1 || n <= 1) {
@@ -179,8 +178,8 @@ absl::Status DecodeBuffer(absl::Span<const uint8_t> frame, DType dtype, void* ou
   absl::StatusOr<FrameInfo> info = InspectFrame(frame);
   if (!info.ok()) return info.status();
   if (info->dtype != dtype) {
-    return absl::InvalidArgumentError(absl::StrCat("frame holds ", DTypeName(info->dtype),
-                                                   ", expected ", DTypeName(dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame holds ", DTypeName(info->dtype), ", expected ", DTypeName(dtype)));
   }
   if (info->elements != n) {
     return absl::InvalidArgumentError(

@@ -1,4 +1,6 @@
 // Bit-exact lossless round trips over dtype x size x pattern, blocks and frames.
+#include "codec/codec.h"
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -6,7 +8,6 @@
 #include <vector>
 
 #include "base/npy.h"
-#include "codec/codec.h"
 #include "codec/testing/gradients.h"
 #include "codec/testing/values.h"
 #include "gtest/gtest.h"
@@ -65,9 +66,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                        ::testing::Values(size_t{0}, size_t{1}, size_t{7}, kBlockElems - 1,
                                          kBlockElems, kBlockElems + 1, 5 * kBlockElems + 3),
-                       ::testing::Values(Pattern::kZeros, Pattern::kConstant,
-                                         Pattern::kRandomBits, Pattern::kGradientLike,
-                                         Pattern::kSpecials, Pattern::kBoundaries)),
+                       ::testing::Values(Pattern::kZeros, Pattern::kConstant, Pattern::kRandomBits,
+                                         Pattern::kGradientLike, Pattern::kSpecials,
+                                         Pattern::kBoundaries)),
     ParamName);
 
 TEST(LosslessRoundTrip, AllZeroBlockIsHeaderOnly) {
@@ -152,8 +153,8 @@ TEST(Determinism, SameBytesForAnyThreadCount) {
 // number when there are several; appending to a non-empty string keeps what was there.
 TEST(Frame, EqualBlocksOfAtMostTheBlockSize) {
   const std::vector<uint8_t> in = MakeValues(DType::kF32, Pattern::kGradientLike, 20000, 5);
-  for (size_t n : {size_t{1}, size_t{999}, size_t{1000}, size_t{1001}, size_t{2999},
-                   size_t{3001}, size_t{7000}, size_t{20000}}) {
+  for (size_t n : {size_t{1}, size_t{999}, size_t{1000}, size_t{1001}, size_t{2999}, size_t{3001},
+                   size_t{7000}, size_t{20000}}) {
     BufferOptions options;
     options.block_bytes = 1000 * 4;
     options.threads = 2;

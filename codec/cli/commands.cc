@@ -8,8 +8,8 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -19,9 +19,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/files.h"
 #include "base/npy.h"
 #include "base/thread_pool.h"
-#include "base/files.h"
 #include "codec/cli/gcz.h"
 
 namespace gcomp::cli {
@@ -104,13 +104,13 @@ absl::Status Inspect(const std::string& in_path, std::ostream& out) {
     table += b->table_bytes;
     exponent += b->exponent_bytes;
     if (b->table == codec::TableKind::kStored) stored += 1;
-    policy = absl::StrFormat(R"({"mode": "%s", "rel_bits": %d, "abs_log2": %d})",
-                             codec::ModeName(b->policy.mode), b->policy.rel_bits,
-                             b->policy.abs_log2);
+    policy =
+        absl::StrFormat(R"({"mode": "%s", "rel_bits": %d, "abs_log2": %d})",
+                        codec::ModeName(b->policy.mode), b->policy.rel_bits, b->policy.abs_log2);
   }
   const uint64_t n = info->elements;
-  const uint64_t frame_overhead = frame.size() - header_bytes - mantissa - zero_map - table -
-                                  exponent;
+  const uint64_t frame_overhead =
+      frame.size() - header_bytes - mantissa - zero_map - table - exponent;
   const double per = n > 0 ? 8.0 / n : 0.0;
   auto section = [&](const char* name, uint64_t bytes) {
     return absl::StrFormat(R"("%s": {"bytes": %d, "bits_per_element": %.4f})", name, bytes,
@@ -128,9 +128,9 @@ absl::Status Inspect(const std::string& in_path, std::ostream& out) {
   out << absl::StrFormat(R"(  "stored_blocks": %d,)", stored) << "\n";
   out << "  \"policy\": " << policy << ",\n";
   out << absl::StrFormat(R"(  "bytes": %d,)", file->size()) << "\n";
-  out << absl::StrFormat(R"(  "ratio": %.4f,)",
-                         file->size() ? n * codec::DTypeBytes(info->dtype) * 1.0 / file->size()
-                                      : 0.0)
+  out << absl::StrFormat(
+             R"(  "ratio": %.4f,)",
+             file->size() ? n * codec::DTypeBytes(info->dtype) * 1.0 / file->size() : 0.0)
       << "\n";
   out << "  \"sections\": {\n";
   out << "    " << section("file_and_frame_headers", frame_overhead + (file->size() - frame.size()))
@@ -240,8 +240,8 @@ std::vector<Baseline> Baselines() {
   Baseline lz4;
   lz4.name = "lz4";
   lz4.compress = [](const char* src, size_t n, char* dst, size_t cap) {
-    return static_cast<size_t>(LZ4_compress_default(src, dst, static_cast<int>(n),
-                                                    static_cast<int>(cap)));
+    return static_cast<size_t>(
+        LZ4_compress_default(src, dst, static_cast<int>(n), static_cast<int>(cap)));
   };
   lz4.decompress = [](const char* src, size_t n, char* dst, size_t cap) {
     return static_cast<size_t>(
@@ -291,9 +291,10 @@ absl::Status Bench(const std::vector<std::string>& paths, const BenchOptions& op
   if (paths.empty()) return absl::InvalidArgumentError("bench needs at least one .npy file");
   const int threads = std::max(1, options.threads);
   ThreadPool pool(threads - 1);
-  out << absl::StrFormat("threads: 1 and %d; timings: best of %d rounds, codecs taking turns, "
-                         "each timed run after an untimed one; block: %d bytes\n",
-                         threads, options.repeats, options.block_bytes);
+  out << absl::StrFormat(
+      "threads: 1 and %d; timings: best of %d rounds, codecs taking turns, "
+      "each timed run after an untimed one; block: %d bytes\n",
+      threads, options.repeats, options.block_bytes);
   if (threads > 1) {
     out << absl::StrFormat(
         "thread scaling ceiling of this machine: %.2fx (a vector ALU loop on %d threads vs "
@@ -437,10 +438,11 @@ absl::Status Bench(const std::vector<std::string>& paths, const BenchOptions& op
 
     const Row& zstd1 = rows[2];
     out << absl::StrFormat("\n%s (%d elements, %.1f MB)\n", path, n, bytes / 1e6);
-    out << absl::StrFormat("lossless bound (exponent entropy + zero map): %.3fx; "
-                           "gcomp lossless reaches %.1f%% of it\n",
-                           LosslessBound(data, lossless_frame),
-                           100.0 * rows[0].ratio / LosslessBound(data, lossless_frame));
+    out << absl::StrFormat(
+        "lossless bound (exponent entropy + zero map): %.3fx; "
+        "gcomp lossless reaches %.1f%% of it\n",
+        LosslessBound(data, lossless_frame),
+        100.0 * rows[0].ratio / LosslessBound(data, lossless_frame));
     out << "| codec | ratio | enc GB/s 1T | dec GB/s 1T | enc GB/s " << threads << "T | dec GB/s "
         << threads << "T | enc / zstd-1 (1T) | dec / zstd-1 (1T) |\n";
     out << "|---|---|---|---|---|---|---|---|\n";

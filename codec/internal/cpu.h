@@ -9,6 +9,9 @@ namespace gcomp::codec::internal {
 // later).
 enum class VectorLevel { kScalar, kAvx2, kAvx512 };
 
+// The target attribute of functions that use the kAvx512 instructions.
+#define GCOMP_TARGET_AVX512 "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,avx2,bmi2,popcnt"
+
 // The best level this CPU has; kScalar off x86-64. Detected once; the environment variable
 // GCOMP_SIMD=avx2 or GCOMP_SIMD=scalar caps it (the bytes written never depend on it).
 VectorLevel MaxVectorLevel();

@@ -212,8 +212,7 @@ StreamPlan PlanStreams(const uint8_t* syms, size_t n, uint8_t* out) {
 
 // Codes in[from, to) one symbol per put and closes the stream; returns its byte size.
 template <typename Writer>
-uint32_t FinishStream(Writer w, const uint8_t* in, size_t from, size_t to,
-                      const uint32_t* word) {
+uint32_t FinishStream(Writer w, const uint8_t* in, size_t from, size_t to, const uint32_t* word) {
   for (size_t k = from; k < to; ++k) {
     const uint32_t c = word[in[k]];
     w.Put(c & 0xffff, c >> 16);
@@ -273,8 +272,7 @@ __attribute__((target("avx2"))) inline __m256i JoinChunks(__m256i c) {
   const __m256i first_len = _mm256_srli_epi64(c, 56);
   const __m256i second = _mm256_bsrli_epi128(c, 8);
   const __m256i code = _mm256_or_si256(
-      _mm256_and_si256(c, mask56),
-      _mm256_sllv_epi64(_mm256_and_si256(second, mask56), first_len));
+      _mm256_and_si256(c, mask56), _mm256_sllv_epi64(_mm256_and_si256(second, mask56), first_len));
   const __m256i len = _mm256_add_epi64(first_len, _mm256_srli_epi64(second, 56));
   return _mm256_or_si256(_mm256_and_si256(code, mask56), _mm256_slli_epi64(len, 56));
 }
@@ -305,7 +303,7 @@ constexpr uint64_t kCodeMask = (uint64_t{1} << 56) - 1;
 
 // Puts one 8-code unit (or its two halves when it is longer than 56 bits).
 __attribute__((always_inline, target("bmi2"))) inline void PutUnit(BitWriter& w, uint64_t unit,
-                                                    const uint64_t* half) {
+                                                                   const uint64_t* half) {
   const unsigned len = static_cast<unsigned>(unit >> 56);
   if (__builtin_expect(len <= 56, 1)) {
     w.Put(unit & kCodeMask, len);
@@ -326,8 +324,7 @@ __attribute__((always_inline, target("bmi2"))) inline void PutUnits(BitWriter& w
 }
 
 template <int NT>
-__attribute__((target("avx2,bmi2"))) void EncodeStreamsAvx2(const StreamPlan& plan,
-                                                            int min_sym,
+__attribute__((target("avx2,bmi2"))) void EncodeStreamsAvx2(const StreamPlan& plan, int min_sym,
                                                             const HuffmanCode& code,
                                                             uint32_t sizes[kNumStreams]) {
   // Per symbol - min_sym: the code's low byte, and its top 3 bits | length << 4.
@@ -339,10 +336,10 @@ __attribute__((target("avx2,bmi2"))) void EncodeStreamsAvx2(const StreamPlan& pl
   }
   __m256i lo_table[NT], hi_table[NT];
   for (int k = 0; k < NT; ++k) {
-    lo_table[k] = _mm256_broadcastsi128_si256(
-        _mm_load_si128(reinterpret_cast<const __m128i*>(lo_bytes[k])));
-    hi_table[k] = _mm256_broadcastsi128_si256(
-        _mm_load_si128(reinterpret_cast<const __m128i*>(hi_bytes[k])));
+    lo_table[k] =
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(lo_bytes[k])));
+    hi_table[k] =
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(hi_bytes[k])));
   }
   const __m256i min_vec = _mm256_set1_epi8(static_cast<char>(min_sym));
   // No pointer to a writer escapes, so each stays in registers.
@@ -372,8 +369,8 @@ __attribute__((target("avx2,bmi2"))) void EncodeStreamsAvx2(const StreamPlan& pl
 // counters (emptied into 64-bit totals before they can wrap). Cheaper than table increments
 // when the symbols span few values, as near-lossless blocks do (about 2 - A).
 template <int K>
-__attribute__((target("avx2"))) void CountPassAvx2(const uint8_t* syms, size_t blocks,
-                                                   int first, uint64_t* freq) {
+__attribute__((target("avx2"))) void CountPassAvx2(const uint8_t* syms, size_t blocks, int first,
+                                                   uint64_t* freq) {
   __m256i acc[K], value[K];
   uint64_t total[K] = {};
 #pragma GCC unroll 8
@@ -402,8 +399,8 @@ __attribute__((target("avx2"))) void CountPassAvx2(const uint8_t* syms, size_t b
 }
 
 // Smallest and largest of syms[0, 32 * blocks).
-__attribute__((target("avx2"))) void SymbolRangeAvx2(const uint8_t* syms, size_t blocks,
-                                                     int* lo, int* hi) {
+__attribute__((target("avx2"))) void SymbolRangeAvx2(const uint8_t* syms, size_t blocks, int* lo,
+                                                     int* hi) {
   __m256i mn = _mm256_set1_epi8(-1), mx = _mm256_setzero_si256();
   for (size_t b = 0; b < blocks; ++b) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(syms + 32 * b));
@@ -424,17 +421,15 @@ __attribute__((target("avx2"))) void SymbolRangeAvx2(const uint8_t* syms, size_t
 // The vector counts cover syms[0, 32 * blocks) when their values span at most this many.
 constexpr int kMaxVectorCountSpan = 24;
 
-
 // AVX-512 (VBMI): one vpermi2b looks up 64 symbols in a 128-entry table, and with 64-bit
 // puts most runs of 16 codes (about 40 bits in near-lossless blocks) take one put.
-#define GCOMP_AVX512 "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,avx2,bmi2"
 #pragma GCC diagnostic push  // GCC 12's AVX-512 headers warn about their own placeholders
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 // 32 lanes of (code | length << 12) -> 8 lanes of 4 codes (<= 44 bits) with their length in
 // bits 56-63: ConcatCodes on 512 bits.
-__attribute__((target(GCOMP_AVX512))) inline __m512i ConcatCodes512(__m512i v) {
+__attribute__((target(GCOMP_TARGET_AVX512))) inline __m512i ConcatCodes512(__m512i v) {
   const __m512i lo16 = _mm512_set1_epi32(0xffff);
   const __m512i lo32 = _mm512_set1_epi64(0xffffffff);
   __m512i len = _mm512_srli_epi16(v, 12);
@@ -460,10 +455,10 @@ struct Pieces64 {
   alignas(64) uint64_t four_a[8], four_b[8];
 };
 
-__attribute__((target(GCOMP_AVX512))) inline void PiecesOf64(const uint8_t* in, __m512i min_sym,
-                                                            __m512i lo0, __m512i lo1,
-                                                            __m512i hi0, __m512i hi1,
-                                                            Pieces64* p) {
+__attribute__((target(GCOMP_TARGET_AVX512))) inline void PiecesOf64(const uint8_t* in,
+                                                                    __m512i min_sym, __m512i lo0,
+                                                                    __m512i lo1, __m512i hi0,
+                                                                    __m512i hi1, Pieces64* p) {
   const __m512i mask56 = _mm512_set1_epi64((int64_t{1} << 56) - 1);
   const __m512i idx = _mm512_sub_epi8(_mm512_loadu_si512(in), min_sym);
   const __m512i lo = _mm512_permutex2var_epi8(lo0, idx, lo1);
@@ -473,8 +468,8 @@ __attribute__((target(GCOMP_AVX512))) inline void PiecesOf64(const uint8_t* in, 
   const __m512i b = ConcatCodes512(_mm512_unpackhi_epi8(lo, hi));
   _mm512_store_si512(p->four_a, a);
   _mm512_store_si512(p->four_b, b);
-  auto eight = [&](__m512i four, __m512i* code, __m512i* len)
-                   __attribute__((always_inline, target(GCOMP_AVX512))) {
+  auto eight = [&](__m512i four, __m512i * code, __m512i * len)
+      __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) {
     const __m512i c = _mm512_and_si512(four, mask56);
     const __m512i l = _mm512_srli_epi64(four, 56);
     *code = _mm512_or_si512(c, _mm512_sllv_epi64(_mm512_bsrli_epi128(c, 8), l));
@@ -512,9 +507,10 @@ __attribute__((always_inline)) inline void PutPieces64(WordWriter& w, const Piec
   }
 }
 
-__attribute__((target(GCOMP_AVX512))) void EncodeStreams512(const StreamPlan& plan, int min_sym,
-                                                           const HuffmanCode& code,
-                                                           uint32_t sizes[kNumStreams]) {
+__attribute__((target(GCOMP_TARGET_AVX512))) void EncodeStreams512(const StreamPlan& plan,
+                                                                   int min_sym,
+                                                                   const HuffmanCode& code,
+                                                                   uint32_t sizes[kNumStreams]) {
   // Per symbol - min_sym (< 128): the code's low byte, and its top 3 bits | length << 4.
   alignas(64) uint8_t lo_bytes[128] = {}, hi_bytes[128] = {};
   for (int i = 0; i < 128 && min_sym + i < 256; ++i) {
@@ -610,14 +606,29 @@ void CountSymbols(const uint8_t* syms, size_t n, uint64_t freq[256]) {
       int first = lo;
       for (; first + 8 <= hi + 1; first += 8) CountPassAvx2<8>(syms, blocks, first, freq);
       switch (hi + 1 - first) {
-        case 0: break;
-        case 1: CountPassAvx2<1>(syms, blocks, first, freq); break;
-        case 2: CountPassAvx2<2>(syms, blocks, first, freq); break;
-        case 3: CountPassAvx2<3>(syms, blocks, first, freq); break;
-        case 4: CountPassAvx2<4>(syms, blocks, first, freq); break;
-        case 5: CountPassAvx2<5>(syms, blocks, first, freq); break;
-        case 6: CountPassAvx2<6>(syms, blocks, first, freq); break;
-        case 7: CountPassAvx2<7>(syms, blocks, first, freq); break;
+        case 0:
+          break;
+        case 1:
+          CountPassAvx2<1>(syms, blocks, first, freq);
+          break;
+        case 2:
+          CountPassAvx2<2>(syms, blocks, first, freq);
+          break;
+        case 3:
+          CountPassAvx2<3>(syms, blocks, first, freq);
+          break;
+        case 4:
+          CountPassAvx2<4>(syms, blocks, first, freq);
+          break;
+        case 5:
+          CountPassAvx2<5>(syms, blocks, first, freq);
+          break;
+        case 6:
+          CountPassAvx2<6>(syms, blocks, first, freq);
+          break;
+        case 7:
+          CountPassAvx2<7>(syms, blocks, first, freq);
+          break;
       }
       return;
     }
@@ -745,19 +756,19 @@ absl::Status DecodeStreams(const absl::Span<const uint8_t> streams[kNumStreams],
     uint8_t *o0 = out[0], *o1 = out[1], *o2 = out[2], *o3 = out[3];
     uint64_t b0 = buf[0], b1 = buf[1], b2 = buf[2], b3 = buf[3];
     unsigned c0 = cnt[0], c1 = cnt[1], c2 = cnt[2], c3 = cnt[3];
-#define GCOMP_REFILL(p, b, c)   \
-  do {                          \
-    b |= Load64(p) << c;        \
-    p += (63 - c) >> 3;         \
-    c |= 56;                    \
+#define GCOMP_REFILL(p, b, c) \
+  do {                        \
+    b |= Load64(p) << c;      \
+    p += (63 - c) >> 3;       \
+    c |= 56;                  \
   } while (0)
-#define GCOMP_DECODE(p, b, c, o)                        \
-  do {                                                  \
-    const uint64_t e = multi[b & kMask];                \
-    Store32(o, static_cast<uint32_t>(e));               \
-    o += (e >> 40) & 0xff;                              \
-    b >>= (e >> 32) & 0xff;                             \
-    c -= (e >> 32) & 0xff;                              \
+#define GCOMP_DECODE(p, b, c, o)          \
+  do {                                    \
+    const uint64_t e = multi[b & kMask];  \
+    Store32(o, static_cast<uint32_t>(e)); \
+    o += (e >> 40) & 0xff;                \
+    b >>= (e >> 32) & 0xff;               \
+    c -= (e >> 32) & 0xff;                \
   } while (0)
     for (size_t k = 0; k < safe; ++k) {
       // 4 lookups of <= 11 bits per refill: 44 <= 56.

@@ -46,7 +46,8 @@ TEST(Huffman, SerializeParseRoundTripAndStreams) {
       const int spread = 1 + rng() % alphabet;
       const int base = rng() % (alphabet - spread + 1);
       for (size_t i = 0; i < n; ++i) {
-        syms[i] = static_cast<uint8_t>(base + std::min<int>(spread - 1, __builtin_ctz(rng() | 1u << 30)));
+        syms[i] =
+            static_cast<uint8_t>(base + std::min<int>(spread - 1, __builtin_ctz(rng() | 1u << 30)));
         ++freq[syms[i]];
       }
       HuffmanCode code;
@@ -85,15 +86,15 @@ TEST(Huffman, VectorStreamsEqualScalarStreams) {
   if (!StreamsUseAvx2()) GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
   std::mt19937 rng(5);
   for (int spread : {1, 2, 5, 16, 17, 31, 32, 33, 48, 63, 64, 65, 127, 128, 129, 200}) {
-    for (size_t n : {size_t{127}, size_t{128}, size_t{129}, size_t{255}, size_t{256},
-                     size_t{257}, size_t{1000}, size_t{4099}, size_t{65536}}) {
+    for (size_t n : {size_t{127}, size_t{128}, size_t{129}, size_t{255}, size_t{256}, size_t{257},
+                     size_t{1000}, size_t{4099}, size_t{65536}}) {
       const int base = static_cast<int>(rng() % (257 - spread));
       std::vector<uint8_t> syms(n + 32);
       uint64_t freq[256] = {};
       for (size_t i = 0; i < n; ++i) {
         // Skewed, so that code lengths run from 1 to the 11-bit cap.
-        const int d = std::min<int>(spread - 1, __builtin_ctz(rng() | 1u << 30) +
-                                                    static_cast<int>(rng() % 3));
+        const int d = std::min<int>(spread - 1,
+                                    __builtin_ctz(rng() | 1u << 30) + static_cast<int>(rng() % 3));
         syms[i] = static_cast<uint8_t>(base + d);
         ++freq[syms[i]];
       }

@@ -83,8 +83,8 @@ void PackGroupScalar(const Group& g, size_t count, Writer* plane, uint8_t* syms,
 }
 
 template <typename U>
-size_t SplitScalarTyped(const U* in, size_t n, const QuantParams& q, uint8_t* plane,
-                        uint8_t* syms, uint64_t* bitmap, size_t* nnz) {
+size_t SplitScalarTyped(const U* in, size_t n, const QuantParams& q, uint8_t* plane, uint8_t* syms,
+                        uint64_t* bitmap, size_t* nnz) {
   BitWriter w(plane);
   Group g;
   size_t j = 0;
@@ -119,7 +119,8 @@ inline uint32_t FieldAt(const uint8_t* plane, size_t size, uint64_t pos, unsigne
   if (byte + 8 <= size) {
     x = Load64(plane + byte);
   } else {
-    for (uint64_t b = byte; b < size && b < byte + 8; ++b) x |= uint64_t{plane[b]} << (8 * (b - byte));
+    for (uint64_t b = byte; b < size && b < byte + 8; ++b)
+      x |= uint64_t{plane[b]} << (8 * (b - byte));
   }
   return static_cast<uint32_t>(x >> (pos & 7)) & ((1u << bits) - 1);
 }
@@ -152,8 +153,7 @@ inline U NextElement(const uint8_t* syms, size_t* j, const uint8_t* plane, size_
 
 template <typename U>
 absl::Status JoinScalarTyped(const uint8_t* syms, size_t nnz, const uint8_t* plane, size_t size,
-                             const QuantParams& q, const uint64_t* bitmap, size_t n,
-                             uint8_t* out) {
+                             const QuantParams& q, const uint64_t* bitmap, size_t n, uint8_t* out) {
   uint64_t pos = 0;
   size_t j = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -189,8 +189,8 @@ __attribute__((target("avx2"))) inline __m256i Load8(const U* p) {
 }
 
 template <typename U>
-__attribute__((target("avx2"))) uint32_t MaxFiniteMagAvx2(const U* in, size_t n,
-                                                          uint32_t mag_mask, uint32_t inf) {
+__attribute__((target("avx2"))) uint32_t MaxFiniteMagAvx2(const U* in, size_t n, uint32_t mag_mask,
+                                                          uint32_t inf) {
   const __m256i mm = _mm256_set1_epi32(static_cast<int>(mag_mask));
   const __m256i limit = _mm256_set1_epi32(static_cast<int>(inf));
   __m256i best = _mm256_setzero_si256();
@@ -210,7 +210,7 @@ __attribute__((target("avx2"))) uint32_t MaxFiniteMagAvx2(const U* in, size_t n,
 
 // k(s) for 8 symbols at once; see WidthOf.
 __attribute__((target("avx2"))) inline __m256i WidthOf8(__m256i s, __m256i offset, __m256i cap,
-                                                         __m256i full, __m256i special_above) {
+                                                        __m256i full, __m256i special_above) {
   __m256i k = _mm256_add_epi32(s, offset);
   k = _mm256_max_epi32(k, _mm256_setzero_si256());
   k = _mm256_min_epi32(k, cap);
@@ -284,7 +284,7 @@ struct Quantized8 {
 
 // Any element, any mode: the closed form of format.h with both special cases.
 __attribute__((target("avx2"))) inline Quantized8 QuantizeGeneral8(__m256i u,
-                                                                  const QuantVectors& v) {
+                                                                   const QuantVectors& v) {
   const __m256i mag = _mm256_and_si256(u, v.mag_mask);
   const __m256i e = _mm256_srl_epi32(mag, v.W);
   const __m256i is_zero =
@@ -312,20 +312,19 @@ __attribute__((target("avx2"))) inline Quantized8 QuantizeGeneral8(__m256i u,
 // width min(cap, max(0, s + offset)). A carry leaves a zero mantissa, which the unrounded
 // drop shifts out just as well.
 __attribute__((target("avx2"))) inline Quantized8 QuantizeOrdinary8(__m256i u, __m256i e,
-                                                                   const QuantVectors& v) {
+                                                                    const QuantVectors& v) {
   const __m256i mag = _mm256_and_si256(u, v.mag_mask);
   const __m256i zero = _mm256_setzero_si256();
   const __m256i is_zero = _mm256_cmpeq_epi32(mag, zero);
   Quantized8 r;
   r.nz = _mm256_andnot_si256(is_zero, _mm256_cmpgt_epi32(e, v.zero_floor));
-  const __m256i k = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(e, v.offset), zero),
-                                     v.cap);
+  const __m256i k = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(e, v.offset), zero), v.cap);
   const __m256i drop = _mm256_sub_epi32(v.full, k);
   const __m256i half = _mm256_srli_epi32(_mm256_sllv_epi32(v.one, drop), 1);
   const __m256i rounded = _mm256_add_epi32(mag, half);
   r.sym = _mm256_srl_epi32(rounded, v.W);
-  const __m256i k2 = _mm256_min_epi32(
-      _mm256_max_epi32(_mm256_add_epi32(r.sym, v.offset), zero), v.cap);
+  const __m256i k2 =
+      _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(r.sym, v.offset), zero), v.cap);
   const __m256i mant = _mm256_srlv_epi32(_mm256_and_si256(rounded, v.mant_mask), drop);
   const __m256i sign = _mm256_sllv_epi32(_mm256_srl_epi32(u, v.top), k2);
   r.value = _mm256_and_si256(_mm256_or_si256(mant, sign), r.nz);
@@ -335,7 +334,7 @@ __attribute__((target("avx2"))) inline Quantized8 QuantizeOrdinary8(__m256i u, _
 
 // Lossless: every nonzero element keeps all W mantissa bits; only +0.0 is a zero.
 __attribute__((target("avx2"))) inline Quantized8 QuantizeLossless8(__m256i u,
-                                                                   const QuantVectors& v) {
+                                                                    const QuantVectors& v) {
   Quantized8 r;
   r.nz = _mm256_xor_si256(_mm256_cmpeq_epi32(u, _mm256_setzero_si256()), v.all);
   r.sym = _mm256_srl_epi32(_mm256_and_si256(u, v.mag_mask), v.W);
@@ -349,7 +348,7 @@ __attribute__((target("avx2"))) inline Quantized8 QuantizeLossless8(__m256i u,
 // when every field has <= 14 bits (near-lossless with R <= 13), and in eights (<= 64 bits)
 // when every field has <= 8 bits (R <= 7, the default).
 __attribute__((target("avx2,bmi2"))) inline void PutFields8(__m256i value, __m256i bits,
-                                                           WordWriter& w) {
+                                                            WordWriter& w) {
   const __m256i lo32 = _mm256_set1_epi64x(0xffffffff);
   const __m256i first = _mm256_and_si256(bits, lo32);
   const __m256i pv = _mm256_or_si256(_mm256_and_si256(value, lo32),
@@ -385,12 +384,12 @@ __attribute__((target("avx2,bmi2"))) inline void PutFields8(__m256i value, __m25
 __attribute__((target("avx2,popcnt"))) inline uint8_t* PutTriples8(__m256i value, uint32_t m8,
                                                                    uint8_t* p) {
   const uint32_t lo = m8 & 15, hi = m8 >> 4;
-  const __m128i a = _mm_shuffle_epi8(
-      _mm256_castsi256_si128(value),
-      _mm_load_si128(reinterpret_cast<const __m128i*>(kCompact.triples[lo])));
-  const __m128i b = _mm_shuffle_epi8(
-      _mm256_extracti128_si256(value, 1),
-      _mm_load_si128(reinterpret_cast<const __m128i*>(kCompact.triples[hi])));
+  const __m128i a =
+      _mm_shuffle_epi8(_mm256_castsi256_si128(value),
+                       _mm_load_si128(reinterpret_cast<const __m128i*>(kCompact.triples[lo])));
+  const __m128i b =
+      _mm_shuffle_epi8(_mm256_extracti128_si256(value, 1),
+                       _mm_load_si128(reinterpret_cast<const __m128i*>(kCompact.triples[hi])));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), a);
   p += 3 * __builtin_popcount(lo);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), b);
@@ -399,13 +398,14 @@ __attribute__((target("avx2,popcnt"))) inline uint8_t* PutTriples8(__m256i value
 
 // Byte 0 of each 32-bit lane, the lanes whose bit is set in m8 first; stored as 8 bytes.
 __attribute__((target("avx2"))) inline void PutBytes8(__m256i x, uint32_t m8, uint8_t* p) {
-  const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                             -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1,
-                                             -1, -1, -1, -1, -1, -1);
+  const __m256i low_bytes =
+      _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                       -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
   const __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(x, low_bytes),
                                                      _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
-  const __m128i kept = _mm_shuffle_epi8(_mm256_castsi256_si128(packed),
-                                        _mm_cvtsi64_si128(static_cast<long long>(kCompact.index[m8])));
+  const __m128i kept =
+      _mm_shuffle_epi8(_mm256_castsi256_si128(packed),
+                       _mm_cvtsi64_si128(static_cast<long long>(kCompact.index[m8])));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(p), kept);
 }
 
@@ -414,10 +414,8 @@ enum class SplitPath { kLossless, kNearLossless, kGeneral };
 template <typename U, SplitPath P>
 __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, size_t n,
                                                                   const QuantParams& q,
-                                                                  uint8_t* plane,
-                                                                  uint8_t* syms,
-                                                                  uint64_t* bitmap,
-                                                                  size_t* nnz) {
+                                                                  uint8_t* plane, uint8_t* syms,
+                                                                  uint64_t* bitmap, size_t* nnz) {
   // Lossless fields of f32 (24 bits) and bf16 (8 bits) are whole bytes.
   constexpr bool kByteFields = P == SplitPath::kLossless && sizeof(U) == 4;
   const bool byte_fields16 = P == SplitPath::kLossless && q.mant_bits == 7;
@@ -476,7 +474,6 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
 // blocks and near-lossless blocks without special elements: mask registers replace the
 // zero lanes' blends, vpcompressb packs the symbols, and with fields of <= 8 bits (R <= 7)
 // eight of them go to the plane in one 64-bit put.
-#define GCOMP_AVX512 "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vbmi2,avx2,bmi2,popcnt"
 // GCC 12's AVX-512 headers trip its own uninitialized-value warnings (the intrinsics'
 // "undefined" placeholder operands); they are not ours.
 #pragma GCC diagnostic push
@@ -484,7 +481,7 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 template <typename U>
-__attribute__((target(GCOMP_AVX512))) inline __m512i Load16(const U* p) {
+__attribute__((target(GCOMP_TARGET_AVX512))) inline __m512i Load16(const U* p) {
   if constexpr (sizeof(U) == 4) {
     return _mm512_loadu_si512(p);
   } else {
@@ -494,8 +491,8 @@ __attribute__((target(GCOMP_AVX512))) inline __m512i Load16(const U* p) {
 
 // Appends 16 fields (value, width) to the plane: in eights (<= 64 bits) when every field
 // has <= 8 bits, in fours (<= 56) when <= 14, else in pairs (<= 48).
-__attribute__((target(GCOMP_AVX512))) inline void PutFields16(__m512i value, __m512i bits,
-                                                             WordWriter& w) {
+__attribute__((target(GCOMP_TARGET_AVX512))) inline void PutFields16(__m512i value, __m512i bits,
+                                                                     WordWriter& w) {
   const __m512i lo32 = _mm512_set1_epi64(0xffffffff);
   const __m512i first = _mm512_and_si512(bits, lo32);
   const __m512i pv = _mm512_or_si512(_mm512_and_si512(value, lo32),
@@ -510,8 +507,8 @@ __attribute__((target(GCOMP_AVX512))) inline void PutFields16(__m512i value, __m
     if (__builtin_expect(over8 == 0, 1)) {
       // Fours in 64-bit lanes 0, 2, 4, 6 (<= 32 bits each): join 0 with 2 and 4 with 6.
       const __m512i up = _mm512_set_epi64(0, 0, 0, 6, 0, 0, 0, 2);
-      const __m512i ov = _mm512_or_si512(
-          qv, _mm512_sllv_epi64(_mm512_permutexvar_epi64(up, qv), qb));
+      const __m512i ov =
+          _mm512_or_si512(qv, _mm512_sllv_epi64(_mm512_permutexvar_epi64(up, qv), qb));
       const __m512i ob = _mm512_add_epi64(qb, _mm512_permutexvar_epi64(up, qb));
       _mm512_store_si512(tv, ov);
       _mm512_store_si512(tb, ob);
@@ -530,13 +527,13 @@ __attribute__((target(GCOMP_AVX512))) inline void PutFields16(__m512i value, __m
 }
 
 template <typename U, SplitPath P>
-__attribute__((target(GCOMP_AVX512))) size_t Split512Typed(const U* in, size_t n,
-                                                           const QuantParams& q,
-                                                           uint8_t* plane, uint8_t* syms,
-                                                           uint64_t* bitmap, size_t* nnz) {
+__attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, size_t n,
+                                                                  const QuantParams& q,
+                                                                  uint8_t* plane, uint8_t* syms,
+                                                                  uint64_t* bitmap, size_t* nnz) {
   static_assert(P != SplitPath::kGeneral, "special elements take the AVX2 path");
   constexpr bool kTriples = P == SplitPath::kLossless && sizeof(U) == 4;  // 24-bit fields
-  const bool bytes8 = P == SplitPath::kLossless && q.mant_bits == 7;     // 8-bit fields
+  const bool bytes8 = P == SplitPath::kLossless && q.mant_bits == 7;      // 8-bit fields
   const __m512i mag_mask = _mm512_set1_epi32(static_cast<int>(q.mag_mask));
   const __m512i mant_mask = _mm512_set1_epi32(static_cast<int>(q.mant_mask));
   const __m512i zero_floor = _mm512_set1_epi32(q.zero_below - 1);
@@ -556,7 +553,7 @@ __attribute__((target(GCOMP_AVX512))) size_t Split512Typed(const U* in, size_t n
 
   uint8_t* const bitmap_bytes = reinterpret_cast<uint8_t*>(bitmap);
   if (n > 0) bitmap[(n - 1) / 64] = 0;  // the tail below writes only its own bytes
-  uint8_t* bytes = plane;  // where byte-aligned fields go next
+  uint8_t* bytes = plane;               // where byte-aligned fields go next
   WordWriter w(plane);
   Group g;
   size_t j = 0, i = 0;
@@ -628,28 +625,24 @@ __attribute__((target(GCOMP_AVX512))) size_t Split512Typed(const U* in, size_t n
 
 #pragma GCC diagnostic pop
 
-
 template <typename U>
-size_t SplitVector(VectorLevel level, const U* in, size_t n, const QuantParams& q,
-                   uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz) {
+size_t SplitVector(VectorLevel level, const U* in, size_t n, const QuantParams& q, uint8_t* plane,
+                   uint8_t* syms, uint64_t* bitmap, size_t* nnz) {
   const bool wide = level == VectorLevel::kAvx512;
   if (q.zero_test == ~uint32_t{0}) {  // lossless
     return wide ? Split512Typed<U, SplitPath::kLossless>(in, n, q, plane, syms, bitmap, nnz)
                 : SplitAvx2Typed<U, SplitPath::kLossless>(in, n, q, plane, syms, bitmap, nnz);
   }
   if (q.zero_below >= 1) {  // no nonzero element has exponent field 0
-    return wide
-               ? Split512Typed<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap, nnz)
-               : SplitAvx2Typed<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap,
-                                                              nnz);
+    return wide ? Split512Typed<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap, nnz)
+                : SplitAvx2Typed<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap, nnz);
   }
   return SplitAvx2Typed<U, SplitPath::kGeneral>(in, n, q, plane, syms, bitmap, nnz);
 }
 
 template <typename U>
 __attribute__((target("avx2"))) void AssembleAvx2Typed(const uint8_t* sym, const uint32_t* field,
-                                                       size_t count, const QuantParams& q,
-                                                       U* out) {
+                                                       size_t count, const QuantParams& q, U* out) {
   const __m256i offset = _mm256_set1_epi32(q.width_offset);
   const __m256i cap = _mm256_set1_epi32(q.width_cap);
   const __m256i full = _mm256_set1_epi32(q.mant_bits);
@@ -659,14 +652,15 @@ __attribute__((target("avx2"))) void AssembleAvx2Typed(const uint8_t* sym, const
   const __m128i top = _mm_cvtsi32_si128(q.top);
   size_t i = 0;
   for (; i + 8 <= count; i += 8) {
-    const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sym + i)));
+    const __m256i s =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sym + i)));
     const __m256i f = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(field + i));
     const __m256i k = WidthOf8(s, offset, cap, full, special_above);
     const __m256i mant = _mm256_and_si256(f, _mm256_sub_epi32(_mm256_sllv_epi32(one, k), one));
     const __m256i sign = _mm256_and_si256(_mm256_srlv_epi32(f, k), one);
-    const __m256i v = _mm256_or_si256(
-        _mm256_or_si256(_mm256_sll_epi32(sign, top), _mm256_sll_epi32(s, W)),
-        _mm256_sllv_epi32(mant, _mm256_sub_epi32(full, k)));
+    const __m256i v =
+        _mm256_or_si256(_mm256_or_si256(_mm256_sll_epi32(sign, top), _mm256_sll_epi32(s, W)),
+                        _mm256_sllv_epi32(mant, _mm256_sub_epi32(full, k)));
     if constexpr (sizeof(U) == 4) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), v);
     } else {
@@ -716,10 +710,10 @@ enum class FieldPath { kTriples, kBytes, kBits };
 // (*pos >> 3) + 32 <= plane size (the widest 8 fields, 192 bits, plus an 8-byte load).
 template <FieldPath P>
 __attribute__((always_inline, target("avx2,bmi2"))) inline __m256i Join8(const uint8_t* syms,
-                                                          const uint8_t* plane, uint64_t* pos,
-                                                          const JoinVectors& v) {
-  const __m256i s =
-      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(syms)));
+                                                                         const uint8_t* plane,
+                                                                         uint64_t* pos,
+                                                                         const JoinVectors& v) {
+  const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(syms)));
   const __m256i k = WidthOf8(s, v.offset, v.cap, v.full, v.special_above);
   const __m256i w = _mm256_add_epi32(k, v.one);
   __m256i f;
@@ -793,8 +787,8 @@ constexpr size_t kJoinChunk = 2048;
 template <typename U, FieldPath P>
 __attribute__((target("avx2,bmi2"))) void DecodeRun(const uint8_t* syms, const uint8_t* plane,
                                                     size_t size, const QuantParams& q,
-                                                    const JoinVectors& v, uint64_t* pos,
-                                                    size_t* j, uint8_t* dst, size_t m) {
+                                                    const JoinVectors& v, uint64_t* pos, size_t* j,
+                                                    uint8_t* dst, size_t m) {
   uint64_t at = *pos;  // locals: no store and reload between iterations
   const uint8_t* s = syms + *j;
   size_t i = 0;
@@ -845,17 +839,18 @@ __attribute__((target("avx2,bmi2,popcnt"))) absl::Status JoinAvx2Typed(
       const uint32_t m8 = static_cast<uint32_t>(words[g / 64] >> (g % 64)) & 0xff;
       if constexpr (sizeof(U) == 4) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(buf + k));
-        const __m256i rank = _mm256_cvtepu8_epi32(
-            _mm_cvtsi64_si128(static_cast<long long>(kExpand.rank32[m8])));
+        const __m256i rank =
+            _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(kExpand.rank32[m8])));
         const __m256i keep = _mm256_cmpeq_epi32(
             _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(m8)), lane_bit), lane_bit);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + g * 4),
                             _mm256_and_si256(_mm256_permutevar8x32_epi32(x, rank), keep));
       } else {
         const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(buf + k));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + g * 2),
-                         _mm_shuffle_epi8(x, _mm_load_si128(reinterpret_cast<const __m128i*>(
-                                                 kExpand.shuffle16[m8]))));
+        _mm_storeu_si128(
+            reinterpret_cast<__m128i*>(dst + g * 2),
+            _mm_shuffle_epi8(
+                x, _mm_load_si128(reinterpret_cast<const __m128i*>(kExpand.shuffle16[m8]))));
       }
       k += static_cast<size_t>(__builtin_popcount(m8));
     }
@@ -881,7 +876,6 @@ absl::Status JoinAvx2(const uint8_t* syms, size_t nnz, const uint8_t* plane, siz
   return JoinAvx2Typed<U, FieldPath::kBits>(syms, nnz, plane, size, q, bitmap, n, out);
 }
 
-
 #endif  // __x86_64__
 
 }  // namespace
@@ -890,10 +884,9 @@ int MaxFiniteExponentScalar(DType dtype, const void* in, size_t n) {
   const Layout lay = LayoutOf(dtype);
   const uint32_t mag_mask = (uint32_t{1} << (lay.total_bits - 1)) - 1;
   const uint32_t inf = static_cast<uint32_t>(lay.all_ones()) << lay.mant_bits;
-  const uint32_t mag =
-      dtype == DType::kF32
-          ? MaxFiniteMagScalar(static_cast<const uint32_t*>(in), n, mag_mask, inf)
-          : MaxFiniteMagScalar(static_cast<const uint16_t*>(in), n, mag_mask, inf);
+  const uint32_t mag = dtype == DType::kF32
+                           ? MaxFiniteMagScalar(static_cast<const uint32_t*>(in), n, mag_mask, inf)
+                           : MaxFiniteMagScalar(static_cast<const uint16_t*>(in), n, mag_mask, inf);
   return static_cast<int>(mag >> lay.mant_bits);
 }
 
@@ -903,16 +896,14 @@ int MaxFiniteExponent(DType dtype, const void* in, size_t n) {
     const Layout lay = LayoutOf(dtype);
     const uint32_t mag_mask = (uint32_t{1} << (lay.total_bits - 1)) - 1;
     const uint32_t inf = static_cast<uint32_t>(lay.all_ones()) << lay.mant_bits;
-    const uint32_t mag =
-        dtype == DType::kF32
-            ? MaxFiniteMagAvx2(static_cast<const uint32_t*>(in), n, mag_mask, inf)
-            : MaxFiniteMagAvx2(static_cast<const uint16_t*>(in), n, mag_mask, inf);
+    const uint32_t mag = dtype == DType::kF32
+                             ? MaxFiniteMagAvx2(static_cast<const uint32_t*>(in), n, mag_mask, inf)
+                             : MaxFiniteMagAvx2(static_cast<const uint16_t*>(in), n, mag_mask, inf);
     return static_cast<int>(mag >> lay.mant_bits);
   }
 #endif
   return MaxFiniteExponentScalar(dtype, in, n);
 }
-
 
 bool QuantizeUsesAvx2() { return MaxVectorLevel() >= VectorLevel::kAvx2; }
 
@@ -949,8 +940,8 @@ uint64_t QuantizeGroupScalar(DType dtype, const void* in, size_t count, const Qu
   return QuantizeScalarTyped(static_cast<const uint16_t*>(in), count, q, g);
 }
 
-void AssembleElementsScalar(DType dtype, const uint8_t* sym, const uint32_t* field,
-                            size_t count, const QuantParams& q, void* out) {
+void AssembleElementsScalar(DType dtype, const uint8_t* sym, const uint32_t* field, size_t count,
+                            const QuantParams& q, void* out) {
   if (dtype == DType::kF32) {
     AssembleScalarTyped(sym, field, count, q, static_cast<uint32_t*>(out));
   } else {
@@ -988,8 +979,7 @@ size_t SplitElementsAt(VectorLevel level, DType dtype, const void* in, size_t n,
   if (level > MaxVectorLevel()) level = MaxVectorLevel();
   if (level != VectorLevel::kScalar) {
     if (dtype == DType::kF32) {
-      return SplitVector(level, static_cast<const uint32_t*>(in), n, q, plane, syms, bitmap,
-                         nnz);
+      return SplitVector(level, static_cast<const uint32_t*>(in), n, q, plane, syms, bitmap, nnz);
     }
     return SplitVector(level, static_cast<const uint16_t*>(in), n, q, plane, syms, bitmap, nnz);
   }
@@ -997,8 +987,8 @@ size_t SplitElementsAt(VectorLevel level, DType dtype, const void* in, size_t n,
   return SplitElementsScalar(dtype, in, n, q, plane, syms, bitmap, nnz);
 }
 
-size_t SplitElements(DType dtype, const void* in, size_t n, const QuantParams& q,
-                     uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz) {
+size_t SplitElements(DType dtype, const void* in, size_t n, const QuantParams& q, uint8_t* plane,
+                     uint8_t* syms, uint64_t* bitmap, size_t* nnz) {
   return SplitElementsAt(MaxVectorLevel(), dtype, in, n, q, plane, syms, bitmap, nnz);
 }
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <utility>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -38,10 +38,9 @@ TEST(Quantize, ClosedFormWidthEqualsFormatDefinition) {
       for (int emax = 0; emax < lay.all_ones(); ++emax) {
         const QuantParams q = MakeQuantParams(lay, p, emax);
         for (int s = 0; s < lay.alphabet(); ++s) {
-          ASSERT_EQ(WidthOf(q, s),
-                    MantissaWidth(lay, p.mode, p.rel_bits, p.abs_log2, emax, s))
-              << DTypeName(dtype) << " R=" << p.rel_bits << " A=" << p.abs_log2
-              << " emax=" << emax << " s=" << s;
+          ASSERT_EQ(WidthOf(q, s), MantissaWidth(lay, p.mode, p.rel_bits, p.abs_log2, emax, s))
+              << DTypeName(dtype) << " R=" << p.rel_bits << " A=" << p.abs_log2 << " emax=" << emax
+              << " s=" << s;
         }
       }
     }
@@ -61,9 +60,9 @@ TEST(Quantize, VectorSplitEqualsScalarSplit) {
       EXPECT_EQ(MaxFiniteExponent(dtype, values.data(), total),
                 MaxFiniteExponentScalar(dtype, values.data(), total));
       for (const Policy& p : Policies()) {
-        for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{15},
-                         size_t{16}, size_t{17}, size_t{63}, size_t{64}, size_t{65},
-                         size_t{1000}, total}) {
+        for (size_t n :
+             {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{15}, size_t{16},
+              size_t{17}, size_t{63}, size_t{64}, size_t{65}, size_t{1000}, total}) {
           for (size_t lo : {size_t{0}, size_t{3}, total / 2}) {
             if (lo + n > total) continue;
             const uint8_t* in = values.data() + lo * DTypeBytes(dtype);
@@ -75,25 +74,22 @@ TEST(Quantize, VectorSplitEqualsScalarSplit) {
             std::vector<uint8_t> fast_syms(n + 8), slow_syms(n + 8);
             std::vector<uint64_t> fast_bits(words), slow_bits(words);
             size_t slow_nnz = 0;
-            const size_t slow_bytes = SplitElementsScalar(dtype, in, n, q, slow_plane.data(),
-                                                          slow_syms.data(), slow_bits.data(),
-                                                          &slow_nnz);
+            const size_t slow_bytes = SplitElementsScalar(
+                dtype, in, n, q, slow_plane.data(), slow_syms.data(), slow_bits.data(), &slow_nnz);
             for (VectorLevel level : {VectorLevel::kAvx2, VectorLevel::kAvx512}) {
               if (level > MaxVectorLevel()) continue;
               size_t fast_nnz = 0;
               std::fill(fast_bits.begin(), fast_bits.end(), ~uint64_t{0});
-              const size_t fast_bytes = SplitElementsAt(level, dtype, in, n, q,
-                                                        fast_plane.data(), fast_syms.data(),
-                                                        fast_bits.data(), &fast_nnz);
+              const size_t fast_bytes =
+                  SplitElementsAt(level, dtype, in, n, q, fast_plane.data(), fast_syms.data(),
+                                  fast_bits.data(), &fast_nnz);
               const std::string where = absl::StrCat(
                   level == VectorLevel::kAvx2 ? "AVX2 " : "AVX-512 ", DTypeName(dtype), " ",
-                  PatternName(pattern), " R=", p.rel_bits, " A=", p.abs_log2, " n=", n, " at ",
-                  lo);
+                  PatternName(pattern), " R=", p.rel_bits, " A=", p.abs_log2, " n=", n, " at ", lo);
               ASSERT_EQ(fast_nnz, slow_nnz) << where;
               ASSERT_EQ(fast_bytes, slow_bytes) << where;
               ASSERT_EQ(fast_bits, slow_bits) << where;
-              ASSERT_EQ(0, std::memcmp(fast_plane.data(), slow_plane.data(), slow_bytes))
-                  << where;
+              ASSERT_EQ(0, std::memcmp(fast_plane.data(), slow_plane.data(), slow_bytes)) << where;
               ASSERT_EQ(0, std::memcmp(fast_syms.data(), slow_syms.data(), slow_nnz)) << where;
             }
           }
@@ -115,8 +111,8 @@ TEST(Quantize, VectorJoinEqualsScalarJoin) {
       const std::vector<uint8_t> values = MakeValues(dtype, pattern, 5000, 3);
       const size_t total = values.size() / width;
       for (const Policy& p : Policies()) {
-        for (size_t n : {size_t{1}, size_t{9}, size_t{64}, size_t{100}, size_t{2048},
-                         size_t{2049}, total}) {
+        for (size_t n :
+             {size_t{1}, size_t{9}, size_t{64}, size_t{100}, size_t{2048}, size_t{2049}, total}) {
           if (n > total) continue;
           const int emax = MaxFiniteExponentScalar(dtype, values.data(), n);
           const QuantParams q = MakeQuantParams(lay, p, emax);
@@ -128,8 +124,7 @@ TEST(Quantize, VectorJoinEqualsScalarJoin) {
                                                    syms.data(), bitmap.data(), &nnz);
           const uint64_t* bm = nnz == n ? nullptr : bitmap.data();
           const std::string where = absl::StrCat(DTypeName(dtype), " ", PatternName(pattern),
-                                                 " R=", p.rel_bits, " A=", p.abs_log2,
-                                                 " n=", n);
+                                                 " R=", p.rel_bits, " A=", p.abs_log2, " n=", n);
           // Unaligned output, to match callers that hand in any address.
           std::vector<uint8_t> fast(n * width + 1), slow(n * width + 1);
           const absl::Span<const uint8_t> exact(plane.data(), bytes);
@@ -146,8 +141,7 @@ TEST(Quantize, VectorJoinEqualsScalarJoin) {
           const absl::Span<const uint8_t> cut(plane.data(), bytes - 1);
           EXPECT_FALSE(JoinElements(dtype, syms.data(), nnz, cut, q, bm, n, fast.data()).ok())
               << where;
-          EXPECT_FALSE(
-              JoinElementsScalar(dtype, syms.data(), nnz, cut, q, bm, n, slow.data()).ok())
+          EXPECT_FALSE(JoinElementsScalar(dtype, syms.data(), nnz, cut, q, bm, n, slow.data()).ok())
               << where;
           const absl::Span<const uint8_t> longer(plane.data(), bytes + 1);
           EXPECT_FALSE(JoinElements(dtype, syms.data(), nnz, longer, q, bm, n, fast.data()).ok())
@@ -163,8 +157,8 @@ TEST(Quantize, VectorJoinEqualsScalarJoin) {
 TEST(Quantize, AssembleInvertsQuantizeOnBothPaths) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     const size_t width = DTypeBytes(dtype);
-    for (Pattern pattern : {Pattern::kRandomBits, Pattern::kGradientLike, Pattern::kSpecials,
-                            Pattern::kBoundaries}) {
+    for (Pattern pattern :
+         {Pattern::kRandomBits, Pattern::kGradientLike, Pattern::kSpecials, Pattern::kBoundaries}) {
       const std::vector<uint8_t> values = MakeValues(dtype, pattern, 64 * 40 + 13, 11);
       const size_t n = values.size() / width;
       for (const Policy& p : Policies()) {
@@ -187,8 +181,8 @@ TEST(Quantize, AssembleInvertsQuantizeOnBothPaths) {
           if (p.mode != Mode::kLossless) continue;
           for (size_t i = 0; i < count; ++i) {
             if (g.bits[i] == 0) continue;  // +0.0: carried by the zero map, not a field
-            ASSERT_EQ(0, std::memcmp(slow.data() + i * width,
-                                     values.data() + (lo + i) * width, width))
+            ASSERT_EQ(0,
+                      std::memcmp(slow.data() + i * width, values.data() + (lo + i) * width, width))
                 << DTypeName(dtype) << " " << PatternName(pattern) << " element " << lo + i;
           }
         }
@@ -198,9 +192,15 @@ TEST(Quantize, AssembleInvertsQuantizeOnBothPaths) {
 }
 
 TEST(Quantize, MaxFiniteExponentSkipsNonFinite) {
-  std::vector<float> v = {1.0f, -4.0f, std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::quiet_NaN(), 0.5f, 3.0f, 2.0f,
-                          -std::numeric_limits<float>::infinity(), 1e-40f};
+  std::vector<float> v = {1.0f,
+                          -4.0f,
+                          std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          0.5f,
+                          3.0f,
+                          2.0f,
+                          -std::numeric_limits<float>::infinity(),
+                          1e-40f};
   // -4.0 has exponent field 129.
   EXPECT_EQ(MaxFiniteExponent(DType::kF32, v.data(), v.size()), 129);
   EXPECT_EQ(MaxFiniteExponentScalar(DType::kF32, v.data(), v.size()), 129);
