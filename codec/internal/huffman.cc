@@ -264,63 +264,76 @@ __attribute__((target("avx2"))) inline __m256i ConcatCodes(__m256i v) {
   return _mm256_or_si256(code, _mm256_slli_epi64(len, 56));
 }
 
-// Two neighbouring 4-code chunks (64-bit lanes 0-1 and 2-3) joined into one 8-code unit in
-// lanes 0 and 2, with the total length in bits 56-63. The code bits are right only when
-// that length is <= 56; the caller falls back to the two chunks otherwise.
-__attribute__((target("avx2"))) inline __m256i JoinChunks(__m256i c) {
-  const __m256i mask56 = _mm256_set1_epi64x((int64_t{1} << 56) - 1);
-  const __m256i first_len = _mm256_srli_epi64(c, 56);
-  const __m256i second = _mm256_bsrli_epi128(c, 8);
-  const __m256i code = _mm256_or_si256(
-      _mm256_and_si256(c, mask56), _mm256_sllv_epi64(_mm256_and_si256(second, mask56), first_len));
-  const __m256i len = _mm256_add_epi64(first_len, _mm256_srli_epi64(second, 56));
-  return _mm256_or_si256(_mm256_and_si256(code, mask56), _mm256_slli_epi64(len, 56));
+// The codes of a run of symbols in three sizes of piece, each 128-bit lane L of the vector
+// that made them covering symbols 16L .. 16L + 15: sixteen[2L] (all 16 codes, right when
+// sixteen_len[2L] <= 64), eight_a[2L] and eight_b[2L] (codes 0-7 and 8-15, right when
+// their length is <= 64), and the 4-code chunks four_a[2L], four_a[2L + 1], four_b[2L],
+// four_b[2L + 1] (always right: <= 44 bits, length in bits 56-63). N 64-bit lanes: 4 for
+// 32 symbols (AVX2), 8 for 64 (AVX-512).
+template <int N>
+struct Pieces {
+  alignas(64) uint64_t sixteen[N], sixteen_len[N];
+  alignas(64) uint64_t eight_a[N], eight_a_len[N], eight_b[N], eight_b_len[N];
+  alignas(64) uint64_t four_a[N], four_b[N];
+};
+
+// Puts the pieces in symbol order, each run of 16 codes in one put when it fits in 64 bits
+// (near-lossless blocks average under 3 bits a code), else in 8s, else in 4s.
+template <int N>
+__attribute__((always_inline)) inline void PutPieces(WordWriter& w, const Pieces<N>& p) {
+  constexpr uint64_t kCodeMask = (uint64_t{1} << 56) - 1;
+  for (int k = 0; k < N; k += 2) {
+    if (__builtin_expect(p.sixteen_len[k] <= 64, 1)) {
+      w.Put(p.sixteen[k], static_cast<unsigned>(p.sixteen_len[k]));
+      continue;
+    }
+    const uint64_t* eights[2] = {p.eight_a, p.eight_b};
+    const uint64_t* eight_lens[2] = {p.eight_a_len, p.eight_b_len};
+    const uint64_t* fours[2] = {p.four_a, p.four_b};
+    for (int h = 0; h < 2; ++h) {
+      if (eight_lens[h][k] <= 64) {
+        w.Put(eights[h][k], static_cast<unsigned>(eight_lens[h][k]));
+      } else {
+        w.Put(fours[h][k] & kCodeMask, static_cast<unsigned>(fours[h][k] >> 56));
+        w.Put(fours[h][k + 1] & kCodeMask, static_cast<unsigned>(fours[h][k + 1] >> 56));
+      }
+    }
+  }
 }
 
-// The codes of in[0, 32): unit[k] holds codes 8k .. 8k+7, chunk[2k] and chunk[2k+1] the
-// same codes in two halves (each <= 44 bits, length in bits 56-63).
-struct Units {
-  alignas(32) uint64_t a[4], b[4], ja[4], jb[4];
-};
+// 4-code chunks (code | length << 56) joined in pairs within each 128-bit lane: the
+// 8-code code and length in 64-bit lane 0 of each 128-bit lane.
+__attribute__((target("avx2"))) inline void JoinFours(__m256i four, __m256i* code,
+                                                      __m256i* len) {
+  const __m256i c = _mm256_and_si256(four, _mm256_set1_epi64x((int64_t{1} << 56) - 1));
+  const __m256i l = _mm256_srli_epi64(four, 56);
+  *code = _mm256_or_si256(c, _mm256_sllv_epi64(_mm256_bsrli_epi128(c, 8), l));
+  *len = _mm256_add_epi64(l, _mm256_bsrli_epi128(l, 8));
+}
+
 template <int NT>
-__attribute__((target("avx2"))) inline void UnitsOf32(const uint8_t* in, __m256i min_sym,
-                                                      const __m256i* lo_table,
-                                                      const __m256i* hi_table, Units* u) {
+__attribute__((target("avx2"))) inline void PiecesOf32(const uint8_t* in, __m256i min_sym,
+                                                       const __m256i* lo_table,
+                                                       const __m256i* hi_table, Pieces<4>* p) {
   const __m256i idx =
       _mm256_sub_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)), min_sym);
   const __m256i lo = LookupBytes<NT>(idx, lo_table);
   const __m256i hi = LookupBytes<NT>(idx, hi_table);
-  // unpack works within 128-bit lanes: a holds codes 0-7 and 16-23, b 8-15 and 24-31.
+  // unpack works within 128-bit lanes: a holds codes 0-7 of each lane's 16, b codes 8-15.
   const __m256i a = ConcatCodes(_mm256_unpacklo_epi8(lo, hi));
   const __m256i b = ConcatCodes(_mm256_unpackhi_epi8(lo, hi));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(u->a), a);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(u->b), b);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(u->ja), JoinChunks(a));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(u->jb), JoinChunks(b));
-}
-
-constexpr uint64_t kCodeMask = (uint64_t{1} << 56) - 1;
-
-// Puts one 8-code unit (or its two halves when it is longer than 56 bits).
-__attribute__((always_inline, target("bmi2"))) inline void PutUnit(BitWriter& w, uint64_t unit,
-                                                                   const uint64_t* half) {
-  const unsigned len = static_cast<unsigned>(unit >> 56);
-  if (__builtin_expect(len <= 56, 1)) {
-    w.Put(unit & kCodeMask, len);
-    w.Flush();
-  } else {
-    w.Put(half[0] & kCodeMask, static_cast<unsigned>(half[0] >> 56));
-    w.Flush();
-    w.Put(half[1] & kCodeMask, static_cast<unsigned>(half[1] >> 56));
-    w.Flush();
-  }
-}
-
-__attribute__((always_inline, target("bmi2"))) inline void PutUnits(BitWriter& w, const Units& u) {
-  PutUnit(w, u.ja[0], u.a);      // codes 0-7
-  PutUnit(w, u.jb[0], u.b);      // 8-15
-  PutUnit(w, u.ja[2], u.a + 2);  // 16-23
-  PutUnit(w, u.jb[2], u.b + 2);  // 24-31
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->four_a), a);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->four_b), b);
+  __m256i ca, la, cb, lb;
+  JoinFours(a, &ca, &la);
+  JoinFours(b, &cb, &lb);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->eight_a), ca);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->eight_a_len), la);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->eight_b), cb);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->eight_b_len), lb);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->sixteen),
+                     _mm256_or_si256(ca, _mm256_sllv_epi64(cb, la)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->sixteen_len), _mm256_add_epi64(la, lb));
 }
 
 template <int NT>
@@ -343,19 +356,19 @@ __attribute__((target("avx2,bmi2"))) void EncodeStreamsAvx2(const StreamPlan& pl
   }
   const __m256i min_vec = _mm256_set1_epi8(static_cast<char>(min_sym));
   // No pointer to a writer escapes, so each stays in registers.
-  BitWriter w0(plan.base[0]), w1(plan.base[1]), w2(plan.base[2]), w3(plan.base[3]);
+  WordWriter w0(plan.base[0]), w1(plan.base[1]), w2(plan.base[2]), w3(plan.base[3]);
   const size_t q = plan.count[kNumStreams - 1];  // the shortest stream
-  Units u0, u1, u2, u3;
+  Pieces<4> p;
   size_t i = 0;
   for (; i + 32 <= q; i += 32) {
-    UnitsOf32<NT>(plan.in[0] + i, min_vec, lo_table, hi_table, &u0);
-    UnitsOf32<NT>(plan.in[1] + i, min_vec, lo_table, hi_table, &u1);
-    UnitsOf32<NT>(plan.in[2] + i, min_vec, lo_table, hi_table, &u2);
-    UnitsOf32<NT>(plan.in[3] + i, min_vec, lo_table, hi_table, &u3);
-    PutUnits(w0, u0);
-    PutUnits(w1, u1);
-    PutUnits(w2, u2);
-    PutUnits(w3, u3);
+    PiecesOf32<NT>(plan.in[0] + i, min_vec, lo_table, hi_table, &p);
+    PutPieces(w0, p);
+    PiecesOf32<NT>(plan.in[1] + i, min_vec, lo_table, hi_table, &p);
+    PutPieces(w1, p);
+    PiecesOf32<NT>(plan.in[2] + i, min_vec, lo_table, hi_table, &p);
+    PutPieces(w2, p);
+    PiecesOf32<NT>(plan.in[3] + i, min_vec, lo_table, hi_table, &p);
+    PutPieces(w3, p);
   }
   uint32_t word[256];
   PackedWords(code, word);
@@ -445,20 +458,10 @@ __attribute__((target(GCOMP_TARGET_AVX512))) inline __m512i ConcatCodes512(__m51
   return _mm512_or_si512(code, _mm512_slli_epi64(len, 56));
 }
 
-// The codes of 64 symbols in three sizes of piece, each 128-bit lane L covering symbols
-// 16L .. 16L + 15: sixteen[2L] (all 16 codes, right when sixteen_len <= 64), eight_a[2L] and
-// eight_b[2L] (codes 0-7 and 8-15, right when their length <= 64), and the 4-code chunks
-// four_a[2L], four_a[2L + 1], four_b[2L], four_b[2L + 1] (always right, length in bits 56-63).
-struct Pieces64 {
-  alignas(64) uint64_t sixteen[8], sixteen_len[8];
-  alignas(64) uint64_t eight_a[8], eight_a_len[8], eight_b[8], eight_b_len[8];
-  alignas(64) uint64_t four_a[8], four_b[8];
-};
-
 __attribute__((target(GCOMP_TARGET_AVX512))) inline void PiecesOf64(const uint8_t* in,
                                                                     __m512i min_sym, __m512i lo0,
                                                                     __m512i lo1, __m512i hi0,
-                                                                    __m512i hi1, Pieces64* p) {
+                                                                    __m512i hi1, Pieces<8>* p) {
   const __m512i mask56 = _mm512_set1_epi64((int64_t{1} << 56) - 1);
   const __m512i idx = _mm512_sub_epi8(_mm512_loadu_si512(in), min_sym);
   const __m512i lo = _mm512_permutex2var_epi8(lo0, idx, lo1);
@@ -486,27 +489,6 @@ __attribute__((target(GCOMP_TARGET_AVX512))) inline void PiecesOf64(const uint8_
   _mm512_store_si512(p->sixteen_len, _mm512_add_epi64(la, lb));
 }
 
-__attribute__((always_inline)) inline void PutPieces64(WordWriter& w, const Pieces64& p) {
-  constexpr uint64_t kCodeMask = (uint64_t{1} << 56) - 1;
-  for (int k = 0; k < 8; k += 2) {
-    if (__builtin_expect(p.sixteen_len[k] <= 64, 1)) {
-      w.Put(p.sixteen[k], static_cast<unsigned>(p.sixteen_len[k]));
-      continue;
-    }
-    const uint64_t* eights[2] = {p.eight_a, p.eight_b};
-    const uint64_t* eight_lens[2] = {p.eight_a_len, p.eight_b_len};
-    const uint64_t* fours[2] = {p.four_a, p.four_b};
-    for (int h = 0; h < 2; ++h) {
-      if (eight_lens[h][k] <= 64) {
-        w.Put(eights[h][k], static_cast<unsigned>(eight_lens[h][k]));
-      } else {
-        w.Put(fours[h][k] & kCodeMask, static_cast<unsigned>(fours[h][k] >> 56));
-        w.Put(fours[h][k + 1] & kCodeMask, static_cast<unsigned>(fours[h][k + 1] >> 56));
-      }
-    }
-  }
-}
-
 __attribute__((target(GCOMP_TARGET_AVX512))) void EncodeStreams512(const StreamPlan& plan,
                                                                    int min_sym,
                                                                    const HuffmanCode& code,
@@ -523,17 +505,17 @@ __attribute__((target(GCOMP_TARGET_AVX512))) void EncodeStreams512(const StreamP
   const __m512i min_vec = _mm512_set1_epi8(static_cast<char>(min_sym));
   WordWriter w0(plan.base[0]), w1(plan.base[1]), w2(plan.base[2]), w3(plan.base[3]);
   const size_t q = plan.count[kNumStreams - 1];  // the shortest stream
-  Pieces64 p;
+  Pieces<8> p;
   size_t i = 0;
   for (; i + 64 <= q; i += 64) {
     PiecesOf64(plan.in[0] + i, min_vec, lo0, lo1, hi0, hi1, &p);
-    PutPieces64(w0, p);
+    PutPieces(w0, p);
     PiecesOf64(plan.in[1] + i, min_vec, lo0, lo1, hi0, hi1, &p);
-    PutPieces64(w1, p);
+    PutPieces(w1, p);
     PiecesOf64(plan.in[2] + i, min_vec, lo0, lo1, hi0, hi1, &p);
-    PutPieces64(w2, p);
+    PutPieces(w2, p);
     PiecesOf64(plan.in[3] + i, min_vec, lo0, lo1, hi0, hi1, &p);
-    PutPieces64(w3, p);
+    PutPieces(w3, p);
   }
   uint32_t word[256];
   PackedWords(code, word);
