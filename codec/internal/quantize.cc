@@ -255,7 +255,7 @@ constexpr CompactTables kCompact;
 // loads itself: the output stores might alias the params).
 struct QuantVectors {
   __m256i mag_mask, mant_mask, zero_test, zero_floor, offset, cap, full, special_above,
-      ordinary_limit, one, all;
+      ordinary_limit, half_w, one, all;
   __m128i W, top;
 };
 __attribute__((target("avx2"))) inline QuantVectors MakeQuantVectors(const QuantParams& q) {
@@ -269,6 +269,7 @@ __attribute__((target("avx2"))) inline QuantVectors MakeQuantVectors(const Quant
   v.full = _mm256_set1_epi32(q.mant_bits);
   v.special_above = _mm256_set1_epi32(q.special_above);
   v.ordinary_limit = _mm256_set1_epi32(q.special_above - 1);
+  v.half_w = _mm256_set1_epi32(1 << (q.mant_bits - 1));
   v.one = _mm256_set1_epi32(1);
   v.all = _mm256_set1_epi32(-1);
   v.W = _mm_cvtsi32_si128(q.mant_bits);
@@ -315,13 +316,11 @@ __attribute__((target("avx2"))) inline Quantized8 QuantizeOrdinary8(__m256i u, _
                                                                     const QuantVectors& v) {
   const __m256i mag = _mm256_and_si256(u, v.mag_mask);
   const __m256i zero = _mm256_setzero_si256();
-  const __m256i is_zero = _mm256_cmpeq_epi32(mag, zero);
   Quantized8 r;
-  r.nz = _mm256_andnot_si256(is_zero, _mm256_cmpgt_epi32(e, v.zero_floor));
+  r.nz = _mm256_cmpgt_epi32(e, v.zero_floor);  // zero_below >= 1: e >= it means mag != 0
   const __m256i k = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(e, v.offset), zero), v.cap);
   const __m256i drop = _mm256_sub_epi32(v.full, k);
-  const __m256i half = _mm256_srli_epi32(_mm256_sllv_epi32(v.one, drop), 1);
-  const __m256i rounded = _mm256_add_epi32(mag, half);
+  const __m256i rounded = _mm256_add_epi32(mag, _mm256_srlv_epi32(v.half_w, k));  // + 2^(drop-1)
   r.sym = _mm256_srl_epi32(rounded, v.W);
   const __m256i k2 =
       _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(r.sym, v.offset), zero), v.cap);
