@@ -36,6 +36,15 @@ QuantParams MakeQuantParams(const Layout& lay, const Policy& policy, int emax) {
 
 namespace {
 
+// One group of count <= kGroup elements (scalar path): value[i] (sign + mantissa bits),
+// bits[i] (0 for a zero, else k + 1), sym[i] (rounded exponent field).
+constexpr size_t kGroup = 64;
+struct Group {
+  uint32_t value[kGroup];
+  uint32_t bits[kGroup];
+  uint32_t sym[kGroup];
+};
+
 template <typename U>
 uint64_t QuantizeScalarTyped(const U* in, size_t count, const QuantParams& q, Group* g) {
   const int W = q.mant_bits;
@@ -95,21 +104,6 @@ size_t SplitScalarTyped(const U* in, size_t n, const QuantParams& q, uint8_t* pl
   }
   *nnz = j;
   return w.Finish();
-}
-
-template <typename U>
-void AssembleScalarTyped(const uint8_t* sym, const uint32_t* field, size_t count,
-                         const QuantParams& q, U* out) {
-  const int W = q.mant_bits;
-  for (size_t i = 0; i < count; ++i) {
-    const uint32_t s = sym[i];
-    const int k = WidthOf(q, static_cast<int>(s));
-    const uint32_t f = field[i];
-    const uint32_t mant = f & ((1u << k) - 1);
-    const uint32_t sign = (f >> k) & 1;
-    const U v = static_cast<U>((sign << q.top) | (s << W) | (mant << (W - k)));
-    std::memcpy(out + i, &v, sizeof(U));
-  }
 }
 
 // One field of `bits` (<= 24) bits at bit `pos` of plane[0, size); zeros past the end.
@@ -639,39 +633,6 @@ size_t SplitVector(VectorLevel level, const U* in, size_t n, const QuantParams& 
   return SplitAvx2Typed<U, SplitPath::kGeneral>(in, n, q, plane, syms, bitmap, nnz);
 }
 
-template <typename U>
-__attribute__((target("avx2"))) void AssembleAvx2Typed(const uint8_t* sym, const uint32_t* field,
-                                                       size_t count, const QuantParams& q, U* out) {
-  const __m256i offset = _mm256_set1_epi32(q.width_offset);
-  const __m256i cap = _mm256_set1_epi32(q.width_cap);
-  const __m256i full = _mm256_set1_epi32(q.mant_bits);
-  const __m256i special_above = _mm256_set1_epi32(q.special_above);
-  const __m256i one = _mm256_set1_epi32(1);
-  const __m128i W = _mm_cvtsi32_si128(q.mant_bits);
-  const __m128i top = _mm_cvtsi32_si128(q.top);
-  size_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    const __m256i s =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sym + i)));
-    const __m256i f = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(field + i));
-    const __m256i k = WidthOf8(s, offset, cap, full, special_above);
-    const __m256i mant = _mm256_and_si256(f, _mm256_sub_epi32(_mm256_sllv_epi32(one, k), one));
-    const __m256i sign = _mm256_and_si256(_mm256_srlv_epi32(f, k), one);
-    const __m256i v =
-        _mm256_or_si256(_mm256_or_si256(_mm256_sll_epi32(sign, top), _mm256_sll_epi32(s, W)),
-                        _mm256_sllv_epi32(mant, _mm256_sub_epi32(full, k)));
-    if constexpr (sizeof(U) == 4) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), v);
-    } else {
-      // 8 x u32 (each < 2^16) -> 8 x u16, in order.
-      const __m128i lo = _mm256_castsi256_si128(v);
-      const __m128i hi = _mm256_extracti128_si256(v, 1);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_packus_epi32(lo, hi));
-    }
-  }
-  AssembleScalarTyped(sym + i, field + i, count - i, q, out + i);
-}
-
 // Decoder tables: kExpand.rank32[m] gives, for each of 8 output lanes whose bit is set in m,
 // the index of its value among the packed nonzeros; kExpand.shuffle16[m] does the same for
 // 16-bit lanes as pshufb indices (0x80 = zero).
@@ -929,38 +890,6 @@ absl::Status JoinElements(DType dtype, const uint8_t* syms, size_t nnz,
   }
 #endif
   return JoinElementsScalar(dtype, syms, nnz, plane, q, bitmap, n, out);
-}
-
-uint64_t QuantizeGroupScalar(DType dtype, const void* in, size_t count, const QuantParams& q,
-                             Group* g) {
-  if (dtype == DType::kF32) {
-    return QuantizeScalarTyped(static_cast<const uint32_t*>(in), count, q, g);
-  }
-  return QuantizeScalarTyped(static_cast<const uint16_t*>(in), count, q, g);
-}
-
-void AssembleElementsScalar(DType dtype, const uint8_t* sym, const uint32_t* field, size_t count,
-                            const QuantParams& q, void* out) {
-  if (dtype == DType::kF32) {
-    AssembleScalarTyped(sym, field, count, q, static_cast<uint32_t*>(out));
-  } else {
-    AssembleScalarTyped(sym, field, count, q, static_cast<uint16_t*>(out));
-  }
-}
-
-void AssembleElements(DType dtype, const uint8_t* sym, const uint32_t* field, size_t count,
-                      const QuantParams& q, void* out) {
-#if defined(__x86_64__)
-  if (QuantizeUsesAvx2()) {
-    if (dtype == DType::kF32) {
-      AssembleAvx2Typed(sym, field, count, q, static_cast<uint32_t*>(out));
-    } else {
-      AssembleAvx2Typed(sym, field, count, q, static_cast<uint16_t*>(out));
-    }
-    return;
-  }
-#endif
-  AssembleElementsScalar(dtype, sym, field, count, q, out);
 }
 
 size_t SplitElementsScalar(DType dtype, const void* in, size_t n, const QuantParams& q,

@@ -1,10 +1,12 @@
-// The encoder's per-element step, 64 elements at a time: round each element to its mantissa
-// width, split it into symbol and sign + mantissa bits, and flag zeros. docs/FORMAT.md
-// ("What is a zero, the symbols, the mantissa widths") defines the arithmetic; both paths
-// below compute exactly it, so they produce the same bytes.
+// The per-element passes of a block. Encoder: round each element to its mantissa width,
+// split it into symbol and sign + mantissa field, flag zeros, and write the plane, the
+// symbols and the zero bitmap (SplitElements). Decoder: the inverse (JoinElements).
+// docs/FORMAT.md ("What is a zero, the symbols, the mantissa widths") defines the
+// arithmetic; the scalar, AVX2 and AVX-512 paths compute exactly it, so they write and read
+// the same bytes.
 //
-// The widths come from a closed form instead of a per-symbol table so that the AVX2 path can
-// evaluate 8 elements at once (x86-64 without AVX2 takes the scalar path).
+// The widths come from a closed form instead of a per-symbol table so that the vector paths
+// can evaluate 8 or 16 elements at once.
 #ifndef GCOMP_CODEC_INTERNAL_QUANTIZE_H_
 #define GCOMP_CODEC_INTERNAL_QUANTIZE_H_
 
@@ -18,8 +20,6 @@
 #include "codec/internal/format.h"
 
 namespace gcomp::codec::internal {
-
-inline constexpr size_t kGroup = 64;
 
 // Everything the per-element arithmetic needs, fixed for one block.
 struct QuantParams {
@@ -44,17 +44,6 @@ inline int WidthOf(const QuantParams& q, int s) {
   return k < q.width_cap ? k : q.width_cap;
 }
 
-// One group of `count` <= kGroup elements: value[i] (sign + mantissa bits), bits[i] (0 for a
-// zero, else k + 1), sym[i] (rounded exponent field); returns the nonzero bitmap. Scalar: the
-// reference the vector path is tested against, and the decoder tests' source of fields.
-struct Group {
-  uint32_t value[kGroup];
-  uint32_t bits[kGroup];
-  uint32_t sym[kGroup];
-};
-uint64_t QuantizeGroupScalar(DType dtype, const void* in, size_t count, const QuantParams& q,
-                             Group* g);
-
 // The encoder's whole per-element pass over in[0, n): writes the sign + mantissa plane
 // (section 1) at `plane` and returns its size in bytes; writes the nonzero elements' symbols
 // to syms[0, *nnz) and the nonzero bitmap (bit i of word i / 64) to bitmap[0, ceil(n / 64)).
@@ -68,13 +57,6 @@ size_t SplitElementsAt(VectorLevel level, DType dtype, const void* in, size_t n,
 // The same without the vector path (tests compare the two byte for byte).
 size_t SplitElementsScalar(DType dtype, const void* in, size_t n, const QuantParams& q,
                            uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz);
-
-// The decoder's inverse: element bit patterns (dtype-sized, written to `out`) from each
-// nonzero element's symbol and its k + 1 bit field (mantissa bits, then the sign above them).
-void AssembleElements(DType dtype, const uint8_t* sym, const uint32_t* field, size_t count,
-                      const QuantParams& q, void* out);
-void AssembleElementsScalar(DType dtype, const uint8_t* sym, const uint32_t* field,
-                            size_t count, const QuantParams& q, void* out);
 
 // The decoder's whole per-element pass: rebuilds the n elements of a block (dtype-sized, at
 // `out`, which may be unaligned) from the symbols of its nnz nonzero elements (syms needs 8

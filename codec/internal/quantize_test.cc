@@ -152,45 +152,6 @@ TEST(Quantize, VectorJoinEqualsScalarJoin) {
   }
 }
 
-// Assembling (symbol, field) back must give the same element on both paths, and in lossless
-// mode exactly the input element.
-TEST(Quantize, AssembleInvertsQuantizeOnBothPaths) {
-  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    const size_t width = DTypeBytes(dtype);
-    for (Pattern pattern :
-         {Pattern::kRandomBits, Pattern::kGradientLike, Pattern::kSpecials, Pattern::kBoundaries}) {
-      const std::vector<uint8_t> values = MakeValues(dtype, pattern, 64 * 40 + 13, 11);
-      const size_t n = values.size() / width;
-      for (const Policy& p : Policies()) {
-        const int emax = MaxFiniteExponentScalar(dtype, values.data(), n);
-        const QuantParams q = MakeQuantParams(LayoutOf(dtype), p, emax);
-        for (size_t lo = 0; lo < n; lo += kGroup) {
-          const size_t count = std::min(kGroup, n - lo);
-          Group g;
-          QuantizeGroupScalar(dtype, values.data() + lo * width, count, q, &g);
-          uint8_t sym[kGroup];
-          uint32_t field[kGroup];
-          for (size_t i = 0; i < count; ++i) {
-            sym[i] = static_cast<uint8_t>(g.sym[i]);
-            field[i] = g.value[i];
-          }
-          std::vector<uint8_t> fast(count * width), slow(count * width);
-          AssembleElements(dtype, sym, field, count, q, fast.data());
-          AssembleElementsScalar(dtype, sym, field, count, q, slow.data());
-          ASSERT_EQ(fast, slow) << PatternName(pattern) << " at " << lo;
-          if (p.mode != Mode::kLossless) continue;
-          for (size_t i = 0; i < count; ++i) {
-            if (g.bits[i] == 0) continue;  // +0.0: carried by the zero map, not a field
-            ASSERT_EQ(0,
-                      std::memcmp(slow.data() + i * width, values.data() + (lo + i) * width, width))
-                << DTypeName(dtype) << " " << PatternName(pattern) << " element " << lo + i;
-          }
-        }
-      }
-    }
-  }
-}
-
 TEST(Quantize, MaxFiniteExponentSkipsNonFinite) {
   std::vector<float> v = {1.0f,
                           -4.0f,
