@@ -303,8 +303,7 @@ __attribute__((always_inline)) inline void PutPieces(WordWriter& w, const Pieces
 
 // 4-code chunks (code | length << 56) joined in pairs within each 128-bit lane: the
 // 8-code code and length in 64-bit lane 0 of each 128-bit lane.
-__attribute__((target("avx2"))) inline void JoinFours(__m256i four, __m256i* code,
-                                                      __m256i* len) {
+__attribute__((target("avx2"))) inline void JoinFours(__m256i four, __m256i* code, __m256i* len) {
   const __m256i c = _mm256_and_si256(four, _mm256_set1_epi64x((int64_t{1} << 56) - 1));
   const __m256i l = _mm256_srli_epi64(four, 56);
   *code = _mm256_or_si256(c, _mm256_sllv_epi64(_mm256_bsrli_epi128(c, 8), l));
@@ -580,46 +579,25 @@ void CountSymbolsScalar(const uint8_t* syms, size_t n, uint64_t freq[256]) {
 void CountSymbols(const uint8_t* syms, size_t n, uint64_t freq[256]) {
 #if defined(__x86_64__)
   const size_t blocks = n / 32;
-  if (StreamsUseAvx2() && blocks > 0) {
+  if (MaxVectorLevel() >= VectorLevel::kAvx2 && blocks > 0) {
     int lo, hi;
     SymbolRangeAvx2(syms, blocks, &lo, &hi);
     if (hi - lo < kMaxVectorCountSpan) {
       CountSymbolsScalar(syms + 32 * blocks, n - 32 * blocks, freq);
+      // Passes of 8 symbol values, then one of the 0-7 left.
+      using Pass = void (*)(const uint8_t*, size_t, int, uint64_t*);
+      static constexpr Pass kPass[8] = {nullptr,          CountPassAvx2<1>, CountPassAvx2<2>,
+                                        CountPassAvx2<3>, CountPassAvx2<4>, CountPassAvx2<5>,
+                                        CountPassAvx2<6>, CountPassAvx2<7>};
       int first = lo;
       for (; first + 8 <= hi + 1; first += 8) CountPassAvx2<8>(syms, blocks, first, freq);
-      switch (hi + 1 - first) {
-        case 0:
-          break;
-        case 1:
-          CountPassAvx2<1>(syms, blocks, first, freq);
-          break;
-        case 2:
-          CountPassAvx2<2>(syms, blocks, first, freq);
-          break;
-        case 3:
-          CountPassAvx2<3>(syms, blocks, first, freq);
-          break;
-        case 4:
-          CountPassAvx2<4>(syms, blocks, first, freq);
-          break;
-        case 5:
-          CountPassAvx2<5>(syms, blocks, first, freq);
-          break;
-        case 6:
-          CountPassAvx2<6>(syms, blocks, first, freq);
-          break;
-        case 7:
-          CountPassAvx2<7>(syms, blocks, first, freq);
-          break;
-      }
+      if (first <= hi) kPass[hi + 1 - first](syms, blocks, first, freq);
       return;
     }
   }
 #endif
   CountSymbolsScalar(syms, n, freq);
 }
-
-bool StreamsUseAvx2() { return MaxVectorLevel() >= VectorLevel::kAvx2; }
 
 void EncodeStreamsScalar(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
                          uint32_t sizes[kNumStreams]) {
@@ -647,23 +625,13 @@ void EncodeStreamsAt(VectorLevel level, const uint8_t* syms, size_t n, const Huf
     EncodeStreams512(plan, lo, code, sizes);
     return JoinStreams(plan, out, sizes);
   }
-  if (level >= VectorLevel::kAvx2 && hi >= lo && n >= 4 * 32) {
-    switch ((hi - lo) / 16) {
-      case 0:
-        EncodeStreamsAvx2<1>(plan, lo, code, sizes);
-        return JoinStreams(plan, out, sizes);
-      case 1:
-        EncodeStreamsAvx2<2>(plan, lo, code, sizes);
-        return JoinStreams(plan, out, sizes);
-      case 2:
-        EncodeStreamsAvx2<3>(plan, lo, code, sizes);
-        return JoinStreams(plan, out, sizes);
-      case 3:
-        EncodeStreamsAvx2<4>(plan, lo, code, sizes);
-        return JoinStreams(plan, out, sizes);
-      default:
-        break;
-    }
+  if (level >= VectorLevel::kAvx2 && hi >= lo && hi - lo < 64 && n >= 4 * 32) {
+    // 16 symbols per lookup table: NT = 1 to 4 tables.
+    using Encode = void (*)(const StreamPlan&, int, const HuffmanCode&, uint32_t*);
+    static constexpr Encode kEncode[4] = {EncodeStreamsAvx2<1>, EncodeStreamsAvx2<2>,
+                                          EncodeStreamsAvx2<3>, EncodeStreamsAvx2<4>};
+    kEncode[(hi - lo) / 16](plan, lo, code, sizes);
+    return JoinStreams(plan, out, sizes);
   }
 #endif
   EncodeStreamsScalarPlan(plan, code, sizes);

@@ -53,13 +53,12 @@ void CountSymbolsScalar(const uint8_t* syms, size_t n, uint64_t freq[256]);
 // MaxStreamBytes(n) + 8 writable bytes). Returns each stream's byte size.
 void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
                    uint32_t sizes[kNumStreams]);
-// EncodeStreams limited to a vector level (clamped to what this CPU has), the same without
-// any vector path, and whether the CPU has AVX2 at all (tests compare them).
+// EncodeStreams limited to a vector level (clamped to what this CPU has), and the same
+// without any vector path (tests compare them).
 void EncodeStreamsAt(VectorLevel level, const uint8_t* syms, size_t n, const HuffmanCode& code,
                      uint8_t* out, uint32_t sizes[kNumStreams]);
 void EncodeStreamsScalar(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,
                          uint32_t sizes[kNumStreams]);
-bool StreamsUseAvx2();
 inline size_t MaxStreamBytes(size_t n) { return (n * kMaxCodeLen + 7) / 8 + kNumStreams; }
 
 // Decodes n symbols from the 4 streams (spans of the block) into syms[0, n). DataLoss if a

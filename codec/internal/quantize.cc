@@ -852,7 +852,7 @@ int MaxFiniteExponentScalar(DType dtype, const void* in, size_t n) {
 
 int MaxFiniteExponent(DType dtype, const void* in, size_t n) {
 #if defined(__x86_64__)
-  if (QuantizeUsesAvx2()) {
+  if (MaxVectorLevel() >= VectorLevel::kAvx2) {
     const Layout lay = LayoutOf(dtype);
     const uint32_t mag_mask = (uint32_t{1} << (lay.total_bits - 1)) - 1;
     const uint32_t inf = static_cast<uint32_t>(lay.all_ones()) << lay.mant_bits;
@@ -864,8 +864,6 @@ int MaxFiniteExponent(DType dtype, const void* in, size_t n) {
 #endif
   return MaxFiniteExponentScalar(dtype, in, n);
 }
-
-bool QuantizeUsesAvx2() { return MaxVectorLevel() >= VectorLevel::kAvx2; }
 
 absl::Status JoinElementsScalar(DType dtype, const uint8_t* syms, size_t nnz,
                                 absl::Span<const uint8_t> plane, const QuantParams& q,
@@ -881,7 +879,7 @@ absl::Status JoinElements(DType dtype, const uint8_t* syms, size_t nnz,
                           absl::Span<const uint8_t> plane, const QuantParams& q,
                           const uint64_t* bitmap, size_t n, void* out) {
 #if defined(__x86_64__)
-  if (QuantizeUsesAvx2()) {
+  if (MaxVectorLevel() >= VectorLevel::kAvx2) {
     uint8_t* o = static_cast<uint8_t*>(out);
     if (dtype == DType::kF32) {
       return JoinAvx2<uint32_t>(syms, nnz, plane.data(), plane.size(), q, bitmap, n, o);

@@ -76,8 +76,6 @@ int MaxFiniteExponent(DType dtype, const void* in, size_t n);
 // For tests: the same with the AVX2 path disabled.
 int MaxFiniteExponentScalar(DType dtype, const void* in, size_t n);
 
-// Whether SplitElements uses AVX2 on this machine.
-bool QuantizeUsesAvx2();
 
 }  // namespace gcomp::codec::internal
 

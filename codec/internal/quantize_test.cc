@@ -50,7 +50,8 @@ TEST(Quantize, ClosedFormWidthEqualsFormatDefinition) {
 // The vectorized pass (where this CPU has it) must write the same plane, symbols and bitmap
 // as the scalar one, for every pattern, dtype, policy and length (tails included).
 TEST(Quantize, VectorSplitEqualsScalarSplit) {
-  if (!QuantizeUsesAvx2()) GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
+  if (MaxVectorLevel() < VectorLevel::kAvx2)
+    GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     const Layout lay = LayoutOf(dtype);
     for (Pattern pattern : {Pattern::kZeros, Pattern::kConstant, Pattern::kRandomBits,
@@ -102,7 +103,8 @@ TEST(Quantize, VectorSplitEqualsScalarSplit) {
 // The decoder's vector pass rebuilds exactly what the scalar one does, from what the encoder
 // wrote, with and without a zero bitmap; both reject a plane that is cut short or too long.
 TEST(Quantize, VectorJoinEqualsScalarJoin) {
-  if (!QuantizeUsesAvx2()) GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
+  if (MaxVectorLevel() < VectorLevel::kAvx2)
+    GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     const Layout lay = LayoutOf(dtype);
     const size_t width = DTypeBytes(dtype);
