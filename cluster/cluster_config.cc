@@ -81,6 +81,28 @@ Setter U64(absl::string_view field, void (proto::ClusterConfig::*set)(uint64_t))
   };
 }
 
+// A field of a nested message: `get` reaches the message, `set` stores the value.
+template <typename Msg, typename T>
+Setter NestedUnsigned(std::string field, Msg* (proto::ClusterConfig::*get)(), void (Msg::*set)(T)) {
+  return [field, get, set](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
+    absl::StatusOr<uint64_t> v = ParseU64(n, field, std::numeric_limits<T>::max());
+    if (!v.ok()) return v.status();
+    ((c->*get)()->*set)(static_cast<T>(*v));
+    return absl::OkStatus();
+  };
+}
+
+template <typename Msg>
+Setter NestedString(std::string field, Msg* (proto::ClusterConfig::*get)(),
+                    void (Msg::*set)(const std::string&)) {
+  return [field, get, set](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
+    absl::StatusOr<std::string> s = Scalar(n, field);
+    if (!s.ok()) return s.status();
+    ((c->*get)()->*set)(*s);
+    return absl::OkStatus();
+  };
+}
+
 // Every settable field, by dotted name.
 const std::map<std::string, Setter>& Setters() {
   static const auto* setters = [] {
@@ -166,6 +188,32 @@ const std::map<std::string, Setter>& Setters() {
     (*m)["retry_backoff_ms"] = U32("retry_backoff_ms", &proto::ClusterConfig::set_retry_backoff_ms);
     (*m)["max_message_bytes"] =
         U64("max_message_bytes", &proto::ClusterConfig::set_max_message_bytes);
+    using P = proto::ClusterConfig;
+    using Sec = proto::SecurityConfig;
+    for (auto [name, set] : std::vector<std::pair<std::string, void (Sec::*)(const std::string&)>>{
+             {"ca_file", &Sec::set_ca_file},
+             {"cert_file", &Sec::set_cert_file},
+             {"key_file", &Sec::set_key_file},
+             {"token_file", &Sec::set_token_file}}) {
+      (*m)["security." + name] = NestedString("security." + name, &P::mutable_security, set);
+    }
+    (*m)["security.health_port"] =
+        NestedUnsigned("security.health_port", &P::mutable_security, &Sec::set_health_port);
+    (*m)["security.cert_refresh_s"] =
+        NestedUnsigned("security.cert_refresh_s", &P::mutable_security, &Sec::set_cert_refresh_s);
+    using Lim = proto::LimitsConfig;
+    (*m)["limits.memory_budget_bytes"] = NestedUnsigned(
+        "limits.memory_budget_bytes", &P::mutable_limits, &Lim::set_memory_budget_bytes);
+    (*m)["limits.max_tensors"] =
+        NestedUnsigned("limits.max_tensors", &P::mutable_limits, &Lim::set_max_tensors);
+    (*m)["limits.max_key_bytes"] =
+        NestedUnsigned("limits.max_key_bytes", &P::mutable_limits, &Lim::set_max_key_bytes);
+    (*m)["limits.max_pending_steps"] = NestedUnsigned(
+        "limits.max_pending_steps", &P::mutable_limits, &Lim::set_max_pending_steps);
+    (*m)["limits.max_pending_bytes"] = NestedUnsigned(
+        "limits.max_pending_bytes", &P::mutable_limits, &Lim::set_max_pending_bytes);
+    (*m)["limits.max_calls_per_client"] = NestedUnsigned(
+        "limits.max_calls_per_client", &P::mutable_limits, &Lim::set_max_calls_per_client);
     return m;
   }();
   return *setters;
@@ -185,7 +233,8 @@ absl::Status ApplyNode(const YAML::Node& node, const std::string& prefix,
       if (!s.ok()) return s;
       continue;
     }
-    if ((field == "uplink" || field == "downlink" || field == "optimizer") &&
+    if ((field == "uplink" || field == "downlink" || field == "optimizer" ||
+         field == "security" || field == "limits") &&
         kv.second.IsMap()) {
       absl::Status s = ApplyNode(kv.second, field, config);
       if (!s.ok()) return s;
@@ -267,6 +316,14 @@ proto::ClusterConfig DefaultClusterConfig() {
   c.set_max_retries(5);
   c.set_retry_backoff_ms(50);
   c.set_max_message_bytes(0);  // 0: derived from chunk_bytes
+  c.mutable_security()->set_cert_refresh_s(60);
+  proto::LimitsConfig* l = c.mutable_limits();
+  l->set_memory_budget_bytes(0);  // 0: derived from the cgroup limit or physical memory
+  l->set_max_tensors(16384);
+  l->set_max_key_bytes(1024);
+  l->set_max_pending_steps(65536);
+  l->set_max_pending_bytes(0);  // 0: only the memory budget bounds them
+  l->set_max_calls_per_client(1024);
   return c;
 }
 
@@ -343,6 +400,45 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
   if (c.max_message_bytes() > (uint64_t{1} << 31) - 1) {
     return FieldError("max_message_bytes", "must be below 2 GiB");
   }
+  const proto::SecurityConfig& sec = c.security();
+  const int tls_files =
+      !sec.ca_file().empty() + !sec.cert_file().empty() + !sec.key_file().empty();
+  if (tls_files != 0 && tls_files != 3) {
+    return FieldError(sec.ca_file().empty()     ? "security.ca_file"
+                      : sec.cert_file().empty() ? "security.cert_file"
+                                                : "security.key_file",
+                      "mutual TLS needs ca_file, cert_file and key_file together (or none)");
+  }
+  if (sec.health_port() > 65535) {
+    return FieldError("security.health_port",
+                      absl::StrCat("must be a port in [0, 65535], got ", sec.health_port()));
+  }
+  if (sec.health_port() != 0 && tls_files == 0) {
+    return FieldError("security.health_port",
+                      "only used with TLS on (without TLS, health is served on the shard port)");
+  }
+  if (sec.cert_refresh_s() < 1 || sec.cert_refresh_s() > 86400) {
+    return FieldError("security.cert_refresh_s",
+                      absl::StrCat("must be in [1, 86400], got ", sec.cert_refresh_s()));
+  }
+  const proto::LimitsConfig& l = c.limits();
+  if (l.memory_budget_bytes() != 0 && l.memory_budget_bytes() < (uint64_t{1} << 20)) {
+    return FieldError("limits.memory_budget_bytes",
+                      absl::StrCat("must be 0 (derived) or at least 1 MiB, got ",
+                                   l.memory_budget_bytes()));
+  }
+  if (l.max_tensors() < 1) return FieldError("limits.max_tensors", "must be at least 1");
+  if (l.max_key_bytes() < 1 || l.max_key_bytes() > 65536) {
+    return FieldError("limits.max_key_bytes",
+                      absl::StrCat("must be in [1, 65536], got ", l.max_key_bytes()));
+  }
+  if (l.max_pending_steps() < 1) {
+    return FieldError("limits.max_pending_steps", "must be at least 1");
+  }
+  if (l.max_calls_per_client() < 1 || l.max_calls_per_client() > 65536) {
+    return FieldError("limits.max_calls_per_client",
+                      absl::StrCat("must be in [1, 65536], got ", l.max_calls_per_client()));
+  }
   return absl::OkStatus();
 }
 
@@ -417,6 +513,24 @@ std::string ClusterConfigToYaml(const proto::ClusterConfig& c) {
   out << YAML::Key << "max_retries" << YAML::Value << c.max_retries();
   out << YAML::Key << "retry_backoff_ms" << YAML::Value << c.retry_backoff_ms();
   out << YAML::Key << "max_message_bytes" << YAML::Value << c.max_message_bytes();
+  const proto::SecurityConfig& sec = c.security();
+  out << YAML::Key << "security" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "ca_file" << YAML::Value << sec.ca_file();
+  out << YAML::Key << "cert_file" << YAML::Value << sec.cert_file();
+  out << YAML::Key << "key_file" << YAML::Value << sec.key_file();
+  out << YAML::Key << "token_file" << YAML::Value << sec.token_file();
+  out << YAML::Key << "health_port" << YAML::Value << sec.health_port();
+  out << YAML::Key << "cert_refresh_s" << YAML::Value << sec.cert_refresh_s();
+  out << YAML::EndMap;
+  const proto::LimitsConfig& l = c.limits();
+  out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "memory_budget_bytes" << YAML::Value << l.memory_budget_bytes();
+  out << YAML::Key << "max_tensors" << YAML::Value << l.max_tensors();
+  out << YAML::Key << "max_key_bytes" << YAML::Value << l.max_key_bytes();
+  out << YAML::Key << "max_pending_steps" << YAML::Value << l.max_pending_steps();
+  out << YAML::Key << "max_pending_bytes" << YAML::Value << l.max_pending_bytes();
+  out << YAML::Key << "max_calls_per_client" << YAML::Value << l.max_calls_per_client();
+  out << YAML::EndMap;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

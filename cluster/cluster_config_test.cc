@@ -64,6 +64,24 @@ TEST(ClusterConfig, YamlRoundTrips) {
   EXPECT_EQ(again->SerializeAsString(), c->SerializeAsString());
 }
 
+TEST(ClusterConfig, LimitsAndSecurityParseAndRoundTrip) {
+  absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(
+      "workers: 2\nshards: [a:1]\n"
+      "limits: {memory_budget_bytes: 67108864, max_tensors: 7, max_calls_per_client: 9}\n"
+      "security: {ca_file: /s/ca.pem, cert_file: /s/c.pem, key_file: /s/k.pem,"
+      " token_file: /s/token, health_port: 7100}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->limits().memory_budget_bytes(), 64u << 20);
+  EXPECT_EQ(c->limits().max_tensors(), 7u);
+  EXPECT_EQ(c->limits().max_calls_per_client(), 9u);
+  EXPECT_EQ(c->limits().max_key_bytes(), 1024u);  // default kept
+  EXPECT_EQ(c->security().token_file(), "/s/token");
+  EXPECT_EQ(c->security().health_port(), 7100u);
+  absl::StatusOr<proto::ClusterConfig> again = ParseClusterConfig(ClusterConfigToYaml(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), c->SerializeAsString());
+}
+
 TEST(ClusterConfig, MissingFileIsNotFound) {
   EXPECT_EQ(LoadClusterConfig("/nonexistent/cluster.yaml").status().code(),
             absl::StatusCode::kNotFound);
@@ -100,6 +118,17 @@ TEST(ClusterConfig, EveryBadFieldIsNamed) {
       {"max_retries=1000", "'max_retries'"},
       {"retry_backoff_ms=0", "'retry_backoff_ms'"},
       {"max_message_bytes=100", "'max_message_bytes'"},
+      {"security.ca_file=/ca.pem", "'security.cert_file'"},
+      {"security.health_port=70000", "'security.health_port'"},
+      {"security.health_port=7001", "'security.health_port'"},
+      {"security.cert_refresh_s=0", "'security.cert_refresh_s'"},
+      {"limits.memory_budget_bytes=1000", "'limits.memory_budget_bytes'"},
+      {"limits.max_tensors=0", "'limits.max_tensors'"},
+      {"limits.max_key_bytes=0", "'limits.max_key_bytes'"},
+      {"limits.max_pending_steps=0", "'limits.max_pending_steps'"},
+      {"limits.max_calls_per_client=0", "'limits.max_calls_per_client'"},
+      {"limits.max_tensors=-3", "'limits.max_tensors'"},
+      {"limits.colour=red", "'limits.colour'"},
       {"colour=red", "'colour'"},
   };
   for (const auto& [override, field] : cases) {
