@@ -35,6 +35,10 @@ TEST(DType, NarrowWidenIsIdentityForEveryHalfAndBFloat) {
 }
 
 TEST(DType, F16NarrowingMatchesTheCompiler) {
+#ifndef __FLT16_MAX__
+  // clang before 15 has no _Float16 on x86; g++ 12 has, so the default build runs this.
+  GTEST_SKIP() << "this compiler has no _Float16 on this target";
+#else
   std::mt19937 rng(1);
   for (int i = 0; i < 2000000; ++i) {
     uint32_t u = rng();
@@ -49,6 +53,7 @@ TEST(DType, F16NarrowingMatchesTheCompiler) {
     std::memcpy(&ref_bits, &ref, 2);
     ASSERT_EQ(ours, ref_bits) << std::hex << u;
   }
+#endif
 }
 
 TEST(DType, BF16NarrowingRoundsToNearestEven) {
