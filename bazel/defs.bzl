@@ -113,3 +113,33 @@ def gcomp_cuda_library(name, srcs, hdrs = [], cuda_hdrs = [], extra_headers = []
         deps = deps + ["@cuda//:cudart"],
         visibility = visibility,
     )
+
+def gcomp_fuzz_target(name, srcs, deps = []):
+    """A fuzz target `name` whose srcs define LLVMFuzzerTestOneInput (docs/FUZZING.md).
+
+    Makes `<name>_fuzz`: under --config=fuzz (clang) a libFuzzer binary; otherwise a replay
+    tool that runs the files and folders named on its command line through the target.
+    Makes `<name>_fuzz_test`: replays fuzz/corpus/<name>/ and fuzz/regressions/<name>/ in the
+    ordinary test suite, so every committed input (and every crasher found) stays a test.
+    """
+    native.cc_binary(
+        name = name + "_fuzz",
+        srcs = srcs,
+        copts = GCOMP_COPTS,
+        deps = deps + select({
+            "//fuzz:libfuzzer": [],
+            "//conditions:default": ["//fuzz:replay_main"],
+        }),
+        linkopts = select({
+            "//fuzz:libfuzzer": ["-fsanitize=fuzzer"],
+            "//conditions:default": [],
+        }),
+    )
+    native.cc_test(
+        name = name + "_fuzz_test",
+        srcs = srcs + ["//fuzz:replay_test.cc"],
+        copts = GCOMP_COPTS + ["-DGCOMP_FUZZ_TARGET=" + name],
+        data = native.glob(["corpus/%s/**" % name, "regressions/%s/**" % name]),
+        deps = deps + ["//fuzz:replay", "//third_party:gtest_main"],
+        size = "small",
+    )

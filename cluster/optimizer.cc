@@ -41,21 +41,46 @@ absl::Status ValidateOptimizerOptions(const OptimizerOptions& o) {
   return absl::OkStatus();
 }
 
-Optimizer::Optimizer(const OptimizerOptions& options, size_t elements, std::vector<float> initial)
-    : options_(options), value_(std::move(initial)) {
-  value_.resize(elements, 0.0f);
-  if (options_.kind == OptimizerKind::kMomentum || options_.kind == OptimizerKind::kAdam) {
-    m_.assign(elements, 0.0f);
+size_t Optimizer::StateBytesPerElement(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kNone:
+    case OptimizerKind::kSgd:
+      return sizeof(float);
+    case OptimizerKind::kMomentum:
+      return 2 * sizeof(float);
+    case OptimizerKind::kAdam:
+      return 3 * sizeof(float);
   }
-  if (options_.kind == OptimizerKind::kAdam) v_.assign(elements, 0.0f);
+  return 3 * sizeof(float);
+}
+
+Optimizer::Optimizer(const OptimizerOptions& options, size_t elements, std::vector<float> initial)
+    : options_(options), elements_(elements), value_(std::move(initial)) {
+  if (!value_.empty()) value_.resize(elements_, 0.0f);
+}
+
+void Optimizer::AllocateValue() const {
+  if (value_.size() != elements_) value_.assign(elements_, 0.0f);
+}
+
+absl::Span<const float> Optimizer::value() const {
+  AllocateValue();
+  return value_;
 }
 
 void Optimizer::SetValue(absl::Span<const float> value) {
+  AllocateValue();
   std::copy(value.begin(), value.begin() + std::min(value.size(), value_.size()), value_.begin());
 }
 
 void Optimizer::Step(absl::Span<const float> g) {
   ++steps_;
+  AllocateValue();
+  if (m_.empty() &&
+      (options_.kind == OptimizerKind::kMomentum || options_.kind == OptimizerKind::kAdam)) {
+    m_.assign(elements_, 0.0f);
+  }
+  if (v_.empty() && options_.kind == OptimizerKind::kAdam) v_.assign(elements_, 0.0f);
   const size_t n = value_.size();
   const float lr = static_cast<float>(options_.learning_rate);
   switch (options_.kind) {

@@ -35,23 +35,30 @@ absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name);
 // InvalidArgument naming the bad field ("learning_rate", ...).
 absl::Status ValidateOptimizerOptions(const OptimizerOptions& options);
 
+// State is allocated on first use (a declared chunk that is never pushed costs nothing).
 class Optimizer {
  public:
   // `initial` is the starting parameter value (zeros when empty); ignored for kNone.
   Optimizer(const OptimizerOptions& options, size_t elements, std::vector<float> initial = {});
+
+  // Bytes of state per element once allocated: the value plus moments.
+  static size_t StateBytesPerElement(OptimizerKind kind);
 
   // Applies one step's mean gradient (size elements()).
   void Step(absl::Span<const float> mean_gradient);
   // Replaces the parameters (declare-time initial value).
   void SetValue(absl::Span<const float> value);
   // The mean gradient (kNone) or the parameters.
-  absl::Span<const float> value() const { return value_; }
-  size_t elements() const { return value_.size(); }
+  absl::Span<const float> value() const;
+  size_t elements() const { return elements_; }
   int64_t steps() const { return steps_; }
 
  private:
+  void AllocateValue() const;
+
   OptimizerOptions options_;
-  std::vector<float> value_;
+  size_t elements_ = 0;
+  mutable std::vector<float> value_;  // allocated by the first value(), SetValue or Step
   std::vector<float> m_;  // momentum / adam first moment
   std::vector<float> v_;  // adam second moment
   int64_t steps_ = 0;

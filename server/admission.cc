@@ -57,6 +57,11 @@ void Admission::RemovePending(bool ends_step, uint64_t bytes) {
   usage_.pending_bytes -= std::min(bytes, usage_.pending_bytes);
 }
 
+void Admission::CountRefusal() {
+  absl::MutexLock lock(&mu_);
+  ++usage_.refused;
+}
+
 AdmissionUsage Admission::usage() const {
   absl::MutexLock lock(&mu_);
   return usage_;

@@ -55,6 +55,9 @@ class Admission {
   // Undoes AddPending for `bytes`; `ends_step` when the chunk stops being pending.
   void RemovePending(bool ends_step, uint64_t bytes);
 
+  // Counts a request refused by a limit checked elsewhere (e.g. limits.max_tensors).
+  void CountRefusal();
+
   AdmissionUsage usage() const;
   const AdmissionLimits& limits() const { return limits_; }
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "base/logging.h"
+#include "base/system_memory.h"
 #include "cluster/wire_block.h"
 
 namespace gcomp::server {
@@ -30,6 +31,11 @@ absl::StatusOr<cluster::OptimizerOptions> OptimizerFrom(const proto::OptimizerCo
   return o;
 }
 
+// Bookkeeping per tensor and per owned chunk beyond the float arrays (the accumulator, map
+// entries, per-worker vectors): an estimate on the high side, so the budget errs safe.
+constexpr uint64_t kTensorOverheadBytes = 512;
+constexpr uint64_t kChunkOverheadBytes = 1024;
+
 bool SameOptimizer(const cluster::OptimizerOptions& a, const cluster::OptimizerOptions& b) {
   return a.kind == b.kind && a.learning_rate == b.learning_rate && a.momentum == b.momentum &&
          a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.epsilon == b.epsilon;
@@ -51,14 +57,49 @@ absl::StatusOr<std::unique_ptr<ShardService>> ShardService::Create(
   return std::unique_ptr<ShardService>(new ShardService(config, options));
 }
 
+uint64_t ShardService::MemoryBudgetBytes(const proto::LimitsConfig& limits) {
+  if (limits.memory_budget_bytes() != 0) return limits.memory_budget_bytes();
+  return AvailableMemoryBytes() / 10 * 8;
+}
+
 ShardService::ShardService(proto::ClusterConfig config, const ShardOptions& options)
     : config_(std::move(config)),
       options_(options),
       shard_map_(config_.shards_size(), config_.shard_map_epoch()),
       downlink_(cluster::DownlinkCodec(config_)),
       pool_(std::make_unique<ThreadPool>(options.decode_threads)),
+      admission_(std::make_unique<Admission>(
+          AdmissionLimits{MemoryBudgetBytes(config_.limits()), config_.limits().max_pending_steps(),
+                          config_.limits().max_pending_bytes()})),
       worker_names_(config_.workers()) {
   for (uint32_t w = 0; w < config_.workers(); ++w) worker_names_[w] = absl::StrCat("worker-", w);
+  log::Info("shard {}: memory budget {} bytes{}, at most {} tensors, {} pending steps", options_.shard,
+            admission_->limits().memory_budget_bytes,
+            config_.limits().memory_budget_bytes() == 0 ? " (80% of the memory available)" : "",
+            config_.limits().max_tensors(), config_.limits().max_pending_steps());
+}
+
+absl::Status ShardService::CheckKey(const std::string& key) const {
+  if (key.empty()) return absl::InvalidArgumentError("tensor key must not be empty");
+  if (key.size() > config_.limits().max_key_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor key of ", key.size(),
+                                                   " bytes exceeds limits.max_key_bytes = ",
+                                                   config_.limits().max_key_bytes()));
+  }
+  return absl::OkStatus();
+}
+
+uint64_t ShardService::OwnerTableBytes(const std::string& key, const cluster::ChunkLayout& layout) {
+  return kTensorOverheadBytes + key.size() + uint64_t{layout.num_chunks} * sizeof(uint32_t);
+}
+
+uint64_t ShardService::OwnedChunkBytes(const cluster::ChunkLayout& layout, codec::DType dtype,
+                                       const cluster::OptimizerOptions& optimizer,
+                                       uint32_t chunk) const {
+  const uint64_t n = layout.size(chunk);
+  return kChunkOverheadBytes + uint64_t{config_.workers()} * 32 +
+         n * cluster::Optimizer::StateBytesPerElement(optimizer.kind) +
+         cluster::MaxWireBytes(n, dtype);
 }
 
 ShardService::~ShardService() { Shutdown(); }
@@ -107,7 +148,8 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
                                                       " does not match the shard's epoch ",
                                                       config_.shard_map_epoch()));
   }
-  if (r.key().empty()) return absl::InvalidArgumentError("tensor key must not be empty");
+  absl::Status key_ok = CheckKey(r.key());
+  if (!key_ok.ok()) return key_ok;
   absl::StatusOr<codec::DType> dtype = cluster::FromProto(r.dtype());
   if (!dtype.ok()) return dtype.status();
   if (r.elements() == 0 || r.elements() > (uint64_t{1} << 36)) {
@@ -118,6 +160,20 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
       OptimizerFrom(r.has_optimizer() ? r.optimizer() : config_.optimizer());
   if (!opt.ok()) return opt.status();
   const cluster::ChunkLayout layout(r.elements(), codec::DTypeBytes(*dtype), config_.chunk_bytes());
+  // Initial values are checked before anything is created, so a bad one leaves no trace.
+  for (const proto::ChunkValue& init : r.initial()) {
+    if (init.chunk() >= layout.num_chunks) {
+      return absl::InvalidArgumentError(absl::StrCat("initial value for chunk ", init.chunk(),
+                                                     " of '", r.key(), "' which has ",
+                                                     layout.num_chunks, " chunks"));
+    }
+    const size_t bytes = layout.size(init.chunk()) * codec::DTypeBytes(*dtype);
+    if (init.data().size() != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("initial value for chunk ", init.chunk(),
+                                                     " has ", init.data().size(),
+                                                     " bytes, expected ", bytes));
+    }
+  }
 
   Tensor* tensor = nullptr;
   {
@@ -134,18 +190,48 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
       }
       tensor = t;
     } else {
+      if (tensors_.size() >= config_.limits().max_tensors()) {
+        admission_->CountRefusal();
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "job '", config_.job(), "' already declares ", tensors_.size(),
+            " tensors (limits.max_tensors = ", config_.limits().max_tensors(), "); '", r.key(),
+            "' refused"));
+      }
+      // The owner table first (it is what Assign allocates), then the owned chunks' state:
+      // both reserved before anything is allocated.
+      const uint64_t table_bytes = OwnerTableBytes(r.key(), layout);
+      absl::Status reserved = admission_->ReserveMemory(
+          table_bytes, absl::StrCat("declaring '", r.key(), "' (", layout.num_chunks,
+                                    " chunks, owner table)"));
+      if (!reserved.ok()) return reserved;
+      std::vector<uint32_t> owner = shard_map_.Assign(r.key(), layout);
+      uint64_t owned_bytes = 0;
+      uint32_t owned = 0;
+      for (uint32_t c = 0; c < layout.num_chunks; ++c) {
+        if (owner[c] != options_.shard) continue;
+        owned_bytes += OwnedChunkBytes(layout, *dtype, *opt, c);
+        ++owned;
+      }
+      reserved = admission_->ReserveMemory(
+          owned_bytes, absl::StrCat("declaring '", r.key(), "' (", codec::DTypeName(*dtype), " x ",
+                                    r.elements(), ", ", owned, " chunks owned here)"));
+      if (!reserved.ok()) {
+        admission_->ReleaseMemory(table_bytes);
+        return reserved;
+      }
       auto t = std::make_unique<Tensor>();
       t->key = r.key();
       t->dtype = *dtype;
       t->layout = layout;
       t->optimizer = *opt;
-      t->owner = shard_map_.Assign(r.key(), layout);
+      t->owner = std::move(owner);
       for (uint32_t c = 0; c < layout.num_chunks; ++c) {
         if (t->owner[c] != options_.shard) continue;
         StepAccumulatorOptions ao;
         ao.workers = config_.workers();
         ao.step_timeout = absl::Milliseconds(config_.step_timeout_ms());
         ao.label = absl::StrCat("key '", r.key(), "' chunk ", c);
+        ao.admission = admission_.get();
         const codec::DType dt = *dtype;
         const std::string key = r.key();
         const std::string job = config_.job();
@@ -184,19 +270,6 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
   }
   // Initial values (parameters for an optimizer); chunks not owned here are ignored.
   for (const proto::ChunkValue& init : r.initial()) {
-    if (init.chunk() >= tensor->layout.num_chunks) {
-      return absl::InvalidArgumentError(absl::StrCat("initial value for chunk ", init.chunk(),
-                                                     " of '", r.key(), "' which has ",
-                                                     tensor->layout.num_chunks, " chunks"));
-    }
-    const size_t n = tensor->layout.size(init.chunk());
-    if (init.data().size() != n * codec::DTypeBytes(tensor->dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat("initial value for chunk ", init.chunk(),
-                                                     " has ", init.data().size(), " bytes, expected ",
-                                                     n * codec::DTypeBytes(tensor->dtype)));
-    }
-  }
-  for (const proto::ChunkValue& init : r.initial()) {
     auto it = tensor->chunks.find(init.chunk());
     if (it == tensor->chunks.end()) continue;
     std::vector<float> value(it->second->elements());
@@ -219,6 +292,8 @@ absl::StatusOr<ShardService::Tensor*> ShardService::FindTensor(const std::string
                                                       " does not match the shard's epoch ",
                                                       config_.shard_map_epoch()));
   }
+  absl::Status key_ok = CheckKey(key);
+  if (!key_ok.ok()) return key_ok;
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("shard shutting down");
   auto it = tensors_.find(key);
@@ -286,7 +361,9 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
   if (!*duplicate) {
     absl::Status decoded;
     absl::Notification done;
-    contribution = acc->TakeBuffer();
+    absl::StatusOr<std::vector<float>> buffer = acc->TakeBuffer();
+    if (!buffer.ok()) return buffer.status();
+    contribution = *std::move(buffer);
     pool_->Schedule([&] {
       if (t->dtype == codec::DType::kF32) {
         decoded = cluster::DecodeWireBlock(request, t->dtype, n, contribution.data());
@@ -298,7 +375,10 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
       done.Notify();
     });
     done.WaitForNotification();
-    if (!decoded.ok()) return decoded;
+    if (!decoded.ok()) {
+      acc->GiveBack(std::move(contribution));
+      return decoded;
+    }
   }
   ++pushes_;
   bytes_in_ += request.data().size();
@@ -352,6 +432,12 @@ void ShardService::Stats(proto::StatsResponse* r) const {
   r->set_steps_completed(done);
   r->set_steps_failed(failed);
   r->set_tensors(tensors_.size());
+  const AdmissionUsage usage = admission_->usage();
+  r->set_memory_budget_bytes(admission_->limits().memory_budget_bytes);
+  r->set_memory_used_bytes(usage.memory_bytes);
+  r->set_pending_steps(usage.pending_steps);
+  r->set_pending_bytes(usage.pending_bytes);
+  r->set_refused_by_limits(usage.refused);
 }
 
 void ShardService::Shutdown() {

@@ -7,7 +7,8 @@
 //   FailedPrecondition  wrong shard-map epoch, chunk owned by another shard, stale or
 //                       future step
 //   InvalidArgument     bad worker id, step, dtype, element count, codec fields
-//   ResourceExhausted   block larger than the codec's bound for its size
+//   ResourceExhausted   block larger than the codec's bound for its size; a limit of
+//                       config `limits` (memory budget, tensors, pending steps/bytes)
 //   DataLoss            checksum mismatch or corrupt codec block
 //   DeadlineExceeded    the step timed out; the message names the missing workers
 //   AlreadyExists       a tensor re-declared with a different dtype, size or optimizer
@@ -32,6 +33,7 @@
 #include "proto/cluster_config.pb.h"
 #include "cluster/cluster_config.h"
 #include "cluster/shard_map.h"
+#include "server/admission.h"
 #include "server/step_accumulator.h"
 
 namespace gcomp::server {
@@ -44,6 +46,11 @@ struct ShardOptions {
 
 class ShardService {
  public:
+  // The memory budget a shard uses under `limits`: memory_budget_bytes, or when 0, 80% of
+  // the memory available to the process (cgroup limit or physical memory); the rest is
+  // headroom for gRPC buffers, transient decode buffers and thread stacks.
+  static uint64_t MemoryBudgetBytes(const proto::LimitsConfig& limits);
+
   // InvalidArgument if the config is invalid or the shard index is out of range.
   static absl::StatusOr<std::unique_ptr<ShardService>> Create(const proto::ClusterConfig& config,
                                                               const ShardOptions& options);
@@ -65,6 +72,7 @@ class ShardService {
   void Shutdown();
 
   uint32_t shard() const { return options_.shard; }
+  AdmissionUsage admission_usage() const { return admission_->usage(); }
   const proto::ClusterConfig& config() const { return config_; }
 
  private:
@@ -76,6 +84,13 @@ class ShardService {
   absl::Status PushPullImpl(const proto::CompressedBlock& request, absl::Time deadline,
                             proto::CompressedBlock* response);
   std::string WorkerName(uint32_t worker) const;
+  // The request's own checks that need no shard state (key length, job, epoch).
+  absl::Status CheckKey(const std::string& key) const;
+  // Memory a declaration makes this shard keep: the owner table, then per owned chunk its
+  // optimizer state, cached result (at the codec's bound) and bookkeeping.
+  static uint64_t OwnerTableBytes(const std::string& key, const cluster::ChunkLayout& layout);
+  uint64_t OwnedChunkBytes(const cluster::ChunkLayout& layout, codec::DType dtype,
+                           const cluster::OptimizerOptions& optimizer, uint32_t chunk) const;
 
   // Constant after construction.
   const proto::ClusterConfig config_;
@@ -83,6 +98,8 @@ class ShardService {
   const cluster::ShardMap shard_map_;
   const cluster::DirectionCodec downlink_;
   std::unique_ptr<ThreadPool> pool_;
+  // Thread-safe; outlives every accumulator (declared before tensors_).
+  std::unique_ptr<Admission> admission_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);

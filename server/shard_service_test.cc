@@ -5,16 +5,32 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "base/process_usage.h"
 #include "cluster/wire_block.h"
 
 namespace gcomp::server {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-proto::ClusterConfig Config(uint32_t workers, int shards = 1) {
+proto::DeclareTensorRequest Declaration(const std::string& key, uint64_t elements) {
+  proto::DeclareTensorRequest d;
+  d.set_job("j");
+  d.set_key(key);
+  d.set_dtype(proto::DTYPE_F32);
+  d.set_elements(elements);
+  d.set_shard_map_epoch(1);
+  return d;
+}
+
+uint64_t Rss() { return ReadProcessUsage(getpid())->rss_bytes; }
+
+proto::ClusterConfig Config(uint32_t workers, int shards = 1,
+                           std::vector<std::string> extra = {"chunk_bytes=64"}) {
   std::vector<std::string> o = {absl::StrCat("workers=", workers), "step_timeout_ms=300",
-                                "rpc_timeout_ms=1000", "chunk_bytes=64"};
+                                "rpc_timeout_ms=1000"};
+  o.insert(o.end(), extra.begin(), extra.end());
   std::string s;
   for (int i = 0; i < shards; ++i) s += absl::StrCat(i ? "," : "", "127.0.0.1:", 1000 + i);
   o.push_back("shards=" + s);
@@ -221,6 +237,162 @@ TEST(ShardService, ChunkOfAnotherShardIsFailedPrecondition) {
   b.mutable_address()->set_shard_map_epoch(1);
   EXPECT_EQ(shard->PushPull(b, absl::Now() + absl::Seconds(1), &out).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// The reports that opened the hostile-client work: one declaration of 2^36 f32 elements
+// (16 GB allocated within seconds) and 400 declarations of 2^25 elements (OOM killer).
+TEST(ShardServiceLimits, HugeDeclarationIsRefusedBeforeAllocating) {
+  proto::ClusterConfig config = Config(2, 1, {"chunk_bytes=1048576"});
+  auto shard = *ShardService::Create(config, ShardOptions{});
+  const uint64_t rss = Rss();
+  proto::DeclareTensorResponse r;
+  absl::Status s = shard->DeclareTensor(Declaration("huge", uint64_t{1} << 36), &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("limits.memory_budget_bytes"), HasSubstr("bytes in use"),
+                    HasSubstr("declaring 'huge'"), HasSubstr("asks for")));
+  proto::StatsResponse stats;
+  shard->Stats(&stats);
+  EXPECT_EQ(stats.tensors(), 0u);
+  EXPECT_EQ(stats.memory_used_bytes(), 0u);  // no trace
+  EXPECT_EQ(stats.refused_by_limits(), 1u);
+  EXPECT_LT(Rss(), rss + (64u << 20));
+}
+
+TEST(ShardServiceLimits, ManyLargeDeclarationsStopAtTheBudget) {
+  proto::ClusterConfig config = Config(2, 1, {"chunk_bytes=1048576"});
+  config.mutable_limits()->set_memory_budget_bytes(1ull << 30);
+  auto shard = *ShardService::Create(config, ShardOptions{});
+  const uint64_t rss = Rss();
+  int accepted = 0, refused = 0;
+  for (int i = 0; i < 400; ++i) {
+    proto::DeclareTensorResponse r;
+    absl::Status s =
+        shard->DeclareTensor(Declaration(absl::StrCat("t", i), uint64_t{1} << 25), &r);
+    if (s.ok()) {
+      ++accepted;
+    } else {
+      ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+      ++refused;
+    }
+  }
+  // 128 MiB of values plus the cached result at the codec's bound per tensor.
+  EXPECT_GE(accepted, 2);
+  EXPECT_LE(accepted, 4);
+  EXPECT_EQ(accepted + refused, 400);
+  proto::StatsResponse stats;
+  shard->Stats(&stats);
+  EXPECT_EQ(stats.tensors(), static_cast<uint64_t>(accepted));
+  EXPECT_LE(stats.memory_used_bytes(), 1ull << 30);
+  // Declared state is allocated lazily: nothing was pushed, so almost nothing is resident.
+  EXPECT_LT(Rss(), rss + (64u << 20));
+}
+
+TEST(ShardServiceLimits, TensorCountAndKeyLengthAreBounded) {
+  proto::ClusterConfig config = Config(1);
+  config.mutable_limits()->set_max_tensors(3);
+  config.mutable_limits()->set_max_key_bytes(8);
+  auto shard = *ShardService::Create(config, ShardOptions{});
+  proto::DeclareTensorResponse r;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(shard->DeclareTensor(Declaration(absl::StrCat("k", i), 4), &r).ok());
+  absl::Status s = shard->DeclareTensor(Declaration("k3", 4), &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("limits.max_tensors = 3"));
+  EXPECT_TRUE(shard->DeclareTensor(Declaration("k1", 4), &r).ok());  // redeclaring is fine
+  s = shard->DeclareTensor(Declaration("a-very-long-key", 4), &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("limits.max_key_bytes = 8"));
+  proto::PullRequest pull;
+  pull.set_job("j");
+  pull.set_key(std::string(1 << 20, 'x'));
+  pull.set_shard_map_epoch(1);
+  proto::CompressedBlock out;
+  EXPECT_EQ(shard->Pull(pull, &out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShardServiceLimits, BadInitialValueLeavesNoTensor) {
+  auto shard = *ShardService::Create(Config(1), ShardOptions{});
+  proto::DeclareTensorRequest d = Declaration("w", 20);
+  proto::ChunkValue* init = d.add_initial();
+  init->set_chunk(9);
+  init->set_data(std::string(64, '\0'));
+  proto::DeclareTensorResponse r;
+  EXPECT_EQ(shard->DeclareTensor(d, &r).code(), absl::StatusCode::kInvalidArgument);
+  proto::StatsResponse stats;
+  shard->Stats(&stats);
+  EXPECT_EQ(stats.tensors(), 0u);
+  EXPECT_EQ(stats.memory_used_bytes(), 0u);
+}
+
+TEST(ShardServiceLimits, PushWhoseStepBufferDoesNotFitIsRefusedWithoutTrace) {
+  // 2 workers, one tensor of 256 Ki floats in one chunk: the declaration reserves the
+  // value and the cached result (~2 MiB), each step buffer needs 1 MiB more.
+  proto::ClusterConfig config = Config(2, 1, {"chunk_bytes=1048576"});
+  config.mutable_limits()->set_memory_budget_bytes(3ull << 20);
+  auto shard = *ShardService::Create(config, ShardOptions{});
+  proto::DeclareTensorResponse r;
+  ASSERT_TRUE(shard->DeclareTensor(Declaration("w", 1 << 18), &r).ok());
+  proto::StatsResponse before;
+  shard->Stats(&before);
+  ASSERT_GT(before.memory_used_bytes(), 2ull << 20);
+  std::vector<float> v(1 << 18, 1.0f);
+  proto::CompressedBlock b, out;
+  ASSERT_TRUE(cluster::EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), v.size(), &b).ok());
+  b.mutable_address()->set_job("j");
+  b.mutable_address()->set_key("w");
+  b.mutable_address()->set_shard_map_epoch(1);
+  absl::Status s = shard->PushPull(b, absl::Now() + absl::Seconds(5), &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("step buffer for key 'w' chunk 0"));
+  proto::StatsResponse after;
+  shard->Stats(&after);
+  EXPECT_EQ(after.memory_used_bytes(), before.memory_used_bytes());
+  EXPECT_EQ(after.pending_steps(), 0u);
+  EXPECT_EQ(after.pushes(), 0u);
+}
+
+TEST(ShardServiceLimits, PendingStepsAreBoundedAndFreedWhenStepsComplete) {
+  proto::ClusterConfig config = Config(2);
+  config.mutable_limits()->set_max_pending_steps(1);
+  auto shard = *ShardService::Create(config, ShardOptions{});
+  proto::DeclareTensorResponse r;
+  ASSERT_TRUE(shard->DeclareTensor(Declaration("w", 32), &r).ok());  // 2 chunks of 16
+  auto block = [](uint32_t chunk, uint32_t worker) {
+    std::vector<float> v(16, 1.0f);
+    proto::CompressedBlock b;
+    EXPECT_TRUE(cluster::EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), 16, &b).ok());
+    b.mutable_address()->set_job("j");
+    b.mutable_address()->set_key("w");
+    b.mutable_address()->set_chunk(chunk);
+    b.mutable_address()->set_worker(worker);
+    b.mutable_address()->set_shard_map_epoch(1);
+    return b;
+  };
+  std::thread first([&] {
+    proto::CompressedBlock out;
+    EXPECT_TRUE(shard->PushPull(block(0, 0), absl::Now() + absl::Seconds(5), &out).ok());
+  });
+  proto::StatsResponse stats;
+  do {
+    absl::SleepFor(absl::Milliseconds(2));
+    shard->Stats(&stats);
+  } while (stats.pending_steps() == 0);
+  proto::CompressedBlock out;
+  absl::Status s = shard->PushPull(block(1, 0), absl::Now() + absl::Seconds(5), &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("limits.max_pending_steps = 1"));
+  EXPECT_TRUE(shard->PushPull(block(0, 1), absl::Now() + absl::Seconds(5), &out).ok());
+  first.join();
+  shard->Stats(&stats);
+  EXPECT_EQ(stats.pending_steps(), 0u);
+  EXPECT_EQ(stats.pending_bytes(), 0u);
+  // With chunk 0 done, chunk 1 may start its step.
+  std::thread second([&] {
+    proto::CompressedBlock o;
+    EXPECT_TRUE(shard->PushPull(block(1, 0), absl::Now() + absl::Seconds(5), &o).ok());
+  });
+  EXPECT_TRUE(shard->PushPull(block(1, 1), absl::Now() + absl::Seconds(5), &out).ok());
+  second.join();
 }
 
 }  // namespace

@@ -18,6 +18,12 @@ StepAccumulator::StepAccumulator(StepAccumulatorOptions options, cluster::Optimi
       contributions_(options_.workers),
       arrived_(options_.workers, false) {}
 
+StepAccumulator::~StepAccumulator() {
+  absl::MutexLock lock(&mu_);
+  EndPendingLocked();
+  if (options_.admission != nullptr) options_.admission->ReleaseMemory(buffers_ * buffer_bytes());
+}
+
 absl::Status StepAccumulator::CheckStepLocked(int64_t step) const {
   if (!cancelled_.ok()) return cancelled_;
   if (!started_) return absl::OkStatus();
@@ -50,7 +56,7 @@ std::string StepAccumulator::MissingLocked() const {
   return absl::StrJoin(missing, ", ");
 }
 
-std::vector<float> StepAccumulator::TakeBuffer() {
+absl::StatusOr<std::vector<float>> StepAccumulator::TakeBuffer() {
   {
     absl::MutexLock lock(&mu_);
     if (!free_.empty()) {
@@ -58,13 +64,35 @@ std::vector<float> StepAccumulator::TakeBuffer() {
       free_.pop_back();
       return b;
     }
+    if (options_.admission != nullptr) {
+      absl::Status s = options_.admission->ReserveMemory(
+          buffer_bytes(), absl::StrCat("a step buffer for ", options_.label));
+      if (!s.ok()) return s;
+    }
+    ++buffers_;
   }
   return std::vector<float>(elements_);  // outside the lock: a fresh buffer is zero-filled
 }
 
+void StepAccumulator::GiveBack(std::vector<float> buffer) {
+  absl::MutexLock lock(&mu_);
+  RecycleLocked(std::move(buffer));
+}
+
 void StepAccumulator::RecycleLocked(std::vector<float> buffer) {
-  if (buffer.size() == elements_ && free_.size() <= options_.workers) {
+  if (buffer.size() != elements_ || elements_ == 0) return;  // not one of ours (or empty)
+  if (free_.size() <= options_.workers) {
     free_.push_back(std::move(buffer));
+    return;
+  }
+  if (buffers_ == 0) return;  // a caller's own vector (tests), never reserved
+  --buffers_;
+  if (options_.admission != nullptr) options_.admission->ReleaseMemory(buffer_bytes());
+}
+
+void StepAccumulator::EndPendingLocked() {
+  if (options_.admission != nullptr && arrived_count_ > 0) {
+    options_.admission->RemovePending(true, arrived_count_ * buffer_bytes());
   }
 }
 
@@ -78,6 +106,7 @@ void StepAccumulator::ClearContributionsLocked() {
 void StepAccumulator::FailLocked(absl::Status status) {
   log::Warn("{}: step {} failed: {}", options_.label, current_step_, status.ToString());
   last_failure_ = std::move(status);
+  EndPendingLocked();
   ClearContributionsLocked();
   arrived_.assign(options_.workers, false);
   arrived_count_ = 0;
@@ -106,6 +135,7 @@ void StepAccumulator::FinishLocked() {
   result_ = *std::move(reply);
   completed_step_ = current_step_;
   ++current_step_;
+  EndPendingLocked();
   ClearContributionsLocked();
   arrived_.assign(options_.workers, false);
   arrived_count_ = 0;
@@ -123,21 +153,32 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
     RecycleLocked(std::move(contribution));
     return s;
   }
-  if (!started_) {
-    started_ = true;
-    current_step_ = step;
-  }
-  if (step == completed_step_) {
+  if (started_ && step == completed_step_) {
     RecycleLocked(std::move(contribution));
     return Outcome{result_, true};
   }
-  const bool duplicate = arrived_[worker];
+  const bool duplicate = started_ && arrived_[worker];
   if (duplicate) RecycleLocked(std::move(contribution));
   if (!duplicate) {
     if (contribution.size() != elements_) {
+      RecycleLocked(std::move(contribution));
       return absl::InvalidArgumentError(absl::StrCat("contribution of ", contribution.size(),
                                                      " elements to ", options_.label, " of ",
                                                      elements_));
+    }
+    // Admission last: past it nothing can fail, so a refused push leaves no trace.
+    if (options_.admission != nullptr) {
+      absl::Status admitted = options_.admission->AddPending(
+          arrived_count_ == 0, buffer_bytes(),
+          absl::StrCat("a push of step ", step, " to ", options_.label));
+      if (!admitted.ok()) {
+        RecycleLocked(std::move(contribution));
+        return admitted;
+      }
+    }
+    if (!started_) {
+      started_ = true;
+      current_step_ = step;
     }
     if (arrived_count_ == 0) step_deadline_ = absl::Now() + options_.step_timeout;
     contributions_[worker] = std::move(contribution);

@@ -12,6 +12,11 @@
 // (the step may be pushed again). A caller whose own deadline passes first gets
 // DeadlineExceeded, but its contribution stays (a retry is a duplicate).
 //
+// Admission (optional, shard-wide): step buffers are reserved against the memory budget
+// before they are allocated, and a push that starts or adds to a pending step is counted
+// against the pending limits; a push refused there gets ResourceExhausted and leaves the
+// chunk exactly as it was.
+//
 // Summation order: contributions are summed in worker-id order in f32, then divided by W,
 // independent of arrival order (so lossless aggregation is reproducible bit for bit).
 #ifndef GCOMP_SERVER_STEP_ACCUMULATOR_H_
@@ -31,6 +36,7 @@
 #include "absl/types/span.h"
 #include "proto/block.pb.h"
 #include "cluster/optimizer.h"
+#include "server/admission.h"
 
 namespace gcomp::server {
 
@@ -39,6 +45,8 @@ struct StepAccumulatorOptions {
   absl::Duration step_timeout = absl::Seconds(10);
   // Names the chunk in errors, e.g. "key 'w' chunk 3".
   std::string label;
+  // Shard-wide limits; null: none. Borrowed: must outlive the accumulator.
+  Admission* admission = nullptr;
 };
 
 class StepAccumulator {
@@ -56,6 +64,7 @@ class StepAccumulator {
 
   StepAccumulator(StepAccumulatorOptions options, cluster::Optimizer optimizer, Finalizer finalize,
                   WorkerNamer namer);
+  ~StepAccumulator();
   StepAccumulator(const StepAccumulator&) = delete;
   StepAccumulator& operator=(const StepAccumulator&) = delete;
 
@@ -65,9 +74,12 @@ class StepAccumulator {
 
   // A buffer of elements() floats to decode a contribution into. Buffers are recycled
   // across steps (after warm-up a push allocates and zero-fills nothing), so the contents
-  // are unspecified: the caller overwrites every element. Give it back through Push (or
-  // drop it).
-  std::vector<float> TakeBuffer();
+  // are unspecified: the caller overwrites every element. A new buffer is first reserved
+  // against the memory budget (ResourceExhausted if it does not fit). Give it back through
+  // Push or GiveBack; a dropped buffer keeps its reservation.
+  absl::StatusOr<std::vector<float>> TakeBuffer();
+  // Returns a buffer from TakeBuffer that will not be pushed (e.g. its block was corrupt).
+  void GiveBack(std::vector<float> buffer);
 
   // Contributes (contribution.size() == elements(), or empty for a duplicate) and waits
   // until the step completes, fails, or `deadline` passes. The contribution's buffer is
@@ -94,6 +106,9 @@ class StepAccumulator {
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MissingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void RecycleLocked(std::vector<float> buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the pending step's admission count (arrived_count_ pushes).
+  void EndPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t buffer_bytes() const { return elements_ * sizeof(float); }
   // Moves every contribution back to free_.
   void ClearContributionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -112,6 +127,8 @@ class StepAccumulator {
   // arrives); free_ holds buffers of elements_ floats for TakeBuffer, at most W + 1.
   std::vector<std::vector<float>> contributions_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<float>> free_ ABSL_GUARDED_BY(mu_);
+  // Buffers of elements_ floats reserved against the budget and not yet released.
+  uint64_t buffers_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);
   uint32_t arrived_count_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time step_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();

@@ -147,12 +147,12 @@ TEST(StepAccumulator, InitialValueAndCancel) {
 
 TEST(StepAccumulator, ContributionBuffersAreReusedAcrossSteps) {
   auto acc = Make(1, 1000);
-  std::vector<float> first = acc->TakeBuffer();
+  std::vector<float> first = *acc->TakeBuffer();
   ASSERT_EQ(first.size(), 1000u);
   const float* data = first.data();
   std::fill(first.begin(), first.end(), 2.0f);
   ASSERT_TRUE(acc->Push(0, 0, std::move(first), absl::InfiniteFuture()).ok());
-  std::vector<float> second = acc->TakeBuffer();  // the step's buffer, not a new one
+  std::vector<float> second = *acc->TakeBuffer();  // the step's buffer, not a new one
   EXPECT_EQ(second.data(), data);
   EXPECT_EQ(second.size(), 1000u);
   std::fill(second.begin(), second.end(), 4.0f);
@@ -165,11 +165,78 @@ TEST(StepAccumulator, DuplicateAndRejectedPushesGiveTheirBufferBack) {
   auto acc = Make(1, 8);
   ASSERT_TRUE(acc->Push(0, 0, std::vector<float>(8, 1.0f), absl::InfiniteFuture()).ok());
   for (int64_t step : {0, 5}) {  // a duplicate of the completed step, then a future step
-    std::vector<float> b = acc->TakeBuffer();
+    std::vector<float> b = *acc->TakeBuffer();
     const float* data = b.data();
     (void)acc->Push(0, step, std::move(b), absl::InfiniteFuture());
-    EXPECT_EQ(acc->TakeBuffer().data(), data) << "step " << step;
+    EXPECT_EQ(acc->TakeBuffer()->data(), data) << "step " << step;
   }
+}
+
+std::unique_ptr<StepAccumulator> MakeAdmitted(Admission* admission, uint32_t workers, size_t n) {
+  StepAccumulatorOptions o;
+  o.workers = workers;
+  o.label = "key 'w' chunk 0";
+  o.admission = admission;
+  return std::make_unique<StepAccumulator>(o, cluster::Optimizer({}, n), RawFinalizer(),
+                                           [](uint32_t w) { return absl::StrCat("worker-", w); });
+}
+
+TEST(StepAccumulator, BuffersAndPendingStepsAreAccounted) {
+  Admission admission({.memory_budget_bytes = 1 << 20});
+  {
+    auto acc = MakeAdmitted(&admission, 2, 100);
+    std::vector<float> b0 = *acc->TakeBuffer();
+    EXPECT_EQ(admission.usage().memory_bytes, 400u);
+    std::fill(b0.begin(), b0.end(), 1.0f);
+    std::thread first([&] {
+      EXPECT_TRUE(acc->Push(0, 0, std::move(b0), absl::Now() + absl::Seconds(10)).ok());
+    });
+    while (admission.usage().pending_steps == 0) absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_EQ(admission.usage().pending_bytes, 400u);
+    std::vector<float> b1 = *acc->TakeBuffer();
+    EXPECT_EQ(admission.usage().memory_bytes, 800u);
+    std::fill(b1.begin(), b1.end(), 3.0f);
+    auto r = acc->Push(1, 0, std::move(b1), absl::Now() + absl::Seconds(10));
+    first.join();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(Values(*r->reply), std::vector<float>(100, 2.0f));
+    EXPECT_EQ(admission.usage().pending_steps, 0u);
+    EXPECT_EQ(admission.usage().pending_bytes, 0u);
+    EXPECT_EQ(admission.usage().memory_bytes, 800u);  // both buffers kept for the next step
+    // A corrupt block's buffer comes back through GiveBack and is reused.
+    std::vector<float> again = *acc->TakeBuffer();
+    acc->GiveBack(std::move(again));
+    EXPECT_EQ(admission.usage().memory_bytes, 800u);
+  }
+  EXPECT_EQ(admission.usage().memory_bytes, 0u);  // released with the accumulator
+}
+
+TEST(StepAccumulator, BufferOverTheBudgetIsRefused) {
+  Admission admission({.memory_budget_bytes = 1 << 20});
+  ASSERT_TRUE(admission.ReserveMemory((1 << 20) - 100, "others").ok());
+  auto acc = MakeAdmitted(&admission, 1, 100);
+  absl::StatusOr<std::vector<float>> b = acc->TakeBuffer();
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(b.status().message()), HasSubstr("step buffer for key 'w' chunk 0"));
+}
+
+TEST(StepAccumulator, PushRefusedByPendingLimitLeavesNoTrace) {
+  Admission admission({.memory_budget_bytes = 1 << 20, .max_pending_steps = 1});
+  ASSERT_TRUE(admission.AddPending(true, 0, "another chunk").ok());  // the one allowed
+  auto acc = MakeAdmitted(&admission, 2, 10);
+  absl::StatusOr<StepAccumulator::Outcome> r =
+      acc->Push(0, 7, *acc->TakeBuffer(), absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("limits.max_pending_steps"));
+  admission.RemovePending(true, 0);
+  // Step 7 was not started by the refused push: the chunk still accepts any first step.
+  EXPECT_FALSE(*acc->Admit(0, 3));
+  std::thread other([&] {
+    EXPECT_TRUE(acc->Push(1, 3, *acc->TakeBuffer(), absl::Now() + absl::Seconds(10)).ok());
+  });
+  EXPECT_TRUE(acc->Push(0, 3, *acc->TakeBuffer(), absl::Now() + absl::Seconds(10)).ok());
+  other.join();
+  EXPECT_EQ(admission.usage().pending_steps, 0u);
 }
 
 }  // namespace

@@ -1,0 +1,136 @@
+// Fuzz target: every request handler of server::ShardService, fed by a hostile client.
+//
+// The input is a serialized FuzzSession (fuzz_session.proto): a small cluster and a list of
+// RegisterWorker / DeclareTensor / PushPull / Pull / Stats calls, run in order against a
+// fresh shard (so that a crash reproduces from its input alone). PushPull runs with a
+// deadline already due: a push that completes the step returns at once, one that waits
+// for another worker returns DeadlineExceeded, so no input sleeps. Properties: every
+// status is one of the codes shard_service.h documents; every block the shard answers with
+// decodes as the chunk it names; Stats counts what was accepted.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/logging.h"
+#include "cluster/cluster_config.h"
+#include "cluster/wire_block.h"
+#include "fuzz/fuzz_session.pb.h"
+#include "fuzz/fuzz_support.h"
+#include "server/shard_service.h"
+
+namespace gcomp::fuzz {
+namespace {
+
+// Declarations above this many elements are not made (the shard would legitimately
+// allocate for them); those beyond the shard's own limit (2^36) still are, to be refused.
+constexpr uint64_t kMaxDeclaredElements = 4096;
+constexpr uint64_t kShardElementLimit = uint64_t{1} << 36;
+
+const std::initializer_list<absl::StatusCode> kShardErrors = {
+    absl::StatusCode::kNotFound,           absl::StatusCode::kFailedPrecondition,
+    absl::StatusCode::kInvalidArgument,    absl::StatusCode::kResourceExhausted,
+    absl::StatusCode::kDataLoss,           absl::StatusCode::kDeadlineExceeded,
+    absl::StatusCode::kAlreadyExists,      absl::StatusCode::kUnavailable};
+
+proto::ClusterConfig SessionConfig(const FuzzSession& session) {
+  proto::ClusterConfig config = cluster::DefaultClusterConfig();
+  config.set_job("fuzz");
+  config.set_workers(1 + session.workers() % 2);
+  for (uint32_t s = 0; s < 1 + session.shards() % 2; ++s) {
+    config.add_shards(absl::StrCat("127.0.0.1:", 7000 + s));
+  }
+  config.set_shard_map_epoch(1);
+  // Small chunks: a 4096-element tensor has a few dozen of them at most.
+  config.set_chunk_bytes(1024);
+  static const char* const kModes[] = {"none", "lossless", "near-lossless"};
+  config.mutable_downlink()->set_mode(kModes[session.downlink() % 3]);
+  config.set_step_timeout_ms(1000);
+  config.set_rpc_timeout_ms(2000);
+  config.mutable_limits()->set_memory_budget_bytes(uint64_t{64} << 20);
+  return config;
+}
+
+// A block the shard answered with must be a valid block of the chunk it names.
+void CheckReply(const proto::CompressedBlock& reply, absl::string_view call) {
+  absl::StatusOr<codec::DType> dtype = cluster::FromProto(reply.dtype());
+  Check(dtype.ok(), absl::StrCat(call, " answered a block of unknown dtype"));
+  Check(reply.elements() >= 1 && reply.elements() <= kMaxDeclaredElements,
+        absl::StrCat(call, " answered a block of ", reply.elements(), " elements"));
+  std::vector<uint8_t> out(reply.elements() * codec::DTypeBytes(*dtype));
+  absl::Status s = cluster::DecodeWireBlock(reply, *dtype, reply.elements(), out.data());
+  Check(s.ok(), absl::StrCat(call, " answered a block that does not decode: ", s.ToString()));
+}
+
+void RunSession(const FuzzSession& session) {
+  absl::StatusOr<std::unique_ptr<server::ShardService>> shard =
+      server::ShardService::Create(SessionConfig(session), server::ShardOptions{0, 1});
+  Check(shard.ok(), absl::StrCat("ShardService::Create: ", shard.status().ToString()));
+  server::ShardService& service = **shard;
+  uint64_t accepted_pushes = 0;
+  for (const FuzzCall& call : session.calls()) {
+    switch (call.call_case()) {
+      case FuzzCall::kRegisterWorker: {
+        proto::RegisterWorkerResponse response;
+        absl::Status s = service.RegisterWorker(call.register_worker(), &response);
+        if (!s.ok()) CheckCode(s, kShardErrors, "RegisterWorker");
+        break;
+      }
+      case FuzzCall::kDeclareTensor: {
+        const uint64_t n = call.declare_tensor().elements();
+        if (n > kMaxDeclaredElements && n <= kShardElementLimit) break;
+        proto::DeclareTensorResponse response;
+        absl::Status s = service.DeclareTensor(call.declare_tensor(), &response);
+        if (!s.ok()) CheckCode(s, kShardErrors, "DeclareTensor");
+        break;
+      }
+      case FuzzCall::kPushPull: {
+        proto::CompressedBlock response;
+        absl::Status s = service.PushPull(call.push_pull(), absl::Now(), &response);
+        if (!s.ok()) {
+          CheckCode(s, kShardErrors, "PushPull");
+        } else {
+          ++accepted_pushes;
+          CheckReply(response, "PushPull");
+          Check(response.address().worker() == call.push_pull().address().worker(),
+                "PushPull answered another worker's address");
+        }
+        break;
+      }
+      case FuzzCall::kPull: {
+        proto::CompressedBlock response;
+        absl::Status s = service.Pull(call.pull(), &response);
+        if (!s.ok()) {
+          CheckCode(s, kShardErrors, "Pull");
+        } else {
+          CheckReply(response, "Pull");
+        }
+        break;
+      }
+      case FuzzCall::kStats: {
+        proto::StatsResponse response;
+        service.Stats(&response);
+        Check(response.pushes() >= accepted_pushes, "Stats lost accepted pushes");
+        break;
+      }
+      case FuzzCall::CALL_NOT_SET:
+        break;
+    }
+  }
+  service.Shutdown();
+}
+
+}  // namespace
+}  // namespace gcomp::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  // Rejected calls log a warning each; the fuzzer makes millions.
+  static const bool quiet = gcomp::InitLogging("shard_service_fuzz", "off").ok();
+  (void)quiet;
+  gcomp::fuzz::FuzzSession session;
+  if (!session.ParseFromArray(data, static_cast<int>(size))) return 0;
+  gcomp::fuzz::RunSession(session);
+  return 0;
+}
