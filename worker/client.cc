@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/aggregation.grpc.pb.h"
 #include "cluster/cluster_config.h"
+#include "cluster/credentials.h"
 #include "cluster/shard_map.h"
 #include "cluster/wire_block.h"
 #include "gpu/runtime.h"
@@ -113,6 +114,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
   if (impl->options.name.empty()) impl->options.name = absl::StrCat("worker-", options.worker);
   impl->uplink = cluster::UplinkCodec(config);
   impl->shard_map = cluster::ShardMap(config.shards_size(), config.shard_map_epoch());
+  // TLS or plaintext and the job token, as the config's `security` says.
+  absl::StatusOr<cluster::ClientSecurity> security = cluster::MakeClientSecurity(config);
+  if (!security.ok()) return security.status();
   for (int s = 0; s < config.shards_size(); ++s) {
     impl->stubs.emplace_back();
     for (uint32_t c = 0; c < config.channels_per_shard(); ++c) {
@@ -124,8 +128,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(kMaxBackoffMs));
       args.SetMaxReceiveMessageSize(static_cast<int>(impl->config.max_message_bytes()));
       args.SetMaxSendMessageSize(static_cast<int>(impl->config.max_message_bytes()));
-      auto channel =
-          grpc::CreateCustomChannel(config.shards(s), grpc::InsecureChannelCredentials(), args);
+      auto channel = security->NewChannel(config.shards(s), args);
       impl->stubs.back().push_back(proto::Aggregation::NewStub(channel));
     }
   }
