@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cluster/credentials.h"
 
 namespace gcomp::server {
 namespace {
@@ -15,6 +16,18 @@ absl::Time DeadlineOf(const grpc::ServerContext* context) {
   return absl::FromChrono(d);
 }
 
+// The check comes first in every method, before a call takes any resource.
+grpc::Status Authorize(const std::shared_ptr<cluster::JobToken>& token,
+                       const grpc::ServerContext* context, absl::string_view method) {
+  return ToGrpc(cluster::AuthorizeCall(token.get(), *context, method));
+}
+
+// "host" of "host:port" (also "[::1]" of "[::1]:port").
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
 }  // namespace
 
 grpc::Status ToGrpc(const absl::Status& status) {
@@ -22,37 +35,44 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-grpc::Status AggregationGrpcService::RegisterWorker(grpc::ServerContext*,
+grpc::Status AggregationGrpcService::RegisterWorker(grpc::ServerContext* context,
                                                     const proto::RegisterWorkerRequest* request,
                                                     proto::RegisterWorkerResponse* response) {
+  if (grpc::Status s = Authorize(token_, context, "Aggregation.RegisterWorker"); !s.ok()) return s;
   return ToGrpc(shard_->RegisterWorker(*request, response));
 }
 
-grpc::Status AggregationGrpcService::DeclareTensor(grpc::ServerContext*,
+grpc::Status AggregationGrpcService::DeclareTensor(grpc::ServerContext* context,
                                                    const proto::DeclareTensorRequest* request,
                                                    proto::DeclareTensorResponse* response) {
+  if (grpc::Status s = Authorize(token_, context, "Aggregation.DeclareTensor"); !s.ok()) return s;
   return ToGrpc(shard_->DeclareTensor(*request, response));
 }
 
 grpc::Status AggregationGrpcService::PushPull(grpc::ServerContext* context,
                                               const proto::CompressedBlock* request,
                                               proto::CompressedBlock* response) {
+  if (grpc::Status s = Authorize(token_, context, "Aggregation.PushPull"); !s.ok()) return s;
   return ToGrpc(shard_->PushPull(*request, DeadlineOf(context), response));
 }
 
-grpc::Status AggregationGrpcService::Pull(grpc::ServerContext*, const proto::PullRequest* request,
+grpc::Status AggregationGrpcService::Pull(grpc::ServerContext* context,
+                                          const proto::PullRequest* request,
                                           proto::CompressedBlock* response) {
+  if (grpc::Status s = Authorize(token_, context, "Aggregation.Pull"); !s.ok()) return s;
   return ToGrpc(shard_->Pull(*request, response));
 }
 
-grpc::Status AggregationGrpcService::Stats(grpc::ServerContext*, const proto::StatsRequest*,
+grpc::Status AggregationGrpcService::Stats(grpc::ServerContext* context, const proto::StatsRequest*,
                                            proto::StatsResponse* response) {
+  if (grpc::Status s = Authorize(token_, context, "Aggregation.Stats"); !s.ok()) return s;
   shard_->Stats(response);
   return grpc::Status::OK;
 }
 
-grpc::Status AdminGrpcService::Ping(grpc::ServerContext*, const proto::PingRequest*,
+grpc::Status AdminGrpcService::Ping(grpc::ServerContext* context, const proto::PingRequest*,
                                     proto::PingResponse* response) {
+  if (grpc::Status s = Authorize(token_, context, "Admin.Ping"); !s.ok()) return s;
   response->set_process(process_);
   response->set_uptime_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(absl::Now() - started_)));
   return grpc::Status::OK;
@@ -63,14 +83,16 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
                                                                 const std::string& listen_address) {
   absl::StatusOr<std::unique_ptr<ShardService>> service = ShardService::Create(config, options);
   if (!service.ok()) return service.status();
+  absl::StatusOr<cluster::ServerSecurity> security = cluster::MakeServerSecurity(config);
+  if (!security.ok()) return security.status();
   std::unique_ptr<ShardServer> s(new ShardServer());
   s->service_ = *std::move(service);
-  s->grpc_service_ = std::make_unique<AggregationGrpcService>(s->service_.get());
+  s->grpc_service_ = std::make_unique<AggregationGrpcService>(s->service_.get(), security->token);
   s->admin_service_ = std::make_unique<AdminGrpcService>(
-      absl::StrCat("gcomp_server shard ", options.shard), absl::Now());
+      absl::StrCat("gcomp_server shard ", options.shard), absl::Now(), security->token);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(listen_address, security->credentials, &s->port_);
   builder.RegisterService(s->grpc_service_.get());
   builder.RegisterService(s->admin_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes()));
@@ -82,6 +104,26 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
     health->SetServingStatus(proto::Aggregation::service_full_name(), true);
   }
+  if (security->tls && config.security().health_port() != 0) {
+    // Plaintext, so only the health service may be reachable here: no Aggregation, no
+    // Admin, and the generic service answers UNIMPLEMENTED for anything else.
+    const std::string health_address =
+        absl::StrCat(HostOf(listen_address), ":", config.security().health_port());
+    s->health_only_ = std::make_unique<grpc::CallbackGenericService>();
+    grpc::ServerBuilder health_builder;
+    health_builder.AddListeningPort(health_address, grpc::InsecureServerCredentials(),
+                                    &s->health_port_);
+    health_builder.RegisterCallbackGenericService(s->health_only_.get());
+    s->health_server_ = health_builder.BuildAndStart();
+    if (s->health_server_ == nullptr || s->health_port_ == 0) {
+      s->health_server_.reset();
+      return absl::UnavailableError(absl::StrCat(
+          "cannot listen on ", health_address, " (security.health_port)"));
+    }
+    if (grpc::HealthCheckServiceInterface* health = s->health_server_->GetHealthCheckService()) {
+      health->SetServingStatus(proto::Aggregation::service_full_name(), true);
+    }
+  }
   return s;
 }
 
@@ -91,7 +133,12 @@ void ShardServer::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
   service_->Shutdown();
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  // Probes see NOT_SERVING while calls drain, then no listener at all.
+  if (health_server_ != nullptr && health_server_->GetHealthCheckService() != nullptr) {
+    health_server_->GetHealthCheckService()->Shutdown();
+  }
+  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  if (health_server_ != nullptr) health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
 }
 
 void ShardServer::Wait() { server_->Wait(); }

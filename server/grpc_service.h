@@ -8,6 +8,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cluster/job_token.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/aggregation.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
@@ -19,8 +21,11 @@ grpc::Status ToGrpc(const absl::Status& status);
 
 class AggregationGrpcService final : public proto::Aggregation::Service {
  public:
-  // `shard` is borrowed and must outlive this service.
-  explicit AggregationGrpcService(ShardService* shard) : shard_(shard) {}
+  // `shard` is borrowed and must outlive this service. With a `token`, every call must
+  // carry it (cluster::AuthorizeCall).
+  explicit AggregationGrpcService(ShardService* shard,
+                                  std::shared_ptr<cluster::JobToken> token = nullptr)
+      : shard_(shard), token_(std::move(token)) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* context, const proto::RegisterWorkerRequest* request,
                               proto::RegisterWorkerResponse* response) override;
@@ -35,14 +40,17 @@ class AggregationGrpcService final : public proto::Aggregation::Service {
 
  private:
   ShardService* shard_;
+  const std::shared_ptr<cluster::JobToken> token_;  // null: calls are not checked
 };
 
 // Admin.Ping: who answered and for how long it has been up.
 class AdminGrpcService final : public proto::Admin::Service {
  public:
-  // `process` names the answering process, e.g. "gcomp_server shard 2".
-  AdminGrpcService(std::string process, absl::Time started)
-      : process_(std::move(process)), started_(started) {}
+  // `process` names the answering process, e.g. "gcomp_server shard 2". With a `token`,
+  // calls must carry it.
+  AdminGrpcService(std::string process, absl::Time started,
+                   std::shared_ptr<cluster::JobToken> token = nullptr)
+      : process_(std::move(process)), started_(started), token_(std::move(token)) {}
 
   grpc::Status Ping(grpc::ServerContext* context, const proto::PingRequest* request,
                     proto::PingResponse* response) override;
@@ -50,19 +58,27 @@ class AdminGrpcService final : public proto::Admin::Service {
  private:
   const std::string process_;
   const absl::Time started_;
+  const std::shared_ptr<cluster::JobToken> token_;
 };
 
 // A running shard: ShardService + gRPC server (Aggregation, Admin, and the standard
 // grpc.health.v1 service, SERVING for "" and "gcomp.proto.Aggregation" until Shutdown).
+// The port speaks what the config's `security` says (cluster/credentials.h): mutual TLS
+// or plaintext, with the job token checked on every call but grpc.health.v1. With TLS and
+// security.health_port, a second, plaintext server on that port serves grpc.health.v1
+// only (every other method is UNIMPLEMENTED there), for probes that speak no TLS.
 class ShardServer {
  public:
-  // Listens on `listen_address` ("host:port"; port 0 picks a free one, see port()).
+  // Listens on `listen_address` ("host:port"; port 0 picks a free one, see port()); the
+  // health port, if any, on the same host.
   static absl::StatusOr<std::unique_ptr<ShardServer>> Start(const proto::ClusterConfig& config,
                                                             const ShardOptions& options,
                                                             const std::string& listen_address);
   ~ShardServer();
 
   int port() const { return port_; }
+  // The plaintext health port; 0 when there is none.
+  int health_port() const { return health_port_; }
   ShardService* service() { return service_.get(); }
   // Ends waits (Unavailable), then stops accepting and drains calls within `grace`.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
@@ -75,6 +91,11 @@ class ShardServer {
   std::unique_ptr<AdminGrpcService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  // Answers UNIMPLEMENTED on the health-only server; its registration is also what lets
+  // that server start with no service of its own besides the default health service.
+  std::unique_ptr<grpc::CallbackGenericService> health_only_;
+  std::unique_ptr<grpc::Server> health_server_;  // null without a health port
+  int health_port_ = 0;
   bool shut_down_ = false;
 };
 

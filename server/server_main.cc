@@ -12,6 +12,7 @@
 #include "base/logging.h"
 #include "base/malloc_tuning.h"
 #include "cluster/cluster_config.h"
+#include "cluster/credentials.h"
 #include "server/grpc_service.h"
 
 ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
@@ -48,6 +49,14 @@ int main(int argc, char** argv) {
     gcomp::log::Error("--shard {} out of range: the config lists {} shards", shard,
                       config->shards_size());
     return 2;
+  }
+  // The first line a running shard logs says how it is protected (docs/SERVICE.md,
+  // "Security"), so that a plaintext shard cannot go unnoticed.
+  const bool tls = !config->security().ca_file().empty();
+  if (tls) {
+    gcomp::log::Info("security: {}", gcomp::cluster::DescribeSecurity(*config));
+  } else {
+    gcomp::log::Warn("security: {}", gcomp::cluster::DescribeSecurity(*config));
   }
   // Block the signals before any thread starts so that only sigwait() below sees them.
   sigset_t signals;

@@ -1,5 +1,6 @@
 // Client retries on UNAVAILABLE over real gRPC on loopback: a shard that is not listening
-// yet, a shard whose replies are lost, and a retry budget that runs out.
+// yet, a shard whose replies are lost, and a retry budget that runs out. With
+// GCOMP_TEST_TLS=1 (//tests:retry_tls_test) over mutual TLS with the job token.
 #include <atomic>
 #include <cstring>
 #include <future>
@@ -10,12 +11,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cluster/cluster_config.h"
+#include "cluster/credentials.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/aggregation.grpc.pb.h"
 #include "server/grpc_service.h"
 #include "server/shard_service.h"
+#include "tests/test_certs.h"
 #include "worker/client.h"
 
 namespace gcomp {
@@ -25,6 +28,9 @@ using ::testing::HasSubstr;
 
 constexpr size_t kElements = 3000;  // 3 chunks of 4 KiB
 
+// What the test's shards listen with: the shard side of Config()'s security.
+cluster::ServerSecurity ShardSecurity();
+
 // A grpc::Server over a ShardService it borrows, so the shard's state outlives the
 // listener: the test stops listening and listens again on the same port.
 class Listener {
@@ -32,7 +38,7 @@ class Listener {
   // `service` must outlive the listener.
   Listener(grpc::Service* service, const std::string& address) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(address, ShardSecurity().credentials, &port_);
     builder.RegisterService(service);
     server_ = builder.BuildAndStart();
   }
@@ -53,7 +59,8 @@ class Listener {
 class LossyReplies final : public proto::Aggregation::Service {
  public:
   // `shard` must outlive this service.
-  LossyReplies(server::ShardService* shard, int lose) : inner_(shard), lose_(lose) {}
+  LossyReplies(server::ShardService* shard, int lose)
+      : inner_(shard, ShardSecurity().token), lose_(lose) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* c, const proto::RegisterWorkerRequest* r,
                               proto::RegisterWorkerResponse* out) override {
@@ -93,7 +100,16 @@ proto::ClusterConfig Config(int port, uint32_t workers, uint32_t max_retries) {
        absl::StrCat("max_retries=", max_retries), "retry_backoff_ms=20",
        "step_timeout_ms=10000", "rpc_timeout_ms=20000", "channels_per_shard=1"});
   EXPECT_TRUE(c.ok()) << c.status();
+  if (testing::TlsFromEnvironment()) testing::UseTestTls(&*c, "client");
   return *c;
+}
+
+cluster::ServerSecurity ShardSecurity() {
+  proto::ClusterConfig c = Config(1, 1, 0);
+  if (testing::TlsFromEnvironment()) testing::UseTestTls(&c, "server");
+  absl::StatusOr<cluster::ServerSecurity> security = cluster::MakeServerSecurity(c);
+  EXPECT_TRUE(security.ok()) << security.status();
+  return *security;
 }
 
 std::vector<float> Input(uint32_t worker) {
@@ -123,7 +139,7 @@ std::unique_ptr<server::ShardService> NewShard(uint32_t workers, uint32_t max_re
 
 TEST(Retry, PushSucceedsOnceTheShardListensAgain) {
   auto shard = NewShard(2, 20);
-  server::AggregationGrpcService service(shard.get());
+  server::AggregationGrpcService service(shard.get(), ShardSecurity().token);
   auto first = std::make_unique<Listener>(&service, "127.0.0.1:0");
   const int port = first->port();
   ASSERT_GT(port, 0);
@@ -181,7 +197,7 @@ TEST(Retry, LostRepliesAreRetriedAndCountedOnce) {
 
 TEST(Retry, ExhaustedBudgetIsUnavailableNamingTheShard) {
   auto shard = NewShard(1, 2);
-  server::AggregationGrpcService service(shard.get());
+  server::AggregationGrpcService service(shard.get(), ShardSecurity().token);
   auto listener = std::make_unique<Listener>(&service, "127.0.0.1:0");
   const int port = listener->port();
   auto client = worker::Client::Connect(Config(port, 1, 2), {0, ""});

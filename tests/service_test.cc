@@ -1,4 +1,6 @@
 // The service over real gRPC on loopback: in-process shards (ShardServer) and Clients.
+// With GCOMP_TEST_TLS=1 (//tests:service_tls_test) every connection is mutual TLS with the
+// job token (tests/test_certs.h).
 #include <cmath>
 #include <cstring>
 #include <future>
@@ -14,9 +16,11 @@
 #include "gtest/gtest.h"
 #include "proto/aggregation.grpc.pb.h"
 #include "cluster/cluster_config.h"
+#include "cluster/credentials.h"
 #include "server/grpc_service.h"
 #include "cluster/wire_block.h"
 #include "tests/synthetic_gradient.h"
+#include "tests/test_certs.h"
 #include "worker/client.h"
 
 namespace gcomp {
@@ -41,6 +45,7 @@ std::unique_ptr<Cluster> StartCluster(int shards, int workers, const std::string
                       absl::StrCat("step_timeout_ms=", step_timeout_ms),
                       absl::StrCat("rpc_timeout_ms=", step_timeout_ms * 2)});
   EXPECT_TRUE(config.ok()) << config.status();
+  if (testing::TlsFromEnvironment()) testing::UseTestTls(&*config, "server");
   auto c = std::make_unique<Cluster>();
   c->config = *config;
   c->config.clear_shards();
@@ -50,7 +55,33 @@ std::unique_ptr<Cluster> StartCluster(int shards, int workers, const std::string
     c->config.add_shards(absl::StrCat("127.0.0.1:", (*s)->port()));
     c->shards.push_back(*std::move(s));
   }
+  // Workers present the client certificate.
+  if (testing::TlsFromEnvironment()) testing::UseTestTls(&c->config, "client");
   return c;
+}
+
+// A channel to `target` as the workers of `config` dial it (TLS and token when on).
+std::shared_ptr<grpc::Channel> NewChannel(const proto::ClusterConfig& config,
+                                          const std::string& target,
+                                          const grpc::ChannelArguments& args = {}) {
+  absl::StatusOr<cluster::ClientSecurity> security = cluster::MakeClientSecurity(config);
+  EXPECT_TRUE(security.ok()) << security.status();
+  return security->NewChannel(target, args);
+}
+
+TEST(Transport, IsWhatTheEnvironmentAsksFor) {
+  auto cluster = StartCluster(1, 1, "none");
+  auto plain = proto::Aggregation::NewStub(
+      grpc::CreateChannel(cluster->config.shards(0), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  proto::StatsResponse stats;
+  grpc::Status s = plain->Stats(&ctx, proto::StatsRequest(), &stats);
+  if (testing::TlsFromEnvironment()) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << "a plaintext call got through";
+  } else {
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
 }
 
 using testing::SyntheticGradient;
@@ -145,8 +176,8 @@ class BadInputTest : public ::testing::Test {
     cluster_ = StartCluster(1, 2, "none", 16384, 500);
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(64 << 20);
-    stub_ = proto::Aggregation::NewStub(grpc::CreateCustomChannel(
-        cluster_->config.shards(0), grpc::InsecureChannelCredentials(), args));
+    stub_ = proto::Aggregation::NewStub(
+        NewChannel(cluster_->config, cluster_->config.shards(0), args));
     proto::DeclareTensorRequest d;
     d.set_job("test");
     d.set_key("t");
@@ -332,8 +363,8 @@ TEST(Pull, UnknownKeyIsNotFound) {
   EXPECT_EQ((*client)->Pull("nope", out.data()).code(), absl::StatusCode::kNotFound);
 
   // The shard itself, asked directly for a key nobody declared.
-  auto stub = proto::Aggregation::NewStub(
-      grpc::CreateChannel(cluster->config.shards(0), grpc::InsecureChannelCredentials()));
+  auto stub =
+      proto::Aggregation::NewStub(NewChannel(cluster->config, cluster->config.shards(0)));
   proto::PullRequest req;
   req.set_job("test");
   req.set_key("nope");
