@@ -12,7 +12,9 @@
 //    "bound_ok":..,"bound_checked":..,"exact":..,"digest":"..","step_ms":[..],"retries":..,
 //    "error":".."}
 // and exits 0 only if every step succeeded and bound_ok holds.
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -51,6 +53,12 @@ ABSL_FLAG(bool, verify, true,
 ABSL_FLAG(int, kill_at_step, -1,
           "Testing: SIGKILL this process in the middle of this step (after its pushes start).");
 ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error|off");
+ABSL_FLAG(std::string, progress_file, "",
+          "If set, the number of completed steps is rewritten into this file after each step "
+          "(the local launcher's soak check reads it).");
+ABSL_FLAG(int64_t, defer_checks_bytes, int64_t{1} << 30,
+          "Results kept for checking after the run, at most (0: check each step at once, so "
+          "that memory stays flat in long runs).");
 
 namespace {
 
@@ -253,7 +261,17 @@ int main(int argc, char** argv) {
 
   size_t step_bytes = 0;
   for (const Tensor& t : tensors) step_bytes += t.grad.size() * sizeof(float);
-  const size_t defer_limit = std::max<size_t>(1, (size_t{1} << 30) / std::max<size_t>(1, step_bytes));
+  const size_t defer_limit = std::max<size_t>(
+      1, static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_defer_checks_bytes))) /
+             std::max<size_t>(1, step_bytes));
+  int progress_fd = -1;
+  if (!absl::GetFlag(FLAGS_progress_file).empty()) {
+    progress_fd = open(absl::GetFlag(FLAGS_progress_file).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (progress_fd < 0) {
+      error = absl::StrCat("cannot write --progress_file ", absl::GetFlag(FLAGS_progress_file));
+      return finish(false, "");
+    }
+  }
   std::vector<std::vector<std::vector<float>>> deferred;  // results of steps not yet checked
   int next_check = 0;                                       // the step deferred[0] holds
   auto flush_checks = [&] {
@@ -281,6 +299,11 @@ int main(int argc, char** argv) {
     if (!error.empty()) break;
     step_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
     ++done_steps;
+    if (progress_fd >= 0) {
+      // Fixed width, rewritten in place: a reader never sees a shorter, stale tail.
+      const std::string text = absl::StrFormat("%12d\n", done_steps);
+      (void)!pwrite(progress_fd, text.data(), text.size(), 0);
+    }
 
     for (const Tensor& t : tensors) digest = XXH64(t.output.data(), t.grad.size() * 4, digest);
     if (!verify) continue;

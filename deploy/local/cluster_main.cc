@@ -29,8 +29,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/process_usage.h"
 
 ABSL_FLAG(int, shards, 2, "Shard processes.");
 ABSL_FLAG(int, workers, 2, "Worker processes.");
@@ -57,6 +59,11 @@ ABSL_FLAG(bool, verify_all, false,
           "the others are compared with it by digest).");
 ABSL_FLAG(std::string, label, "", "Extra \"label\" key in the JSON line.");
 ABSL_FLAG(bool, keep_logs, false, "Keep the run directory with process logs.");
+ABSL_FLAG(int, soak_from_step, -1,
+          "Soak check: sample every process's resident memory and open files from this step "
+          "(after warm-up) to the end; the JSON line gains rss_growth_pct, fd_growth_pct and "
+          "soak_ok, and the run fails if either grows more than --soak_max_growth_pct. -1: off.");
+ABSL_FLAG(double, soak_max_growth_pct, 5.0, "Growth allowed by the soak check, in percent.");
 
 namespace {
 
@@ -141,6 +148,18 @@ double Num(const std::string& json, const std::string& key) {
   return v;
 }
 
+// Resident memory and open files of one process from the soak check's first sample (at
+// --soak_from_step) to its last (just before the process ended).
+struct SoakTrack {
+  std::string name;
+  pid_t pid = 0;
+  std::optional<gcomp::ProcessUsage> first, last;
+};
+
+double GrowthPct(uint64_t from, uint64_t to) {
+  return from == 0 ? 0.0 : (static_cast<double>(to) - static_cast<double>(from)) * 100.0 / from;
+}
+
 std::string Escape(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -209,17 +228,54 @@ int main(int argc, char** argv) {
                                      "--gradients", absl::StrJoin(grads, ",")};
     // One worker checks results against the reference; the digests show the rest match.
     if (w != 0 && !absl::GetFlag(FLAGS_verify_all)) args.push_back("--verify=false");
+    if (w == 0 && absl::GetFlag(FLAGS_soak_from_step) >= 0) {
+      // Checked step by step: results kept for a check at the end would grow by design.
+      args.push_back(absl::StrCat("--progress_file=", dir, "/worker0.progress"));
+      args.push_back("--defer_checks_bytes=0");
+    }
     if (w == absl::GetFlag(FLAGS_kill_worker)) {
       args.push_back(absl::StrCat("--kill_at_step=", absl::GetFlag(FLAGS_kill_at_step)));
     }
     workers.push_back(Spawn(args, absl::StrCat(dir, "/worker", w, ".json"),
                             absl::StrCat(dir, "/worker", w, ".log")));
   }
+  const int soak_from = absl::GetFlag(FLAGS_soak_from_step);
+  std::vector<SoakTrack> soak;
+  for (int k = 0; k < S; ++k) soak.push_back({absl::StrCat("shard-", k), servers[k], std::nullopt, std::nullopt});
+  for (int w = 0; w < W; ++w) soak.push_back({absl::StrCat("worker-", w), workers[w], std::nullopt, std::nullopt});
+  std::vector<int> status(W, -1);
+  int left = W;  // workers still running
+  bool soak_started = false;
+  absl::Time next_sample = absl::Now();
+  // Samples every live process (after the soak's first step has been reached).
+  bool soak_done = false;
+  auto sample = [&]() {
+    if (soak_done) return;
+    int progress = 0;
+    const std::string text = ReadFile(dir + "/worker0.progress");
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &progress)) return;
+    if (!soak_started && progress < soak_from) return;
+    soak_started = true;
+    // After the last step the processes tear down (channels close, buffers are freed):
+    // not the steady state the check is about.
+    if (progress >= steps) soak_done = true;
+    for (SoakTrack& t : soak) {
+      // Stop at the first worker's exit: the shards then close its connections and free
+      // its buffers, which is not the steady state the check is about.
+      if (t.pid == 0 || left < W) continue;
+      absl::StatusOr<gcomp::ProcessUsage> u = gcomp::ReadProcessUsage(t.pid);
+      if (!u.ok()) continue;
+      if (!t.first) t.first = *u;
+      t.last = *u;
+    }
+  };
   // Workers end on their own: every call has a deadline. The launcher adds a last guard.
   const absl::Time guard = absl::Now() + absl::Seconds(60 + steps * 60);
-  std::vector<int> status(W, -1);
-  int left = W;
   while (left > 0) {
+    if (soak_from >= 0 && absl::Now() >= next_sample) {
+      sample();
+      next_sample = absl::Now() + absl::Milliseconds(250);
+    }
     int st = 0;
     pid_t p = waitpid(-1, &st, WNOHANG);
     if (p > 0) {
@@ -227,6 +283,9 @@ int main(int argc, char** argv) {
         if (workers[w] == p) {
           status[w] = st;
           --left;
+          for (SoakTrack& t : soak) {
+            if (t.pid == p) t.pid = 0;  // reaped: its pid may be reused
+          }
         }
       }
       continue;
@@ -278,21 +337,52 @@ int main(int argc, char** argv) {
     if (stat(g.c_str(), &st) == 0) grad_bytes += st.st_size - 128;  // minus the .npy header
   }
   const double gbps = p50 > 0 ? grad_bytes * W / (p50 / 1e3) / 1e9 : 0;
-  const bool all_ok = ok && identical && bound_ok;
+  bool soak_ok = true;
+  double rss_growth = 0, fd_growth = 0;
+  std::string soak_json;
+  if (soak_from >= 0) {
+    for (const SoakTrack& t : soak) {
+      if (!t.first || !t.last) {
+        soak_ok = false;
+        if (first_error.empty()) {
+          first_error = absl::StrCat("soak check: no sample of ", t.name, " at or after step ",
+                                     soak_from);
+        }
+        continue;
+      }
+      const double r = GrowthPct(t.first->rss_bytes, t.last->rss_bytes);
+      const double f = GrowthPct(t.first->open_fds, t.last->open_fds);
+      rss_growth = std::max(rss_growth, r);
+      fd_growth = std::max(fd_growth, f);
+      fprintf(stderr, "soak %-9s rss %8.1f -> %8.1f MiB (%+.2f%%)  fds %4lu -> %4lu (%+.2f%%)\n",
+              t.name.c_str(), t.first->rss_bytes / 1048576.0, t.last->rss_bytes / 1048576.0, r,
+              static_cast<unsigned long>(t.first->open_fds),
+              static_cast<unsigned long>(t.last->open_fds), f);
+    }
+    const double limit = absl::GetFlag(FLAGS_soak_max_growth_pct);
+    if (rss_growth > limit || fd_growth > limit) soak_ok = false;
+    soak_json = absl::StrFormat(",\"soak_from_step\":%d,\"rss_growth_pct\":%.3f,"
+                                "\"fd_growth_pct\":%.3f,\"soak_ok\":%s",
+                                soak_from, rss_growth, fd_growth, soak_ok ? "true" : "false");
+  }
+  const bool all_ok = ok && identical && bound_ok && soak_ok;
   printf("{\"steps\":%d,\"workers\":%d,\"shards\":%d,\"raw_bytes\":%.0f,\"wire_bytes\":%.0f,"
          "\"ratio\":%.4f,\"max_abs_error\":%.9g,\"bound_ok\":%s,\"step_ms_p50\":%.3f,"
          "\"mode\":\"%s\",\"optimizer\":\"%s\",\"identical\":%s,\"ok\":%s,\"raw_gb_per_s\":%.4f,"
-         "\"label\":\"%s\",\"bound_checked\":%s,\"error\":\"%s\"}\n",
+         "\"label\":\"%s\",\"bound_checked\":%s%s,\"error\":\"%s\"}\n",
          done_steps, W, S, raw, wire, wire > 0 ? raw / wire : 0.0, max_err,
          bound_ok ? "true" : "false", p50, mode.c_str(), absl::GetFlag(FLAGS_optimizer).c_str(),
          identical ? "true" : "false", all_ok ? "true" : "false", gbps,
          Escape(absl::GetFlag(FLAGS_label)).c_str(), bound_checked ? "true" : "false",
-         Escape(first_error).c_str());
+         soak_json.c_str(), Escape(first_error).c_str());
   fflush(stdout);
   if (absl::GetFlag(FLAGS_keep_logs) || !all_ok) {
     fprintf(stderr, "cluster: logs in %s\n", dir.c_str());
   } else {
-    (void)system(absl::StrCat("rm -rf '", dir, "'").c_str());
+    // glibc marks system() warn_unused_result, which a (void) cast does not silence.
+    if (system(absl::StrCat("rm -rf '", dir, "'").c_str()) != 0) {
+      fprintf(stderr, "cluster: could not remove %s\n", dir.c_str());
+    }
   }
   return all_ok ? 0 : 1;
 }
