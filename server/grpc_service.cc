@@ -39,6 +39,8 @@ grpc::Status AggregationGrpcService::RegisterWorker(grpc::ServerContext* context
                                                     const proto::RegisterWorkerRequest* request,
                                                     proto::RegisterWorkerResponse* response) {
   if (grpc::Status s = Authorize(token_, context, "Aggregation.RegisterWorker"); !s.ok()) return s;
+  absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
+  if (!slot.ok()) return ToGrpc(slot.status());
   return ToGrpc(shard_->RegisterWorker(*request, response));
 }
 
@@ -46,6 +48,8 @@ grpc::Status AggregationGrpcService::DeclareTensor(grpc::ServerContext* context,
                                                    const proto::DeclareTensorRequest* request,
                                                    proto::DeclareTensorResponse* response) {
   if (grpc::Status s = Authorize(token_, context, "Aggregation.DeclareTensor"); !s.ok()) return s;
+  absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
+  if (!slot.ok()) return ToGrpc(slot.status());
   return ToGrpc(shard_->DeclareTensor(*request, response));
 }
 
@@ -53,6 +57,8 @@ grpc::Status AggregationGrpcService::PushPull(grpc::ServerContext* context,
                                               const proto::CompressedBlock* request,
                                               proto::CompressedBlock* response) {
   if (grpc::Status s = Authorize(token_, context, "Aggregation.PushPull"); !s.ok()) return s;
+  absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
+  if (!slot.ok()) return ToGrpc(slot.status());
   return ToGrpc(shard_->PushPull(*request, DeadlineOf(context), response));
 }
 
@@ -60,6 +66,8 @@ grpc::Status AggregationGrpcService::Pull(grpc::ServerContext* context,
                                           const proto::PullRequest* request,
                                           proto::CompressedBlock* response) {
   if (grpc::Status s = Authorize(token_, context, "Aggregation.Pull"); !s.ok()) return s;
+  absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
+  if (!slot.ok()) return ToGrpc(slot.status());
   return ToGrpc(shard_->Pull(*request, response));
 }
 

@@ -13,6 +13,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/aggregation.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
+#include "server/call_limiter.h"
 #include "server/shard_service.h"
 
 namespace gcomp::server {
@@ -25,7 +26,9 @@ class AggregationGrpcService final : public proto::Aggregation::Service {
   // carry it (cluster::AuthorizeCall).
   explicit AggregationGrpcService(ShardService* shard,
                                   std::shared_ptr<cluster::JobToken> token = nullptr)
-      : shard_(shard), token_(std::move(token)) {}
+      : shard_(shard),
+        token_(std::move(token)),
+        limiter_(shard->config().limits().max_calls_per_client()) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* context, const proto::RegisterWorkerRequest* request,
                               proto::RegisterWorkerResponse* response) override;
@@ -41,6 +44,7 @@ class AggregationGrpcService final : public proto::Aggregation::Service {
  private:
   ShardService* shard_;
   const std::shared_ptr<cluster::JobToken> token_;  // null: calls are not checked
+  CallLimiter limiter_;  // every call but Stats holds a slot while it runs
 };
 
 // Admin.Ping: who answered and for how long it has been up.

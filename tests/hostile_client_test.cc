@@ -1,0 +1,270 @@
+// Hostile and broken clients against a real gcomp_server process, through a plain gRPC
+// stub (no client library): the requests that once took a shard down (a declaration of
+// 2^36 floats, 400 declarations of 2^25) and every other limit a peer can push against.
+// Each is refused with its precise status; the process stays up, its memory stays within
+// the budget, and a well-formed step afterwards still aggregates correctly.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/process_usage.h"
+#include "cluster/wire_block.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/aggregation.grpc.pb.h"
+
+namespace gcomp {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kBudgetBytes = 512ull << 20;
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+class HostileClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = getenv("TEST_TMPDIR");
+    address_ = absl::StrCat("127.0.0.1:", FreePort());
+    const std::string config = dir + "/cluster.yaml";
+    std::ofstream(config) << "job: hostile\nworkers: 2\nshards: [\"" << address_ << "\"]\n"
+                          << "chunk_bytes: 1048576\nstep_timeout_ms: 20000\n"
+                          << "rpc_timeout_ms: 30000\n"
+                          << "limits: {memory_budget_bytes: " << kBudgetBytes
+                          << ", max_tensors: 1000, max_calls_per_client: 6,"
+                          << " max_pending_steps: 64}\n";
+    const std::string server = std::string(getenv("TEST_SRCDIR")) + "/gcomp_ps/server/gcomp_server";
+    pid_ = fork();
+    if (pid_ == 0) {
+      execl(server.c_str(), server.c_str(), "--config", config.c_str(), "--shard", "0",
+            "--log_level", "warn", "--shutdown_grace_ms", "500", nullptr);
+      _exit(127);
+    }
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetMaxSendMessageSize(64 << 20);
+    // Each stub gets its own connection (a different peer for the per-client limit).
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20)))
+        << "gcomp_server did not come up on " << address_;
+    stub_ = proto::Aggregation::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status = 0;
+      waitpid(pid_, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          << "gcomp_server did not exit cleanly: wait status " << status;
+    }
+  }
+
+  std::unique_ptr<proto::Aggregation::Stub> NewStub() {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetString("gcomp.test.connection", absl::StrCat(++connections_));  // no sharing
+    return proto::Aggregation::NewStub(
+        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  }
+
+  static std::unique_ptr<grpc::ClientContext> Context(int seconds = 30) {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+    return c;
+  }
+
+  grpc::Status Declare(const std::string& key, uint64_t elements,
+                       proto::Aggregation::Stub* stub = nullptr) {
+    proto::DeclareTensorRequest d;
+    d.set_job("hostile");
+    d.set_key(key);
+    d.set_dtype(proto::DTYPE_F32);
+    d.set_elements(elements);
+    d.set_shard_map_epoch(1);
+    proto::DeclareTensorResponse r;
+    return (stub ? stub : stub_.get())->DeclareTensor(Context().get(), d, &r);
+  }
+
+  static proto::CompressedBlock Block(const std::string& key, uint32_t chunk, int64_t step,
+                                      uint32_t worker, const std::vector<float>& v) {
+    proto::CompressedBlock b;
+    EXPECT_TRUE(cluster::EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), v.size(), &b).ok());
+    proto::BlockAddress* a = b.mutable_address();
+    a->set_job("hostile");
+    a->set_key(key);
+    a->set_chunk(chunk);
+    a->set_step(step);
+    a->set_worker(worker);
+    a->set_shard_map_epoch(1);
+    return b;
+  }
+
+  proto::StatsResponse Stats() {
+    proto::StatsResponse s;
+    EXPECT_TRUE(stub_->Stats(Context().get(), proto::StatsRequest(), &s).ok());
+    return s;
+  }
+
+  uint64_t ServerRss() { return ReadProcessUsage(pid_)->rss_bytes; }
+
+  // Both workers push `key` chunk 0 for `step`; both must get the mean back.
+  void ExpectStepWorks(const std::string& key, int64_t step, size_t n) {
+    std::vector<float> a(n, 1.0f), b(n, 3.0f);
+    auto other = NewStub();
+    std::future<grpc::Status> first = std::async(std::launch::async, [&] {
+      proto::CompressedBlock out;
+      return other->PushPull(Context().get(), Block(key, 0, step, 1, b), &out);
+    });
+    proto::CompressedBlock out;
+    grpc::Status s = stub_->PushPull(Context().get(), Block(key, 0, step, 0, a), &out);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_TRUE(first.get().ok());
+    std::vector<float> mean(n);
+    ASSERT_TRUE(cluster::DecodeWireBlock(out, codec::DType::kF32, n, mean.data()).ok());
+    EXPECT_EQ(mean, std::vector<float>(n, 2.0f));
+  }
+
+  pid_t pid_ = -1;
+  std::string address_;
+  int connections_ = 0;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<proto::Aggregation::Stub> stub_;
+};
+
+TEST_F(HostileClientTest, DeclarationOf2To36FloatsIsRefusedAndAllocatesNothing) {
+  const uint64_t rss = ServerRss();
+  grpc::Status s = Declare("huge", uint64_t{1} << 36);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(),
+              AllOf(HasSubstr("limits.memory_budget_bytes = 536870912"), HasSubstr("bytes in use"),
+                    HasSubstr("declaring 'huge'"), HasSubstr("asks for")));
+  EXPECT_EQ(Stats().tensors(), 0u);
+  EXPECT_EQ(Stats().memory_used_bytes(), 0u);
+  EXPECT_LT(ServerRss(), rss + (32u << 20));
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  ExpectStepWorks("w", 0, 1000);
+}
+
+TEST_F(HostileClientTest, FourHundredLargeDeclarationsStayWithinTheBudget) {
+  int accepted = 0;
+  for (int i = 0; i < 400; ++i) {
+    grpc::Status s = Declare(absl::StrCat("big", i), uint64_t{1} << 25);
+    if (s.ok()) {
+      ++accepted;
+    } else {
+      ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    }
+  }
+  EXPECT_GE(accepted, 1);
+  EXPECT_LE(accepted, 2);
+  const proto::StatsResponse stats = Stats();
+  EXPECT_LE(stats.memory_used_bytes(), kBudgetBytes);
+  EXPECT_EQ(stats.refused_by_limits(), static_cast<uint64_t>(400 - accepted));
+  // Push real steps into one of the big tensors' chunks: resident memory follows the
+  // budget's accounting (buffers and state of one 1 MiB chunk), not the declared size.
+  ExpectStepWorks("big0", 0, 1 << 18);
+  ExpectStepWorks("big0", 1, 1 << 18);
+  EXPECT_LT(ServerRss(), kBudgetBytes);
+}
+
+TEST_F(HostileClientTest, CallsPerClientAreBounded) {
+  ASSERT_TRUE(Declare("w", 16 << 18).ok());  // 16 chunks of 1 MiB
+  // Six pushes of worker 0 wait for worker 1 on one connection: the seventh is refused.
+  std::vector<std::future<grpc::Status>> waiting;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<proto::CompressedBlock> outs(6);
+  std::vector<float> v(1 << 18, 1.0f);
+  std::vector<proto::CompressedBlock> blocks;
+  for (uint32_t c = 0; c < 7; ++c) blocks.push_back(Block("w", c, 0, 0, v));
+  for (int i = 0; i < 6; ++i) {
+    contexts.push_back(Context());
+    waiting.push_back(std::async(std::launch::async, [&, i] {
+      return stub_->PushPull(contexts[i].get(), blocks[i], &outs[i]);
+    }));
+  }
+  while (Stats().pending_steps() < 6) absl::SleepFor(absl::Milliseconds(5));
+  proto::CompressedBlock out;
+  grpc::Status s = stub_->PushPull(Context().get(), blocks[6], &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("limits.max_calls_per_client = 6"));
+  // Another connection (worker 1) is not blocked by the first one's calls.
+  auto other = NewStub();
+  std::vector<float> w1(1 << 18, 3.0f);
+  for (uint32_t c = 0; c < 6; ++c) {
+    proto::CompressedBlock o;
+    grpc::Status done = other->PushPull(Context().get(), Block("w", c, 0, 1, w1), &o);
+    ASSERT_TRUE(done.ok()) << done.error_message();
+  }
+  for (auto& f : waiting) EXPECT_TRUE(f.get().ok());
+  EXPECT_EQ(Stats().pending_steps(), 0u);
+}
+
+TEST_F(HostileClientTest, OversizedMessagesAndGarbageAreRefused) {
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  std::vector<float> v(1000, 1.0f);
+  // A message past max_message_bytes (2 * chunk_bytes + 1 MiB by default).
+  proto::CompressedBlock big = Block("w", 0, 0, 0, v);
+  big.mutable_data()->assign(4 << 20, 'x');
+  proto::CompressedBlock out;
+  EXPECT_EQ(stub_->PushPull(Context().get(), big, &out).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Random bytes in a GComp block, with and without a matching checksum.
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200; ++i) {
+    proto::CompressedBlock b = Block("w", 0, 0, i % 2, v);
+    b.set_codec(proto::CODEC_GCOMP);
+    std::string data(rng() % 600, '\0');
+    for (char& c : data) c = static_cast<char>(rng());
+    b.set_data(data);
+    grpc::Status s = stub_->PushPull(Context().get(), b, &out);
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(s.error_code() == grpc::StatusCode::DATA_LOSS ||
+                s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+                s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << s.error_code() << " " << s.error_message();
+  }
+  // Keys and jobs of any length, unknown or malformed fields.
+  proto::PullRequest pull;
+  pull.set_job("hostile");
+  pull.set_key(std::string(100000, 'k'));
+  pull.set_shard_map_epoch(1);
+  EXPECT_EQ(stub_->Pull(Context().get(), pull, &out).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Declare(std::string(5000, 'k'), 10).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  const proto::StatsResponse stats = Stats();
+  EXPECT_EQ(stats.steps_completed(), 0u);
+  EXPECT_EQ(stats.pending_steps(), 0u);
+  EXPECT_EQ(stats.tensors(), 1u);
+  ExpectStepWorks("w", 0, 1000);
+}
+
+}  // namespace
+}  // namespace gcomp
