@@ -12,7 +12,7 @@ PACKAGES=(
   pybind11-dev python3-dev python3-numpy python3-pytest python3-yaml
   python3-torch python3-sklearn python3-matplotlib
   iproute2 openssl
-  clang-14 libfuzzer-14-dev libclang-rt-14-dev
+  clang-14 libfuzzer-14-dev libclang-rt-14-dev cmake ninja-build dpkg-dev
 )
 
 missing=()
