@@ -128,6 +128,11 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("shard shutting down");
   }
+  if (r.name().size() > config_.limits().max_key_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker name of ", r.name().size(),
+                                                   " bytes exceeds limits.max_key_bytes = ",
+                                                   config_.limits().max_key_bytes()));
+  }
   if (!r.name().empty()) {
     absl::MutexLock lock(&names_mu_);
     worker_names_[r.worker()] = r.name();

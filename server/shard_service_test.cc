@@ -310,6 +310,18 @@ TEST(ShardServiceLimits, TensorCountAndKeyLengthAreBounded) {
   EXPECT_EQ(shard->Pull(pull, &out).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ShardServiceLimits, LongWorkerNameIsRefused) {
+  auto shard = *ShardService::Create(Config(1), ShardOptions{});
+  proto::RegisterWorkerRequest reg;
+  reg.set_job("j");
+  reg.set_shard_map_epoch(1);
+  reg.set_name(std::string(5000, 'n'));
+  proto::RegisterWorkerResponse rr;
+  absl::Status s = shard->RegisterWorker(reg, &rr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("limits.max_key_bytes"));
+}
+
 TEST(ShardServiceLimits, BadInitialValueLeavesNoTensor) {
   auto shard = *ShardService::Create(Config(1), ShardOptions{});
   proto::DeclareTensorRequest d = Declaration("w", 20);
