@@ -199,14 +199,20 @@ class TlsTest : public ::testing::Test {
     return resp.status();
   }
 
-  // The common name of the certificate the shard presented on `channel`'s last call.
-  std::string ServerName(const std::shared_ptr<grpc::Channel>& channel) {
+  // The common name of the certificate the shard presented for a call on `channel`; the
+  // call's status in `status`, or expected OK without it.
+  std::string ServerName(const std::shared_ptr<grpc::Channel>& channel,
+                         grpc::Status* status = nullptr) {
     auto stub = proto::Aggregation::NewStub(channel);
     grpc::ClientContext ctx;
     ctx.set_deadline(Soon());
     proto::StatsResponse resp;
     grpc::Status s = stub->Stats(&ctx, proto::StatsRequest(), &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
+    if (status != nullptr) {
+      *status = s;
+    } else {
+      EXPECT_TRUE(s.ok()) << s.error_message();
+    }
     std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
     if (auth == nullptr) return "";
     std::vector<grpc::string_ref> cn = auth->FindPropertyValues("x509_common_name");
@@ -254,6 +260,18 @@ TEST_F(TlsTest, CertificateFromAnotherCaIsRefused) {
 TEST_F(TlsTest, ExpiredCertificateIsRefused) {
   ExpectAllRefused(Channel(ClientConfig("expired_client", TestCert("token"))),
                    grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(TlsTest, TheClientLibraryReportsAFailedHandshakeAtConnect) {
+  proto::ClusterConfig c = ClientConfig("other_client", TestCert("token"));
+  c.set_connect_timeout_ms(500);
+  auto client = worker::Client::Connect(c, {0, ""});
+  ASSERT_FALSE(client.ok());
+  // Connect waits for the shard to come up, so a refused handshake looks like a shard that
+  // never answered; the message names the shard.
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kDeadlineExceeded) << client.status();
+  EXPECT_THAT(std::string(client.status().message()), HasSubstr(address_));
+  ExpectShardUnchanged();
 }
 
 TEST_F(TlsTest, PlaintextClientIsRefused) {
@@ -346,6 +364,27 @@ TEST_F(TlsTest, RenewedShardCertificateIsUsedForNewConnections) {
   for (int i = 0; i < 40 && name != "gcomp shard (renewed)"; ++i) {
     absl::SleepFor(absl::Milliseconds(250));
     name = ServerName(Channel(client));  // a new channel, a new handshake
+  }
+  EXPECT_EQ(name, "gcomp shard (renewed)");
+}
+
+// What docs/SERVICE.md warns about: gRPC 1.51's file watcher loads a key and certificate
+// that do not match, so between the two halves of an update new handshakes fail.
+TEST_F(TlsTest, AHalfWrittenUpdateFailsNewHandshakesUntilItIsComplete) {
+  const proto::ClusterConfig client = ClientConfig("client", TestCert("token"));
+  EXPECT_EQ(ServerName(Channel(client)), "gcomp shard");
+  Copy(TestCert("server_renewed.key"), config_.security().key_file());  // the new key only
+  grpc::Status s;
+  for (int i = 0; i < 40 && s.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(250));
+    ServerName(Channel(client), &s);
+  }
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  Copy(TestCert("server_renewed.pem"), config_.security().cert_file());
+  std::string name;
+  for (int i = 0; i < 40 && name != "gcomp shard (renewed)"; ++i) {
+    absl::SleepFor(absl::Milliseconds(250));
+    name = ServerName(Channel(client), &s);
   }
   EXPECT_EQ(name, "gcomp shard (renewed)");
 }
