@@ -11,7 +11,8 @@ PACKAGES=(
   libxxhash-dev libzstd-dev liblz4-dev libyaml-cpp-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-yaml
   python3-torch python3-sklearn python3-matplotlib
-  iproute2 openssl
+  iproute2
+  prometheus-cpp-dev prometheus openssl
   clang-14 libfuzzer-14-dev libclang-rt-14-dev cmake ninja-build dpkg-dev
 )
 
