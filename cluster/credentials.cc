@@ -3,8 +3,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "base/files.h"
 #include "base/logging.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -33,14 +36,47 @@ absl::Status CheckPemFile(absl::string_view field, const std::string& path) {
 }
 
 absl::Status CheckTlsFiles(const proto::SecurityConfig& sec) {
-  for (const auto& [field, path] : {std::pair<absl::string_view, const std::string&>{"ca_file", sec.ca_file()},
-                                    {"cert_file", sec.cert_file()},
-                                    {"key_file", sec.key_file()}}) {
-    absl::Status s = CheckPemFile(field, path);
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  absl::Status s = CheckPemFile("ca_file", sec.ca_file());
+  if (s.ok()) s = CheckPemFile("cert_file", sec.cert_file());
+  if (s.ok()) s = CheckPemFile("key_file", sec.key_file());
+  return s;
 }
+
+// Refusals are logged, but a client hammering a shard with bad tokens must not flood the
+// log: at most kMaxRefusalLinesPerSecond lines a second, then one line with the count.
+constexpr int kMaxRefusalLinesPerSecond = 10;
+
+class RefusalLog {
+ public:
+  void Refused(absl::string_view method, const std::string& peer, absl::string_view why) {
+    int64_t dropped = 0;
+    bool log_this = false;
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      if (now - window_start_ >= absl::Seconds(1)) {
+        dropped = dropped_;
+        dropped_ = 0;
+        lines_ = 0;
+        window_start_ = now;
+      }
+      log_this = lines_ < kMaxRefusalLinesPerSecond;
+      if (log_this) {
+        ++lines_;
+      } else {
+        ++dropped_;
+      }
+    }
+    if (dropped > 0) log::Warn("{} more refused calls not logged", dropped);
+    if (log_this) log::Warn("refused {} from {}: {}", std::string(method), peer, std::string(why));
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Time window_start_ ABSL_GUARDED_BY(mu_);
+  int lines_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // The identity (cert_file + key_file) and the roots (ca_file), re-read every refresh.
 std::shared_ptr<grpc::experimental::CertificateProviderInterface> FileProvider(
@@ -72,10 +108,12 @@ class TokenInterceptor final : public grpc::experimental::Interceptor {
   const std::string header_;
 };
 
-class TokenInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+class TokenInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
   explicit TokenInterceptorFactory(std::shared_ptr<JobToken> token) : token_(std::move(token)) {}
-  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
     return new TokenInterceptor(token_->Header());
   }
 
@@ -132,8 +170,8 @@ absl::StatusOr<ClientSecurity> MakeClientSecurity(const proto::ClusterConfig& co
   return out;
 }
 
-std::shared_ptr<grpc::Channel> ClientSecurity::NewChannel(const std::string& target,
-                                                          const grpc::ChannelArguments& args) const {
+std::shared_ptr<grpc::Channel> ClientSecurity::NewChannel(
+    const std::string& target, const grpc::ChannelArguments& args) const {
   if (token == nullptr) return grpc::CreateCustomChannel(target, credentials, args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<TokenInterceptorFactory>(token));
@@ -172,7 +210,8 @@ absl::Status AuthorizeCall(JobToken* token, const grpc::ServerContext& context,
   }
   absl::Status s = token->Check(values);
   if (!s.ok()) {
-    log::Warn("refused {} from {}: {}", std::string(method), context.peer(), std::string(s.message()));
+    static RefusalLog* const refusals = new RefusalLog();
+    refusals->Refused(method, context.peer(), s.message());
   }
   return s;
 }

@@ -85,7 +85,8 @@ TEST(JobToken, CheckGivesUnauthenticatedForNoTokenAndPermissionDeniedForAWrongOn
   EXPECT_EQ(t.Check({"Basic right"}).code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(t.Check({"right"}).code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(t.Check({""}).code(), absl::StatusCode::kUnauthenticated);
-  for (const char* wrong : {"Bearer wrong", "Bearer ", "Bearer righ", "Bearer rightt", "Bearer Right"}) {
+  for (const char* wrong :
+       {"Bearer wrong", "Bearer ", "Bearer righ", "Bearer rightt", "Bearer Right"}) {
     absl::Status s = t.Check({wrong});
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << wrong;
     EXPECT_THAT(std::string(s.message()), Not(HasSubstr("right")));

@@ -168,7 +168,8 @@ class TlsTest : public ::testing::Test {
     const std::vector<grpc::Status> statuses = CallEverything(channel);
     ASSERT_EQ(statuses.size(), 6u);
     for (size_t i = 0; i < statuses.size(); ++i) {
-      EXPECT_EQ(statuses[i].error_code(), code) << "call " << i << ": " << statuses[i].error_message();
+      EXPECT_EQ(statuses[i].error_code(), code)
+          << "call " << i << ": " << statuses[i].error_message();
       EXPECT_THAT(statuses[i].error_message(), HasSubstr(message_part)) << "call " << i;
     }
     ExpectShardUnchanged();
