@@ -30,6 +30,13 @@ if [[ -z "$version" || -z "$source_pkg" ]]; then
   echo "build_tsan_absl: libabsl-dev is not installed; run tools/bootstrap.sh" >&2
   exit 1
 fi
+# The suppressions for Abseil's own internals (TSAN_OPTIONS in .bazelrc names this copy).
+supp_src="$(cd "$(dirname "$0")" && pwd)/tsan_suppressions.txt"
+if ! cmp -s "$supp_src" "$PREFIX/tsan_suppressions.txt"; then
+  $SUDO mkdir -p "$PREFIX"
+  $SUDO cp "$supp_src" "$PREFIX/tsan_suppressions.txt"
+fi
+
 stamp="$PREFIX/lib/.gcomp-absl-tsan-version"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
   exit 0
