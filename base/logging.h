@@ -15,10 +15,22 @@
 
 namespace gcomp {
 
-// Sets the level ("trace", "debug", "info", "warn", "error", "off") and a pattern with
-// time, level and `program` on every line, written to stderr. Returns InvalidArgument
-// naming the level when it is not one of the above.
-absl::Status InitLogging(absl::string_view program, absl::string_view level = "info");
+// Sets the level ("trace", "debug", "info", "warn", "error", "off") and the line format,
+// written to stderr:
+//   "text": 2026-12-03T08:10:00.123 I gcomp_server[0]] message   (local time)
+//   "json": one object per line for log collectors, time in UTC:
+//           {"ts":"2026-12-03T08:10:00.123Z","level":"info","process":"gcomp_server[0]","msg":"..."}
+//           (level is one of trace, debug, info, warn, error, critical; strings escaped per
+//           RFC 8259, invalid UTF-8 replaced, so every line parses).
+// May be called again before other threads log (the later call wins). Returns InvalidArgument naming the level or
+// format when it is not one of the above.
+absl::Status InitLogging(absl::string_view program, absl::string_view level = "info",
+                         absl::string_view format = "text");
+
+// The --log_format flag's help text, shared by every binary.
+inline constexpr char kLogFormatHelp[] =
+    "text|json: json writes one JSON object per line (ts, level, process, msg) for log "
+    "collectors.";
 
 namespace log {
 

@@ -1,5 +1,18 @@
 #include "base/logging.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 
 namespace gcomp {
@@ -11,10 +24,160 @@ TEST(InitLogging, RejectsUnknownLevelByName) {
   EXPECT_NE(status.message().find("verbose"), absl::string_view::npos);
 }
 
+TEST(InitLogging, RejectsUnknownFormatByName) {
+  const absl::Status status = InitLogging("logging_test_bad", "info", "xml");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("xml"), absl::string_view::npos);
+}
+
 TEST(InitLogging, AcceptsKnownLevelAndLogs) {
   ASSERT_TRUE(InitLogging("logging_test", "debug").ok());
   EXPECT_EQ(spdlog::default_logger()->level(), spdlog::level::debug);
   log::Info("value {} and {}", 1, "two");  // must compile and not throw
+}
+
+// Everything written to stderr while `body` runs.
+template <typename Body>
+std::string CaptureStderr(Body body) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/stderr.txt";
+  std::fflush(stderr);
+  const int saved = dup(2);
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  dup2(fd, 2);
+  close(fd);
+  body();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A strict reader for the flat objects of string values the JSON format writes: returns
+// the fields, or nothing if `line` is not exactly such an object (so a stray quote, a raw
+// control character or trailing text fails the test). \uXXXX is decoded to UTF-8
+// (surrogate pairs are not needed here and are rejected).
+std::optional<std::map<std::string, std::string>> ParseFlatJsonObject(const std::string& line) {
+  size_t i = 0;
+  auto string_at = [&](std::string* out) -> bool {
+    if (i >= line.size() || line[i] != '"') return false;
+    ++i;
+    while (i < line.size() && line[i] != '"') {
+      const unsigned char c = line[i];
+      if (c < 0x20) return false;
+      if (c != '\\') {
+        out->push_back(line[i++]);
+        continue;
+      }
+      if (++i >= line.size()) return false;
+      const char e = line[i++];
+      switch (e) {
+        case '"': out->push_back('"'); break;
+        case '\\': out->push_back('\\'); break;
+        case '/': out->push_back('/'); break;
+        case 'n': out->push_back('\n'); break;
+        case 't': out->push_back('\t'); break;
+        case 'r': out->push_back('\r'); break;
+        case 'b': out->push_back('\b'); break;
+        case 'f': out->push_back('\f'); break;
+        case 'u': {
+          if (i + 4 > line.size()) return false;
+          const unsigned cp = std::stoul(line.substr(i, 4), nullptr, 16);
+          i += 4;
+          if (cp >= 0xD800 && cp <= 0xDFFF) return false;
+          if (cp < 0x80) {
+            out->push_back(static_cast<char>(cp));
+          } else if (cp < 0x800) {
+            out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+            out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+          } else {
+            out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+            out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+            out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+          }
+          break;
+        }
+        default:
+          return false;
+      }
+    }
+    if (i >= line.size()) return false;
+    ++i;  // closing quote
+    return true;
+  };
+  std::map<std::string, std::string> fields;
+  if (line.empty() || line[i++] != '{') return std::nullopt;
+  while (true) {
+    std::string key, value;
+    if (!string_at(&key) || i >= line.size() || line[i++] != ':' || !string_at(&value)) {
+      return std::nullopt;
+    }
+    fields[key] = value;
+    if (i >= line.size()) return std::nullopt;
+    const char next = line[i++];
+    if (next == '}') break;
+    if (next != ',') return std::nullopt;
+  }
+  if (i != line.size()) return std::nullopt;
+  return fields;
+}
+
+TEST(ParseFlatJsonObject, RejectsWhatIsNotOneObject) {
+  EXPECT_TRUE(ParseFlatJsonObject(R"({"a":"b","c":"d\"e"})").has_value());
+  EXPECT_FALSE(ParseFlatJsonObject(R"({"a":"b"c"})").has_value());
+  EXPECT_FALSE(ParseFlatJsonObject("{\"a\":\"b\nc\"}").has_value());
+  EXPECT_FALSE(ParseFlatJsonObject(R"({"a":"b"} )").has_value());
+  EXPECT_FALSE(ParseFlatJsonObject(R"({"a":"b\q"})").has_value());
+}
+
+TEST(InitLogging, JsonFormatWritesOneParsableObjectPerLine) {
+  const std::string tricky =
+      "quote \" backslash \\ newline\nsecond line\ttab \x01 bell\x07 braces {} caf\xc3\xa9";
+  const std::string out = CaptureStderr([&] {
+    ASSERT_TRUE(InitLogging("gcomp_test[3]", "info", "json").ok());
+    log::Info("first {}", 1);
+    log::Warn("{}", tricky);
+    log::Debug("below the level, not written");
+    log::Error("bad byte \xff end");
+  });
+  ASSERT_TRUE(InitLogging("logging_test_after", "info").ok());  // back to text on stderr
+
+  std::vector<std::string> lines = absl::StrSplit(out, '\n');
+  ASSERT_EQ(lines.size(), 4u) << out;  // three lines and the empty tail
+  EXPECT_EQ(lines[3], "");
+  std::vector<std::map<std::string, std::string>> parsed;
+  for (int k = 0; k < 3; ++k) {
+    auto fields = ParseFlatJsonObject(lines[k]);
+    ASSERT_TRUE(fields.has_value()) << "not one JSON object: " << lines[k];
+    EXPECT_EQ(fields->size(), 4u) << lines[k];
+    EXPECT_EQ((*fields)["process"], "gcomp_test[3]");
+    const std::string& ts = (*fields)["ts"];
+    // 2026-12-03T08:10:00.123Z
+    ASSERT_EQ(ts.size(), 24u) << ts;
+    EXPECT_EQ(ts[4], '-');
+    EXPECT_EQ(ts[10], 'T');
+    EXPECT_EQ(ts[19], '.');
+    EXPECT_EQ(ts[23], 'Z');
+    parsed.push_back(*fields);
+  }
+  EXPECT_EQ(parsed[0]["level"], "info");
+  EXPECT_EQ(parsed[0]["msg"], "first 1");
+  EXPECT_EQ(parsed[1]["level"], "warn");
+  EXPECT_EQ(parsed[1]["msg"], tricky);  // every character survives the round trip
+  EXPECT_EQ(parsed[2]["level"], "error");
+  EXPECT_EQ(parsed[2]["msg"], "bad byte \xef\xbf\xbd end");  // U+FFFD for the invalid byte
+}
+
+TEST(InitLogging, TextFormatIsOneLinePerMessageWithProgramAndLevel) {
+  const std::string out = CaptureStderr([&] {
+    ASSERT_TRUE(InitLogging("gcomp_text_test", "info", "text").ok());
+    log::Info("hello {}", "world");
+  });
+  ASSERT_TRUE(InitLogging("logging_test_after2", "info").ok());
+  EXPECT_NE(out.find(" gcomp_text_test] hello world\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("I"), std::string::npos) << out;
 }
 
 }  // namespace
