@@ -22,8 +22,43 @@ absl::Status FieldError(absl::string_view field, absl::string_view what) {
       absl::StrCat("cluster config field '", field, "': ", what));
 }
 
+// Whether `s` is well-formed UTF-8 (RFC 3629: shortest forms, no surrogates, <= U+10FFFF).
+bool IsUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (s.size() - i < len) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
 absl::StatusOr<std::string> Scalar(const YAML::Node& node, absl::string_view field) {
   if (!node.IsScalar()) return FieldError(field, "expected a scalar value");
+  // Strings land in proto3 string fields, which must hold UTF-8 (YAML text is UTF-8 too;
+  // the emitter would replace stray bytes, so the config would not round-trip).
+  if (!IsUtf8(node.Scalar())) return FieldError(field, "not valid UTF-8 text");
   return node.Scalar();
 }
 
@@ -117,7 +152,9 @@ const std::map<std::string, Setter>& Setters() {
     (*m)["shards"] = [](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
       c->clear_shards();
       if (n.IsScalar()) {
-        for (absl::string_view s : absl::StrSplit(n.Scalar(), ',', absl::SkipEmpty())) {
+        absl::StatusOr<std::string> list = Scalar(n, "shards");
+        if (!list.ok()) return list.status();
+        for (absl::string_view s : absl::StrSplit(*list, ',', absl::SkipEmpty())) {
           c->add_shards(std::string(s));
         }
         return absl::OkStatus();

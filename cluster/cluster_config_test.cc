@@ -152,5 +152,20 @@ TEST(ClusterConfig, FileErrorsNameTheField) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Found by fuzz/cluster_config_fuzz: stray bytes in a string came back from the YAML round
+// trip as U+FFFD (and proto3 string fields must hold UTF-8 anyway).
+TEST(ClusterConfig, StringsMustBeUtf8) {
+  absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig("shards: [\"\xf9]\xaa:2\"]\n");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("'shards[0]': not valid UTF-8"));
+  c = ParseClusterConfig("shards: [a:1]\n", {"shards=\xc0\xafx:1"});  // overlong '/'
+  EXPECT_THAT(c.status().message(), HasSubstr("'shards': not valid UTF-8"));
+  c = ParseClusterConfig("shards: [a:1]\njob: \"\xed\xa0\x80\"\n");  // a surrogate
+  EXPECT_THAT(c.status().message(), HasSubstr("'job': not valid UTF-8"));
+  c = ParseClusterConfig("shards: [a:1]\njob: \"tr\xc3\xa4ning-\xf0\x9f\x9a\x80\"\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->job(), "tr\xc3\xa4ning-\xf0\x9f\x9a\x80");
+}
+
 }  // namespace
 }  // namespace gcomp::cluster
