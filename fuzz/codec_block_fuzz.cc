@@ -130,7 +130,7 @@ void DecodeRepaired(std::vector<uint8_t> block) {
       info->dtype == codec::DType::kF32 ? codec::DType::kBF16 : codec::DType::kF32;
   Check(!codec::DecodeBlock(bytes, wrong, other.data(), n, options).ok(),
         "DecodeBlock accepted a wrong dtype");
-  if (n <= kMaxRoundTripElements) {
+  if (n >= 1 && n <= kMaxRoundTripElements) {
     out.resize(n * width);
     CheckRoundTrip(info->dtype, info->policy, out, n);
   }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "google/protobuf/stubs/logging.h"
 #include "xxhash.h"
 
 namespace gcomp::fuzz {
@@ -64,6 +65,8 @@ void RepairFrameChecksums(std::string* frame) {
     pos += block_size;
   }
 }
+
+void SilenceProtobufLog() { google::protobuf::SetLogHandler(nullptr); }
 
 const codec::CodeTable& SharedTable() {
   static const codec::CodeTable* table = [] {

@@ -30,6 +30,10 @@ void RepairBlockChecksum(uint8_t* block, size_t size);
 // table places inside `frame`, as far as the bytes reach.
 void RepairFrameChecksums(std::string* frame);
 
+// Turns off protobuf's error log (a parse of invalid UTF-8 logs a line; the fuzzer makes
+// millions of them). Idempotent.
+void SilenceProtobufLog();
+
 // A code table built from a fixed sample; blocks of the corpora refer to it by id.
 const codec::CodeTable& SharedTable();
 // A store holding SharedTable(), for the decoders.

@@ -127,7 +127,10 @@ void RunSession(const FuzzSession& session) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Rejected calls log a warning each; the fuzzer makes millions.
-  static const bool quiet = gcomp::InitLogging("shard_service_fuzz", "off").ok();
+  static const bool quiet = [] {
+    gcomp::fuzz::SilenceProtobufLog();
+    return gcomp::InitLogging("shard_service_fuzz", "off").ok();
+  }();
   (void)quiet;
   gcomp::fuzz::FuzzSession session;
   if (!session.ParseFromArray(data, static_cast<int>(size))) return 0;

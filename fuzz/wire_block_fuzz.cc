@@ -52,6 +52,8 @@ void CheckAsTensors(const proto::CompressedBlock& block) {
 }  // namespace gcomp::fuzz
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool quiet = (gcomp::fuzz::SilenceProtobufLog(), true);
+  (void)quiet;
   gcomp::proto::CompressedBlock block;
   if (!block.ParseFromArray(data, static_cast<int>(size))) return 0;
   gcomp::fuzz::CheckAsTensors(block);
