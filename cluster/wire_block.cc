@@ -90,7 +90,9 @@ absl::Status CheckWireBlock(const proto::CompressedBlock& block, codec::DType dt
     return absl::DataLossError("block checksum mismatch: data corrupted in transit");
   }
   if (block.codec() == proto::CODEC_RAW) {
-    if (data.size() != n * codec::DTypeBytes(dtype)) {
+    // Divided, not multiplied: n * bytes wraps for n near 2^64 and could match a short block.
+    if (data.size() % codec::DTypeBytes(dtype) != 0 ||
+        data.size() / codec::DTypeBytes(dtype) != n) {
       return absl::InvalidArgumentError(absl::StrCat("raw block carries ", data.size(),
                                                      " bytes, expected ",
                                                      n * codec::DTypeBytes(dtype)));

@@ -58,5 +58,16 @@ TEST(WireBlock, WrongDtypeOrSizeIsInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A raw block of 8 bytes claiming 2^62 + 2 f32 elements: (2^62 + 2) * 4 wraps to 8.
+TEST(WireBlock, RawElementCountThatOverflowsIsRefused) {
+  std::vector<float> in = Ramp(2);
+  proto::CompressedBlock b;
+  ASSERT_TRUE(EncodeWireBlock({true, {}}, codec::DType::kF32, in.data(), 2, &b).ok());
+  const size_t huge = (size_t{1} << 62) + 2;
+  b.set_elements(huge);
+  EXPECT_EQ(CheckWireBlock(b, codec::DType::kF32, huge).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace gcomp::cluster

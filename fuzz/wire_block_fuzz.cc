@@ -4,8 +4,9 @@
 // (the gRPC layer would refuse them too). The block is checked and decoded as the tensor
 // it names (its own dtype and element count) and as a mismatching one, first as it is,
 // then with the codec block's checksum and the wire checksum repaired. Properties: errors
-// are InvalidArgument or DataLoss as wire_block.h promises; a block DecodeWireBlock accepts
-// passes CheckWireBlock; the decoder writes nothing past the element count.
+// are InvalidArgument or DataLoss as wire_block.h promises; a raw block that passes holds
+// exactly n elements (for any n, even one whose byte size overflows); a block
+// DecodeWireBlock accepts passes CheckWireBlock; the decoder writes nothing past n.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,8 +26,12 @@ const std::initializer_list<absl::StatusCode> kWireErrors = {absl::StatusCode::k
 void CheckAndDecode(const proto::CompressedBlock& block, codec::DType dtype, size_t n) {
   const absl::Status checked = cluster::CheckWireBlock(block, dtype, n);
   if (!checked.ok()) CheckCode(checked, kWireErrors, "CheckWireBlock");
-  if (n > kMaxDecodeElements) return;
   const size_t width = codec::DTypeBytes(dtype);
+  if (checked.ok() && block.codec() == proto::CODEC_RAW) {
+    Check(block.data().size() % width == 0 && block.data().size() / width == n,
+          "CheckWireBlock accepted a raw block whose bytes do not hold n elements");
+  }
+  if (n > kMaxDecodeElements) return;
   std::vector<uint8_t> out((n + 1) * width, 0x5A);
   const absl::Status decoded = cluster::DecodeWireBlock(block, dtype, n, out.data());
   if (!decoded.ok()) {
