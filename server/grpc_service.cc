@@ -38,6 +38,7 @@ grpc::Status ToGrpc(const absl::Status& status) {
 grpc::Status AggregationGrpcService::RegisterWorker(grpc::ServerContext* context,
                                                     const proto::RegisterWorkerRequest* request,
                                                     proto::RegisterWorkerResponse* response) {
+  ShardMetrics::InFlight in_flight = shard_->metrics()->Track("RegisterWorker");
   if (grpc::Status s = Authorize(token_, context, "Aggregation.RegisterWorker"); !s.ok()) return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());
@@ -47,6 +48,7 @@ grpc::Status AggregationGrpcService::RegisterWorker(grpc::ServerContext* context
 grpc::Status AggregationGrpcService::DeclareTensor(grpc::ServerContext* context,
                                                    const proto::DeclareTensorRequest* request,
                                                    proto::DeclareTensorResponse* response) {
+  ShardMetrics::InFlight in_flight = shard_->metrics()->Track("DeclareTensor");
   if (grpc::Status s = Authorize(token_, context, "Aggregation.DeclareTensor"); !s.ok()) return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());
@@ -56,6 +58,7 @@ grpc::Status AggregationGrpcService::DeclareTensor(grpc::ServerContext* context,
 grpc::Status AggregationGrpcService::PushPull(grpc::ServerContext* context,
                                               const proto::CompressedBlock* request,
                                               proto::CompressedBlock* response) {
+  ShardMetrics::InFlight in_flight = shard_->metrics()->Track("PushPull");
   if (grpc::Status s = Authorize(token_, context, "Aggregation.PushPull"); !s.ok()) return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());
@@ -65,6 +68,7 @@ grpc::Status AggregationGrpcService::PushPull(grpc::ServerContext* context,
 grpc::Status AggregationGrpcService::Pull(grpc::ServerContext* context,
                                           const proto::PullRequest* request,
                                           proto::CompressedBlock* response) {
+  ShardMetrics::InFlight in_flight = shard_->metrics()->Track("Pull");
   if (grpc::Status s = Authorize(token_, context, "Aggregation.Pull"); !s.ok()) return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/malloc_tuning.h"
+#include "base/metrics_exposer.h"
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
 #include "server/grpc_service.h"
@@ -24,6 +25,9 @@ ABSL_FLAG(std::string, listen, "",
 ABSL_FLAG(int, decode_threads, 4, "Threads that decode and sum pushed blocks.");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "How long in-flight calls may drain on SIGTERM.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|off");
+ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
+          "Serve Prometheus metrics on http://ADDRESS/metrics (port 0 picks a free port, "
+          "logged at start); 'none' turns them off.");
 
 int main(int argc, char** argv) {
   gcomp::TuneMallocForLargeBuffers();
@@ -79,6 +83,18 @@ int main(int argc, char** argv) {
   gcomp::log::Info("shard {} of {} listening on {} (port {}), job '{}', {} workers, epoch {}",
                    shard, config->shards_size(), listen, (*server)->port(), config->job(),
                    config->workers(), config->shard_map_epoch());
+  std::unique_ptr<gcomp::MetricsExposer> metrics;
+  if (absl::GetFlag(FLAGS_metrics_address) != "none") {
+    absl::StatusOr<std::unique_ptr<gcomp::MetricsExposer>> exposer = gcomp::MetricsExposer::Start(
+        absl::GetFlag(FLAGS_metrics_address), (*server)->service()->metrics()->registry());
+    if (!exposer.ok()) {
+      gcomp::log::Error("{} (set --metrics_address, or 'none')", exposer.status().ToString());
+      return 2;
+    }
+    metrics = *std::move(exposer);
+    gcomp::log::Info("shard {}: metrics on http://{}/metrics (port {})", shard,
+                     absl::GetFlag(FLAGS_metrics_address), metrics->port());
+  }
   int sig = 0;
   sigwait(&signals, &sig);
   gcomp::log::Info("shard {}: signal {}, shutting down", shard, sig);

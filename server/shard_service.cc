@@ -35,6 +35,17 @@ absl::StatusOr<cluster::OptimizerOptions> OptimizerFrom(const proto::OptimizerCo
 // entries, per-worker vectors): an estimate on the high side, so the budget errs safe.
 constexpr uint64_t kTensorOverheadBytes = 512;
 constexpr uint64_t kChunkOverheadBytes = 1024;
+// Stats.last_error stays one table cell's worth.
+constexpr size_t kMaxLastErrorChars = 200;
+
+// At most `max` bytes of `s`, cut before a UTF-8 continuation byte (a proto3 string must
+// stay valid UTF-8).
+std::string TruncateUtf8(const std::string& s, size_t max) {
+  if (s.size() <= max) return s;
+  size_t end = max;
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
+  return s.substr(0, end);
+}
 
 bool SameOptimizer(const cluster::OptimizerOptions& a, const cluster::OptimizerOptions& b) {
   return a.kind == b.kind && a.learning_rate == b.learning_rate && a.momentum == b.momentum &&
@@ -71,8 +82,11 @@ ShardService::ShardService(proto::ClusterConfig config, const ShardOptions& opti
       admission_(std::make_unique<Admission>(
           AdmissionLimits{MemoryBudgetBytes(config_.limits()), config_.limits().max_pending_steps(),
                           config_.limits().max_pending_bytes()})),
+      metrics_(std::make_unique<ShardMetrics>(config_.job(), options.shard)),
       worker_names_(config_.workers()) {
   for (uint32_t w = 0; w < config_.workers(); ++w) worker_names_[w] = absl::StrCat("worker-", w);
+  metrics_->SetTensors(0, 0, config_.shard_map_epoch());
+  metrics_->SetAdmission(admission_->usage(), admission_->limits().memory_budget_bytes);
   log::Info("shard {}: memory budget {} bytes{}, at most {} tensors, {} pending steps", options_.shard,
             admission_->limits().memory_budget_bytes,
             config_.limits().memory_budget_bytes() == 0 ? " (80% of the memory available)" : "",
@@ -237,6 +251,12 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
         ao.step_timeout = absl::Milliseconds(config_.step_timeout_ms());
         ao.label = absl::StrCat("key '", r.key(), "' chunk ", c);
         ao.admission = admission_.get();
+        ShardMetrics* metrics = metrics_.get();
+        const uint64_t raw_bytes = layout.size(c) * codec::DTypeBytes(*dtype);
+        ao.on_step_completed = [metrics, raw_bytes](const StepTimings& t) {
+          metrics->ObserveStep(t, raw_bytes);
+        };
+        ao.on_step_failed = [metrics] { metrics->CountStepFailed(); };
         const codec::DType dt = *dtype;
         const std::string key = r.key();
         const std::string job = config_.job();
@@ -270,7 +290,9 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
                 r.key(), std::string(codec::DTypeName(*dtype)), r.elements(), layout.num_chunks,
                 t->chunks.size());
       tensor = t.get();
+      chunks_owned_ += t->chunks.size();
       tensors_[r.key()] = std::move(t);
+      metrics_->SetTensors(tensors_.size(), chunks_owned_, config_.shard_map_epoch());
     }
   }
   // Initial values (parameters for an optimizer); chunks not owned here are ignored.
@@ -311,9 +333,17 @@ absl::StatusOr<ShardService::Tensor*> ShardService::FindTensor(const std::string
 absl::Status ShardService::PushPull(const proto::CompressedBlock& request, absl::Time deadline,
                                     proto::CompressedBlock* response) {
   absl::Status s = PushPullImpl(request, deadline, response);
+  metrics_->CountPush(s.code());
+  metrics_->SetAdmission(admission_->usage(), admission_->limits().memory_budget_bytes);
   if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded &&
       s.code() != absl::StatusCode::kUnavailable) {
     ++rejected_pushes_;
+    {
+      // Statuses name keys, chunks and workers, never the job token (it is checked in
+      // the gRPC layer and never reaches here).
+      absl::MutexLock lock(&last_error_mu_);
+      last_error_ = TruncateUtf8(s.ToString(), kMaxLastErrorChars);
+    }
     log::Warn("shard {}: rejected push of '{}' chunk {} step {} from worker {}: {}",
               options_.shard, request.address().key(), request.address().chunk(),
               request.address().step(), request.address().worker(), s.ToString());
@@ -369,7 +399,9 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
     absl::StatusOr<std::vector<float>> buffer = acc->TakeBuffer();
     if (!buffer.ok()) return buffer.status();
     contribution = *std::move(buffer);
+    absl::Duration decode_time;
     pool_->Schedule([&] {
+      const absl::Time start = absl::Now();
       if (t->dtype == codec::DType::kF32) {
         decoded = cluster::DecodeWireBlock(request, t->dtype, n, contribution.data());
       } else {
@@ -377,9 +409,11 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
         decoded = cluster::DecodeWireBlock(request, t->dtype, n, narrow.data());
         if (decoded.ok()) codec::ToF32(t->dtype, narrow.data(), n, contribution.data());
       }
+      decode_time = absl::Now() - start;
       done.Notify();
     });
     done.WaitForNotification();
+    metrics_->ObserveDecode(n * codec::DTypeBytes(t->dtype), absl::ToDoubleSeconds(decode_time));
     if (!decoded.ok()) {
       acc->GiveBack(std::move(contribution));
       return decoded;
@@ -388,13 +422,19 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
   ++pushes_;
   bytes_in_ += request.data().size();
   raw_bytes_in_ += n * codec::DTypeBytes(t->dtype);
+  metrics_->AddIn(n * codec::DTypeBytes(t->dtype), request.data().size());
   absl::StatusOr<StepAccumulator::Outcome> outcome =
       acc->Push(a.worker(), a.step(), std::move(contribution), deadline);
   if (!outcome.ok()) return outcome.status();
-  if (outcome->duplicate) ++duplicate_pushes_;
+  if (outcome->duplicate) {
+    ++duplicate_pushes_;
+    metrics_->CountDuplicate();
+  }
   *response = *outcome->reply;
   response->mutable_address()->set_worker(a.worker());
   bytes_out_ += response->data().size();
+  metrics_->AddOut(n * codec::DTypeBytes(t->dtype), response->data().size());
+  raw_bytes_out_ += n * codec::DTypeBytes(t->dtype);
   return absl::OkStatus();
 }
 
@@ -415,6 +455,8 @@ absl::Status ShardService::Pull(const proto::PullRequest& r, proto::CompressedBl
   if (!current.ok()) return current.status();
   *response = **current;
   bytes_out_ += response->data().size();
+  metrics_->AddOut(response->elements() * codec::DTypeBytes(t->dtype), response->data().size());
+  raw_bytes_out_ += t->layout.size(r.chunk()) * codec::DTypeBytes(t->dtype);
   return absl::OkStatus();
 }
 
@@ -426,14 +468,23 @@ void ShardService::Stats(proto::StatsResponse* r) const {
   r->set_bytes_in(bytes_in_);
   r->set_bytes_out(bytes_out_);
   r->set_raw_bytes_in(raw_bytes_in_);
+  r->set_raw_bytes_out(raw_bytes_out_);
+  r->set_shard_map_epoch(config_.shard_map_epoch());
+  r->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
+  {
+    absl::MutexLock lock(&last_error_mu_);
+    r->set_last_error(last_error_);
+  }
   absl::MutexLock lock(&mu_);
-  uint64_t done = 0, failed = 0;
+  uint64_t done = 0, failed = 0, chunks_owned = 0;
   for (const auto& [key, t] : tensors_) {
+    chunks_owned += t->chunks.size();
     for (const auto& [c, acc] : t->chunks) {
       done += acc->steps_completed();
       failed += acc->steps_failed();
     }
   }
+  r->set_chunks_owned(chunks_owned);
   r->set_steps_completed(done);
   r->set_steps_failed(failed);
   r->set_tensors(tensors_.size());

@@ -34,6 +34,7 @@
 #include "cluster/cluster_config.h"
 #include "cluster/shard_map.h"
 #include "server/admission.h"
+#include "server/shard_metrics.h"
 #include "server/step_accumulator.h"
 
 namespace gcomp::server {
@@ -73,6 +74,8 @@ class ShardService {
 
   uint32_t shard() const { return options_.shard; }
   AdmissionUsage admission_usage() const { return admission_->usage(); }
+  // The shard's Prometheus metrics (served on /metrics by gcomp_server).
+  ShardMetrics* metrics() const { return metrics_.get(); }
   const proto::ClusterConfig& config() const { return config_; }
 
  private:
@@ -98,8 +101,9 @@ class ShardService {
   const cluster::ShardMap shard_map_;
   const cluster::DirectionCodec downlink_;
   std::unique_ptr<ThreadPool> pool_;
-  // Thread-safe; outlives every accumulator (declared before tensors_).
+  // Thread-safe; both outlive every accumulator (declared before tensors_).
   std::unique_ptr<Admission> admission_;
+  std::unique_ptr<ShardMetrics> metrics_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
@@ -115,6 +119,12 @@ class ShardService {
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
   std::atomic<uint64_t> raw_bytes_in_{0};
+  std::atomic<uint64_t> chunks_owned_{0};
+  std::atomic<uint64_t> raw_bytes_out_{0};
+  const absl::Time started_ = absl::Now();
+  // The last rejected push's status for Stats (operators' "last error"), truncated.
+  mutable absl::Mutex last_error_mu_;
+  std::string last_error_ ABSL_GUARDED_BY(last_error_mu_);
 };
 
 }  // namespace gcomp::server

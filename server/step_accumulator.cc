@@ -113,10 +113,12 @@ void StepAccumulator::FailLocked(absl::Status status) {
   step_deadline_ = absl::InfiniteFuture();
   ++attempt_;
   ++steps_failed_;
+  if (options_.on_step_failed) options_.on_step_failed();
   cv_.SignalAll();
 }
 
 void StepAccumulator::FinishLocked() {
+  const absl::Time last_push = absl::Now();
   std::vector<float>& sum = contributions_[0];
   for (uint32_t w = 1; w < options_.workers; ++w) {
     const std::vector<float>& c = contributions_[w];
@@ -125,8 +127,10 @@ void StepAccumulator::FinishLocked() {
   const float workers = static_cast<float>(options_.workers);
   for (size_t i = 0; i < elements_; ++i) sum[i] /= workers;
   optimizer_.Step(sum);
+  const absl::Time reduced = absl::Now();
   absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> reply =
       finalize_(current_step_, optimizer_.value());
+  const absl::Time encoded = absl::Now();
   if (!reply.ok()) {
     FailLocked(absl::InternalError(absl::StrCat("encoding the result of ", options_.label,
                                                 " failed: ", reply.status().message())));
@@ -141,6 +145,10 @@ void StepAccumulator::FinishLocked() {
   arrived_count_ = 0;
   step_deadline_ = absl::InfiniteFuture();
   ++steps_completed_;
+  if (options_.on_step_completed) {
+    options_.on_step_completed(StepTimings{encoded - step_started_, last_push - step_started_,
+                                           reduced - last_push, encoded - reduced});
+  }
   cv_.SignalAll();
 }
 
@@ -180,7 +188,10 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
       started_ = true;
       current_step_ = step;
     }
-    if (arrived_count_ == 0) step_deadline_ = absl::Now() + options_.step_timeout;
+    if (arrived_count_ == 0) {
+      step_started_ = absl::Now();
+      step_deadline_ = step_started_ + options_.step_timeout;
+    }
     contributions_[worker] = std::move(contribution);
     arrived_[worker] = true;
     ++arrived_count_;

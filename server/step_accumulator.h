@@ -40,6 +40,14 @@
 
 namespace gcomp::server {
 
+// Where a completed chunk-step's time went (for metrics).
+struct StepTimings {
+  absl::Duration total;           // first push to result
+  absl::Duration straggler_wait;  // first push to the last worker's push
+  absl::Duration reduce;          // sum, mean and optimizer
+  absl::Duration encode;          // encoding the result
+};
+
 struct StepAccumulatorOptions {
   uint32_t workers = 1;
   absl::Duration step_timeout = absl::Seconds(10);
@@ -47,6 +55,9 @@ struct StepAccumulatorOptions {
   std::string label;
   // Shard-wide limits; null: none. Borrowed: must outlive the accumulator.
   Admission* admission = nullptr;
+  // Called (under the accumulator's lock: keep it cheap) when a step completes or fails.
+  std::function<void(const StepTimings&)> on_step_completed;
+  std::function<void()> on_step_failed;
 };
 
 class StepAccumulator {
@@ -132,6 +143,7 @@ class StepAccumulator {
   std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);
   uint32_t arrived_count_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time step_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time step_started_ ABSL_GUARDED_BY(mu_);  // the step in progress's first push
   int64_t completed_step_ ABSL_GUARDED_BY(mu_) = -1;
   std::shared_ptr<const proto::CompressedBlock> result_ ABSL_GUARDED_BY(mu_);
   uint64_t attempt_ ABSL_GUARDED_BY(mu_) = 0;

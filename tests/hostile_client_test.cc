@@ -63,7 +63,8 @@ class HostileClientTest : public ::testing::Test {
     pid_ = fork();
     if (pid_ == 0) {
       execl(server.c_str(), server.c_str(), "--config", config.c_str(), "--shard", "0",
-            "--log_level", "warn", "--shutdown_grace_ms", "500", nullptr);
+            "--log_level", "warn", "--shutdown_grace_ms", "500", "--metrics_address",
+            "127.0.0.1:0", nullptr);
       _exit(127);
     }
     grpc::ChannelArguments args;

@@ -26,7 +26,7 @@ step_timeout_ms: 60000
 rpc_timeout_ms: 90000
 YAML
 
-"$SERVER" --config "$DIR/cluster.yaml" --shard 0 --shutdown_grace_ms 2000 \
+"$SERVER" --config "$DIR/cluster.yaml" --shard 0 --shutdown_grace_ms 2000 --metrics_address 127.0.0.1:0 \
   > "$DIR/server.out" 2> "$DIR/server.log" &
 server_pid=$!
 # Worker 0 alone: its step waits for worker 1, which never comes.

@@ -88,7 +88,9 @@ class LocalCluster:
             log = open(os.path.join(self.workdir, "shard%d.log" % k), "w")
             self.procs.append(subprocess.Popen(
                 [server_binary(), "--config", self.config_path, "--shard", str(k),
-                 "--decode_threads", "2", "--log_level", "warn"],
+                 "--decode_threads", "2", "--log_level", "warn",
+                 # Several shards share this host: each picks a free metrics port.
+                 "--metrics_address", "127.0.0.1:0"],
                 stdout=log, stderr=subprocess.STDOUT))
         deadline = time.time() + self.start_timeout_s
         for k, addr in enumerate(self.addresses):

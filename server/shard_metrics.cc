@@ -1,0 +1,252 @@
+#include "server/shard_metrics.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+
+namespace gcomp::server {
+namespace {
+
+// Step latencies from 100 us to ~100 s, a factor of about 2 apart.
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  std::vector<double> b;
+  for (double v = 1e-4; v < 120; v *= 2) b.push_back(v);
+  return b;
+}
+
+}  // namespace
+
+ShardMetrics::ShardMetrics(const std::string& job, uint32_t shard)
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  const std::map<std::string, std::string> labels = {{"job", job},
+                                                     {"shard", absl::StrCat(shard)}};
+  prometheus::Registry& r = *registry_;
+  auto& raw = prometheus::BuildCounter()
+                  .Name("gcomp_shard_raw_bytes_total")
+                  .Help("Tensor bytes of accepted pushes (in) and of replies (out), as if uncompressed.")
+                  .Labels(labels)
+                  .Register(r);
+  raw_in_ = &raw.Add({{"direction", "in"}});
+  raw_out_ = &raw.Add({{"direction", "out"}});
+  auto& wire = prometheus::BuildCounter()
+                   .Name("gcomp_shard_wire_bytes_total")
+                   .Help("Encoded block bytes of accepted pushes (in) and of replies (out).")
+                   .Labels(labels)
+                   .Register(r);
+  wire_in_ = &wire.Add({{"direction", "in"}});
+  wire_out_ = &wire.Add({{"direction", "out"}});
+  auto& ratio = prometheus::BuildGauge()
+                    .Name("gcomp_shard_compression_ratio")
+                    .Help("Raw bytes over wire bytes since the shard started, per direction.")
+                    .Labels(labels)
+                    .Register(r);
+  ratio_in_ = &ratio.Add({{"direction", "in"}});
+  ratio_out_ = &ratio.Add({{"direction", "out"}});
+  pushes_ = &prometheus::BuildCounter()
+                 .Name("gcomp_shard_pushes_total")
+                 .Help("PushPull calls by result status code.")
+                 .Labels(labels)
+                 .Register(r);
+  duplicates_ = &prometheus::BuildCounter()
+                     .Name("gcomp_shard_duplicate_pushes_total")
+                     .Help("Retried pushes answered without counting them again.")
+                     .Labels(labels)
+                     .Register(r)
+                     .Add({});
+  auto& codec_bytes = prometheus::BuildCounter()
+                          .Name("gcomp_shard_codec_bytes_total")
+                          .Help("Raw tensor bytes decoded from pushes and encoded into replies.")
+                          .Labels(labels)
+                          .Register(r);
+  codec_bytes_decode_ = &codec_bytes.Add({{"op", "decode"}});
+  codec_bytes_encode_ = &codec_bytes.Add({{"op", "encode"}});
+  auto& codec_seconds = prometheus::BuildCounter()
+                            .Name("gcomp_shard_codec_seconds_total")
+                            .Help("Seconds spent decoding pushes and encoding replies "
+                                  "(rate(bytes) / rate(seconds) is the codec's speed).")
+                            .Labels(labels)
+                            .Register(r);
+  codec_seconds_decode_ = &codec_seconds.Add({{"op", "decode"}});
+  codec_seconds_encode_ = &codec_seconds.Add({{"op", "encode"}});
+  steps_completed_ = &prometheus::BuildCounter()
+                          .Name("gcomp_shard_steps_completed_total")
+                          .Help("Chunk-steps aggregated (one per owned chunk per training step).")
+                          .Labels(labels)
+                          .Register(r)
+                          .Add({});
+  steps_failed_ = &prometheus::BuildCounter()
+                       .Name("gcomp_shard_steps_failed_total")
+                       .Help("Chunk-steps that timed out or failed to encode.")
+                       .Labels(labels)
+                       .Register(r)
+                       .Add({});
+  step_seconds_ = &prometheus::BuildHistogram()
+                       .Name("gcomp_shard_step_duration_seconds")
+                       .Help("Chunk-step latency: first push to result.")
+                       .Labels(labels)
+                       .Register(r)
+                       .Add({}, LatencyBuckets());
+  auto& phases = prometheus::BuildHistogram()
+                     .Name("gcomp_shard_step_phase_seconds")
+                     .Help("Parts of a chunk-step: waiting for the last worker, decoding one "
+                           "push, summing and the optimizer, encoding the result.")
+                     .Labels(labels)
+                     .Register(r);
+  phase_wait_ = &phases.Add({{"phase", "straggler_wait"}}, LatencyBuckets());
+  phase_decode_ = &phases.Add({{"phase", "decode"}}, LatencyBuckets());
+  phase_reduce_ = &phases.Add({{"phase", "reduce"}}, LatencyBuckets());
+  phase_encode_ = &phases.Add({{"phase", "encode"}}, LatencyBuckets());
+  memory_budget_ = &prometheus::BuildGauge()
+                        .Name("gcomp_shard_memory_budget_bytes")
+                        .Help("The shard's memory budget (limits.memory_budget_bytes or derived).")
+                        .Labels(labels)
+                        .Register(r)
+                        .Add({});
+  memory_used_ = &prometheus::BuildGauge()
+                      .Name("gcomp_shard_memory_used_bytes")
+                      .Help("Bytes reserved against the memory budget.")
+                      .Labels(labels)
+                      .Register(r)
+                      .Add({});
+  pending_steps_ = &prometheus::BuildGauge()
+                        .Name("gcomp_shard_pending_steps")
+                        .Help("Chunks whose step holds some but not all workers' pushes.")
+                        .Labels(labels)
+                        .Register(r)
+                        .Add({});
+  limit_refusals_ = &prometheus::BuildCounter()
+                         .Name("gcomp_shard_limit_refusals_total")
+                         .Help("Requests refused by a limit (memory budget, tensors, pending steps).")
+                         .Labels(labels)
+                         .Register(r)
+                         .Add({});
+  tensors_ = &prometheus::BuildGauge()
+                  .Name("gcomp_shard_tensors")
+                  .Help("Tensors declared on this shard.")
+                  .Labels(labels)
+                  .Register(r)
+                  .Add({});
+  chunks_owned_ = &prometheus::BuildGauge()
+                       .Name("gcomp_shard_chunks_owned")
+                       .Help("Chunks this shard owns under the current shard map.")
+                       .Labels(labels)
+                       .Register(r)
+                       .Add({});
+  epoch_ = &prometheus::BuildGauge()
+                .Name("gcomp_shard_map_epoch")
+                .Help("The shard-map epoch this shard serves.")
+                .Labels(labels)
+                .Register(r)
+                .Add({});
+  calls_in_flight_ = &prometheus::BuildGauge()
+                          .Name("gcomp_grpc_calls_in_flight")
+                          .Help("gRPC calls being served, per method.")
+                          .Labels(labels)
+                          .Register(r);
+}
+
+ShardMetrics::~ShardMetrics() = default;
+
+void ShardMetrics::CountPush(absl::StatusCode code) {
+  prometheus::Counter* c = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = push_codes_.find(static_cast<int>(code));
+    if (it == push_codes_.end()) {
+      c = &pushes_->Add({{"code", absl::StatusCodeToString(code)}});
+      push_codes_[static_cast<int>(code)] = c;
+    } else {
+      c = it->second;
+    }
+  }
+  c->Increment();
+}
+
+void ShardMetrics::CountDuplicate() { duplicates_->Increment(); }
+
+void ShardMetrics::UpdateRatios() {
+  if (wire_in_->Value() > 0) ratio_in_->Set(raw_in_->Value() / wire_in_->Value());
+  if (wire_out_->Value() > 0) ratio_out_->Set(raw_out_->Value() / wire_out_->Value());
+}
+
+void ShardMetrics::AddIn(uint64_t raw_bytes, uint64_t wire_bytes) {
+  raw_in_->Increment(static_cast<double>(raw_bytes));
+  wire_in_->Increment(static_cast<double>(wire_bytes));
+  UpdateRatios();
+}
+
+void ShardMetrics::AddOut(uint64_t raw_bytes, uint64_t wire_bytes) {
+  raw_out_->Increment(static_cast<double>(raw_bytes));
+  wire_out_->Increment(static_cast<double>(wire_bytes));
+  UpdateRatios();
+}
+
+void ShardMetrics::ObserveDecode(uint64_t raw_bytes, double seconds) {
+  codec_bytes_decode_->Increment(static_cast<double>(raw_bytes));
+  codec_seconds_decode_->Increment(seconds);
+  phase_decode_->Observe(seconds);
+}
+
+void ShardMetrics::ObserveStep(const StepTimings& t, uint64_t raw_bytes_encoded) {
+  steps_completed_->Increment();
+  step_seconds_->Observe(absl::ToDoubleSeconds(t.total));
+  phase_wait_->Observe(absl::ToDoubleSeconds(t.straggler_wait));
+  phase_reduce_->Observe(absl::ToDoubleSeconds(t.reduce));
+  phase_encode_->Observe(absl::ToDoubleSeconds(t.encode));
+  codec_bytes_encode_->Increment(static_cast<double>(raw_bytes_encoded));
+  codec_seconds_encode_->Increment(absl::ToDoubleSeconds(t.encode));
+}
+
+void ShardMetrics::CountStepFailed() { steps_failed_->Increment(); }
+
+void ShardMetrics::SetAdmission(const AdmissionUsage& usage, uint64_t budget_bytes) {
+  memory_budget_->Set(static_cast<double>(budget_bytes));
+  memory_used_->Set(static_cast<double>(usage.memory_bytes));
+  pending_steps_->Set(static_cast<double>(usage.pending_steps));
+  absl::MutexLock lock(&mu_);
+  if (usage.refused > refusals_seen_) {
+    limit_refusals_->Increment(static_cast<double>(usage.refused - refusals_seen_));
+    refusals_seen_ = usage.refused;
+  }
+}
+
+void ShardMetrics::SetTensors(uint64_t tensors, uint64_t chunks_owned, uint64_t shard_map_epoch) {
+  tensors_->Set(static_cast<double>(tensors));
+  chunks_owned_->Set(static_cast<double>(chunks_owned));
+  epoch_->Set(static_cast<double>(shard_map_epoch));
+}
+
+ShardMetrics::InFlight::InFlight(prometheus::Gauge* gauge) : gauge_(gauge) { gauge_->Increment(); }
+
+ShardMetrics::InFlight::~InFlight() {
+  if (gauge_ != nullptr) gauge_->Decrement();
+}
+
+ShardMetrics::InFlight ShardMetrics::Track(absl::string_view method) {
+  prometheus::Gauge* g = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = methods_.find(method);
+    if (it == methods_.end()) {
+      g = &calls_in_flight_->Add({{"method", std::string(method)}});
+      methods_[std::string(method)] = g;
+    } else {
+      g = it->second;
+    }
+  }
+  return InFlight(g);
+}
+
+std::string ShardMetrics::Text() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace gcomp::server
