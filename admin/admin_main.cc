@@ -1,0 +1,110 @@
+// gcomp_admin SUBCOMMAND [flags]: operator commands against a running cluster.
+//
+//   gcomp_admin status --config cluster.yaml [--set k=v,...] [--json] [--timeout_ms 3000]
+//
+// Exit status: 0 success; 1 the command ran and found a problem (e.g. a shard is down);
+// 2 usage or configuration errors (unknown subcommand, bad flag, unreadable config or
+// credentials). Subcommands live in one table below; a new one is a function and a row.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "admin/status.h"
+#include "base/logging.h"
+#include "cluster/cluster_config.h"
+
+ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
+ABSL_FLAG(std::vector<std::string>, set, {},
+          "Config overrides, comma-separated field=value (e.g. shards=h1:7070,h2:7070).");
+ABSL_FLAG(bool, json, false, "status: one JSON object instead of the table.");
+ABSL_FLAG(int64_t, timeout_ms, 3000, "status: deadline of each shard's answer.");
+ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error|off");
+ABSL_FLAG(std::string, log_format, "text", gcomp::kLogFormatHelp);
+
+namespace {
+
+constexpr int kExitProblem = 1;
+constexpr int kExitUsage = 2;
+
+// The config from --config and --set.
+absl::StatusOr<gcomp::proto::ClusterConfig> LoadConfig() {
+  if (absl::GetFlag(FLAGS_config).empty()) {
+    return absl::InvalidArgumentError("--config is required");
+  }
+  return gcomp::cluster::LoadClusterConfig(absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set));
+}
+
+int Status(const std::vector<char*>& args) {
+  if (args.size() > 2) {
+    std::fprintf(stderr, "gcomp_admin status: unexpected argument '%s'\n", args[2]);
+    return kExitUsage;
+  }
+  absl::StatusOr<gcomp::proto::ClusterConfig> config = LoadConfig();
+  if (!config.ok()) {
+    std::fprintf(stderr, "gcomp_admin status: %s\n", config.status().ToString().c_str());
+    return kExitUsage;
+  }
+  gcomp::admin::StatusOptions options;
+  options.timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
+  absl::StatusOr<gcomp::admin::ClusterStatus> status = gcomp::admin::CollectStatus(*config, options);
+  if (!status.ok()) {
+    std::fprintf(stderr, "gcomp_admin status: %s\n", status.status().ToString().c_str());
+    return kExitUsage;
+  }
+  const std::string text = absl::GetFlag(FLAGS_json) ? gcomp::admin::FormatStatusJson(*status)
+                                                     : gcomp::admin::FormatStatusTable(*status);
+  std::fputs(text.c_str(), stdout);
+  std::fflush(stdout);
+  return status->all_up() ? 0 : kExitProblem;
+}
+
+struct Subcommand {
+  const char* name;
+  const char* summary;
+  int (*run)(const std::vector<char*>& args);  // args[0] program, args[1] the subcommand
+};
+
+constexpr Subcommand kSubcommands[] = {
+    {"status", "one row per shard (up, epoch, chunks, steps, bytes, ratio, memory, last error)",
+     Status},
+};
+
+std::string Usage() {
+  std::string usage =
+      "usage: gcomp_admin SUBCOMMAND --config FILE [--set field=value,...] [flags]\n"
+      "subcommands:\n";
+  for (const Subcommand& s : kSubcommands) absl::StrAppend(&usage, "  ", s.name, "  ", s.summary, "\n");
+  absl::StrAppend(&usage,
+                  "flags: --json, --timeout_ms N (status); --log_level, --log_format; "
+                  "--helpfull lists all\n"
+                  "exit: 0 ok, 1 a shard is down, 2 usage or config error\n");
+  return usage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(Usage());
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  absl::Status logging = gcomp::InitLogging("gcomp_admin", absl::GetFlag(FLAGS_log_level),
+                                            absl::GetFlag(FLAGS_log_format));
+  if (!logging.ok()) {
+    std::fprintf(stderr, "gcomp_admin: %s\n", logging.ToString().c_str());
+    return kExitUsage;
+  }
+  if (args.size() < 2) {
+    std::fputs(Usage().c_str(), stderr);
+    return kExitUsage;
+  }
+  for (const Subcommand& s : kSubcommands) {
+    if (std::string(args[1]) == s.name) return s.run(args);
+  }
+  std::fprintf(stderr, "gcomp_admin: unknown subcommand '%s'\n%s", args[1], Usage().c_str());
+  return kExitUsage;
+}
