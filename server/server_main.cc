@@ -25,6 +25,7 @@ ABSL_FLAG(std::string, listen, "",
 ABSL_FLAG(int, decode_threads, 4, "Threads that decode and sum pushed blocks.");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "How long in-flight calls may drain on SIGTERM.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|off");
+ABSL_FLAG(std::string, log_format, "text", gcomp::kLogFormatHelp);
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
           "Serve Prometheus metrics on http://ADDRESS/metrics (port 0 picks a free port, "
           "logged at start); 'none' turns them off.");
@@ -34,7 +35,8 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int shard = absl::GetFlag(FLAGS_shard);
   absl::Status s = gcomp::InitLogging(absl::StrCat("gcomp_server[", shard, "]"),
-                                      absl::GetFlag(FLAGS_log_level));
+                                      absl::GetFlag(FLAGS_log_level),
+                                      absl::GetFlag(FLAGS_log_format));
   if (!s.ok()) {
     fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;

@@ -11,7 +11,8 @@
 //   {"worker":..,"ok":..,"steps":..,"raw_bytes":..,"wire_bytes":..,"max_abs_error":..,
 //    "bound_ok":..,"bound_checked":..,"exact":..,"digest":"..","step_ms":[..],"retries":..,
 //    "error":".."}
-// and exits 0 only if every step succeeded and bound_ok holds.
+// and exits 0 only if every step succeeded and bound_ok holds. On a terminal, stderr shows a
+// progress line (step, steps/s, ratio, ETA; --progress=auto|always|never).
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,7 @@
 #include "base/logging.h"
 #include "base/malloc_tuning.h"
 #include "base/npy.h"
+#include "base/progress.h"
 #include "codec/codec.h"
 #include "cluster/cluster_config.h"
 #include "cluster/optimizer.h"
@@ -53,6 +56,10 @@ ABSL_FLAG(bool, verify, true,
 ABSL_FLAG(int, kill_at_step, -1,
           "Testing: SIGKILL this process in the middle of this step (after its pushes start).");
 ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error|off");
+ABSL_FLAG(std::string, log_format, "text", gcomp::kLogFormatHelp);
+ABSL_FLAG(std::string, progress, "auto",
+          "auto|always|never: a progress line (step, steps/s, ratio, ETA) rewritten on stderr; "
+          "auto shows it only when stderr is a terminal.");
 ABSL_FLAG(std::string, progress_file, "",
           "If set, the number of completed steps is rewritten into this file after each step "
           "(the local launcher's soak check reads it).");
@@ -89,7 +96,9 @@ int main(int argc, char** argv) {
   gcomp::TuneMallocForLargeBuffers();
   absl::ParseCommandLine(argc, argv);
   const uint32_t w = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker));
-  (void)gcomp::InitLogging(absl::StrCat("gcomp_worker[", w, "]"), absl::GetFlag(FLAGS_log_level));
+  const absl::Status logging = gcomp::InitLogging(absl::StrCat("gcomp_worker[", w, "]"),
+                                                  absl::GetFlag(FLAGS_log_level),
+                                                  absl::GetFlag(FLAGS_log_format));
   std::string error;
   auto finish = [&](bool ok, const std::string& body) {
     std::printf("{\"worker\":%u,\"ok\":%s%s,\"error\":\"%s\"}\n", w, ok ? "true" : "false",
@@ -97,6 +106,16 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     return ok ? 0 : 1;
   };
+  if (!logging.ok()) {
+    error = logging.ToString();
+    return finish(false, "");
+  }
+  const absl::StatusOr<gcomp::ProgressMode> progress_mode =
+      gcomp::ParseProgressMode(absl::GetFlag(FLAGS_progress));
+  if (!progress_mode.ok()) {
+    error = progress_mode.status().ToString();
+    return finish(false, "");
+  }
   absl::StatusOr<gcomp::proto::ClusterConfig> config =
       gcomp::cluster::LoadClusterConfig(absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set));
   if (!config.ok()) {
@@ -278,6 +297,8 @@ int main(int argc, char** argv) {
     for (const auto& outputs : deferred) check_step(next_check++, outputs);
     deferred.clear();
   };
+  gcomp::ProgressMeter meter(steps, absl::Now());
+  gcomp::ProgressPrinter printer(stderr, gcomp::ProgressEnabled(*progress_mode, STDERR_FILENO));
   for (int step = 0; step < steps; ++step) {
     for (Tensor& t : tensors) {
       const float f = ScaleFactor(w, step);
@@ -304,6 +325,14 @@ int main(int argc, char** argv) {
       const std::string text = absl::StrFormat("%12d\n", done_steps);
       (void)!pwrite(progress_fd, text.data(), text.size(), 0);
     }
+    if (printer.enabled()) {
+      const gcomp::worker::ClientStats cs = (*client)->stats();
+      if (std::optional<std::string> line =
+              meter.Update(done_steps, cs.raw_bytes_sent + cs.raw_bytes_received,
+                           cs.wire_bytes_sent + cs.wire_bytes_received, absl::Now())) {
+        printer.Show(*line);
+      }
+    }
 
     for (const Tensor& t : tensors) digest = XXH64(t.output.data(), t.grad.size() * 4, digest);
     if (!verify) continue;
@@ -314,6 +343,7 @@ int main(int argc, char** argv) {
     deferred.push_back(std::move(outputs));
     if (deferred.size() >= defer_limit) flush_checks();
   }
+  printer.Finish();  // the JSON line and any error start on a line of their own
   flush_checks();
   const gcomp::worker::ClientStats st = (*client)->stats();
   const std::string body = absl::StrFormat(
