@@ -100,10 +100,10 @@ void CheckRoundTrip(codec::DType dtype, const codec::Policy& policy,
 void DecodeRepaired(std::vector<uint8_t> block) {
   RepairBlockChecksum(block.data(), block.size());
   const absl::Span<const uint8_t> bytes(block);
-  DecodeAsIs(bytes);
   absl::StatusOr<codec::BlockInfo> info = codec::InspectBlock(bytes);
   if (!info.ok()) {
     CheckCode(info.status(), kDecodeErrors, "InspectBlock");
+    DecodeAsIs(bytes);  // DecodeBlock's own checks must refuse it as well
     return;
   }
   Check(info->total_bytes == block.size(), "InspectBlock total_bytes != block size");
