@@ -5,21 +5,21 @@
 
 #include "absl/strings/str_cat.h"
 #include "prometheus/exposer.h"
-#include "prometheus/registry.h"
+#include "prometheus/collectable.h"
 
 namespace gcomp {
 
 absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(
-    const std::string& address, std::shared_ptr<prometheus::Registry> registry) {
+    const std::string& address, std::shared_ptr<prometheus::Collectable> metrics) {
   std::unique_ptr<MetricsExposer> e(new MetricsExposer());
-  e->registry_ = std::move(registry);
+  e->metrics_ = std::move(metrics);
   try {  // civetweb's listen failure arrives as an exception; it stops here.
     e->exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
   } catch (const std::exception& ex) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", address, ": ", ex.what()));
   }
-  e->exposer_->RegisterCollectable(e->registry_);
+  e->exposer_->RegisterCollectable(e->metrics_);
   const std::vector<int> ports = e->exposer_->GetListeningPorts();
   if (ports.empty()) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address));

@@ -15,17 +15,17 @@
 
 namespace prometheus {
 class Exposer;
-class Registry;
+class Collectable;
 }  // namespace prometheus
 
 namespace gcomp {
 
 class MetricsExposer {
  public:
-  // `address` is "host:port" (port 0 picks a free one, see port()). The registry is
-  // shared: the exposer keeps it alive.
+  // `address` is "host:port" (port 0 picks a free one, see port()). `metrics` (a
+  // prometheus::Registry, or any Collectable) is shared: the exposer keeps it alive.
   static absl::StatusOr<std::unique_ptr<MetricsExposer>> Start(
-      const std::string& address, std::shared_ptr<prometheus::Registry> registry);
+      const std::string& address, std::shared_ptr<prometheus::Collectable> metrics);
   ~MetricsExposer();
   MetricsExposer(const MetricsExposer&) = delete;
   MetricsExposer& operator=(const MetricsExposer&) = delete;
@@ -34,7 +34,7 @@ class MetricsExposer {
 
  private:
   MetricsExposer() = default;
-  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
 };

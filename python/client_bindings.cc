@@ -27,10 +27,11 @@ namespace {
 class PyClient {
  public:
   PyClient(const std::string& config_path, uint32_t worker,
-           const std::vector<std::string>& overrides) {
+           const std::vector<std::string>& overrides, const std::string& metrics_address) {
     proto::ClusterConfig config = ValueOrThrow(cluster::LoadClusterConfig(config_path, overrides));
     worker::ClientOptions options;
     options.worker = worker;
+    options.metrics_address = metrics_address;
     absl::StatusOr<std::unique_ptr<worker::Client>> client;
     {
       py::gil_scoped_release release;
@@ -38,6 +39,8 @@ class PyClient {
     }
     client_ = ValueOrThrow(std::move(client));
   }
+
+  int MetricsPort() { return Get()->metrics_port(); }
 
   void Declare(const std::string& key, size_t elements, const std::string& dtype_name) {
     codec::DType dtype = ValueOrThrow(codec::ParseDType(dtype_name));
@@ -124,11 +127,15 @@ void BindClient(py::module_& m) {
   m.attr("HAS_CLIENT") = true;
   py::class_<PyClient>(m, "Client",
                        "A worker's connection to every shard of a gcomp-ps cluster.")
-      .def(py::init<const std::string&, uint32_t, const std::vector<std::string>&>(),
+      .def(py::init<const std::string&, uint32_t, const std::vector<std::string>&,
+                    const std::string&>(),
            py::arg("config_path"), py::arg("worker"),
-           py::arg("overrides") = std::vector<std::string>{},
+           py::arg("overrides") = std::vector<std::string>{}, py::arg("metrics_address") = "",
            "Loads the cluster config (YAML/JSON, with field=value overrides), connects to "
-           "every shard and registers this worker.")
+           "every shard and registers this worker. With metrics_address ('host:port', port 0 "
+           "picks one) the worker's Prometheus metrics are served on /metrics there.")
+      .def("metrics_port", &PyClient::MetricsPort,
+           "The port /metrics is served on (0 without metrics_address).")
       .def("declare", &PyClient::Declare, py::arg("key"), py::arg("elements"),
            py::arg("dtype") = "f32")
       .def("push_pull", &PyClient::PushPull, py::arg("key"), py::arg("step"), py::arg("data"),

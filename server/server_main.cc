@@ -12,6 +12,7 @@
 #include "base/logging.h"
 #include "base/malloc_tuning.h"
 #include "base/metrics_exposer.h"
+#include "prometheus/registry.h"
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
 #include "server/grpc_service.h"

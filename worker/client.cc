@@ -17,6 +17,8 @@
 #include "cluster/wire_block.h"
 #include "gpu/runtime.h"
 #include "worker/device_chunks.h"
+#include "base/metrics_exposer.h"
+#include "worker/client_metrics.h"
 
 namespace gcomp::worker {
 namespace {
@@ -56,6 +58,10 @@ struct Client::Impl {
 
   std::atomic<uint64_t> raw_sent{0}, raw_received{0}, wire_sent{0}, wire_received{0};
   std::atomic<uint64_t> chunks{0}, retries{0};
+  // Null without ClientOptions::metrics_address. The exposer is declared last so that it
+  // stops serving before the metrics it reads go away.
+  std::shared_ptr<ClientMetrics> metrics;
+  std::unique_ptr<MetricsExposer> metrics_exposer;
 
   proto::Aggregation::Stub* Stub(uint32_t shard) {
     auto& v = stubs[shard];
@@ -117,6 +123,23 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
   // TLS or plaintext and the job token, as the config's `security` says.
   absl::StatusOr<cluster::ClientSecurity> security = cluster::MakeClientSecurity(config);
   if (!security.ok()) return security.status();
+  if (!options.metrics_address.empty()) {
+    Impl* raw = impl.get();
+    impl->metrics = std::make_shared<ClientMetrics>(config.job(), options.worker, [raw] {
+      ClientStats st;
+      st.raw_bytes_sent = raw->raw_sent;
+      st.raw_bytes_received = raw->raw_received;
+      st.wire_bytes_sent = raw->wire_sent;
+      st.wire_bytes_received = raw->wire_received;
+      st.chunks = raw->chunks;
+      st.retries = raw->retries;
+      return st;
+    });
+    absl::StatusOr<std::unique_ptr<MetricsExposer>> exposer =
+        MetricsExposer::Start(options.metrics_address, impl->metrics);
+    if (!exposer.ok()) return exposer.status();
+    impl->metrics_exposer = *std::move(exposer);
+  }
   for (int s = 0; s < config.shards_size(); ++s) {
     impl->stubs.emplace_back();
     for (uint32_t c = 0; c < config.channels_per_shard(); ++c) {
@@ -339,13 +362,20 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
 std::future<absl::Status> Client::PushPullAsync(const std::string& key, int64_t step,
                                                 const void* input, void* output) {
   return std::async(std::launch::async, [this, key, step, input, output] {
-    return impl_->RunPushPull(key, step, input, output);
+    return PushPull(key, step, input, output);
   });
 }
 
 absl::Status Client::PushPull(const std::string& key, int64_t step, const void* input,
                               void* output) {
-  return impl_->RunPushPull(key, step, input, output);
+  const absl::Time start = absl::Now();
+  absl::Status s = impl_->RunPushPull(key, step, input, output);
+  if (impl_->metrics != nullptr) impl_->metrics->ObservePushPull(absl::ToDoubleSeconds(absl::Now() - start));
+  return s;
+}
+
+int Client::metrics_port() const {
+  return impl_->metrics_exposer == nullptr ? 0 : impl_->metrics_exposer->port();
 }
 
 absl::Status Client::Pull(const std::string& key, void* output) {

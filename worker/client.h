@@ -41,6 +41,9 @@ struct ClientOptions {
   uint32_t worker = 0;
   // How errors on the shards name this worker; default "worker-<id>".
   std::string name;
+  // Serve this worker's Prometheus metrics on http://ADDRESS/metrics ("host:port"; port 0
+  // picks a free one, see Client::metrics_port()). Empty: no metrics endpoint.
+  std::string metrics_address;
 };
 
 // Byte counters since Connect. raw_* count the tensor bytes a call carried (as if sent
@@ -82,6 +85,8 @@ class Client {
   absl::Status Pull(const std::string& key, void* output);
 
   ClientStats stats() const;
+  // The port /metrics is served on; 0 without ClientOptions::metrics_address.
+  int metrics_port() const;
   const proto::ClusterConfig& config() const;
   uint32_t worker() const;
 
