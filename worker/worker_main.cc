@@ -60,6 +60,9 @@ ABSL_FLAG(std::string, log_format, "text", gcomp::kLogFormatHelp);
 ABSL_FLAG(std::string, progress, "auto",
           "auto|always|never: a progress line (step, steps/s, ratio, ETA) rewritten on stderr; "
           "auto shows it only when stderr is a terminal.");
+ABSL_FLAG(std::string, metrics_address, "",
+          "Serve this worker's Prometheus metrics on http://ADDRESS/metrics (port 0 picks a "
+          "free one). Empty: none.");
 ABSL_FLAG(std::string, progress_file, "",
           "If set, the number of completed steps is rewritten into this file after each step "
           "(the local launcher's soak check reads it).");
@@ -173,6 +176,7 @@ int main(int argc, char** argv) {
   gcomp::worker::ClientOptions copt;
   copt.worker = w;
   copt.name = absl::GetFlag(FLAGS_name);
+  copt.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   absl::StatusOr<std::unique_ptr<gcomp::worker::Client>> client =
       gcomp::worker::Client::Connect(*config, copt);
   if (!client.ok()) {
