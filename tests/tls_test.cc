@@ -235,7 +235,7 @@ class TlsTest : public ::testing::Test {
 
 TEST_F(TlsTest, ValidCertificateAndTokenRunAStepThroughTheClient) {
   const proto::ClusterConfig client_config = ClientConfig("client", TestCert("token"));
-  auto client = worker::Client::Connect(client_config, {0, ""});
+  auto client = worker::Client::Connect(client_config, worker::ClientOptions());
   ASSERT_TRUE(client.ok()) << client.status();
   std::vector<float> in = {1.5f, -2.0f, 0.25f, 8.0f}, out(4);
   ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, in.size()).ok());
@@ -272,7 +272,7 @@ TEST_F(TlsTest, ExpiredCertificateIsRefused) {
 TEST_F(TlsTest, TheClientLibraryReportsAFailedHandshakeAtConnect) {
   proto::ClusterConfig c = ClientConfig("other_client", TestCert("token"));
   c.set_connect_timeout_ms(500);
-  auto client = worker::Client::Connect(c, {0, ""});
+  auto client = worker::Client::Connect(c, worker::ClientOptions());
   ASSERT_FALSE(client.ok());
   // Connect waits for the shard to come up, so a refused handshake looks like a shard that
   // never answered; the message names the shard.
@@ -297,7 +297,7 @@ TEST_F(TlsTest, ValidCertificateWithAnotherJobsTokenIsPermissionDenied) {
   ExpectAllRefused(Channel(ClientConfig("client", other)), grpc::StatusCode::PERMISSION_DENIED,
                    "not this job's");
   // The client library reports it too, at Connect.
-  auto client = worker::Client::Connect(ClientConfig("client", other), {0, ""});
+  auto client = worker::Client::Connect(ClientConfig("client", other), worker::ClientOptions());
   EXPECT_EQ(client.status().code(), absl::StatusCode::kPermissionDenied) << client.status();
   ExpectShardUnchanged();
 }
@@ -430,7 +430,7 @@ TEST(InsecureWithToken, TheTokenIsStillChecked) {
               grpc::StatusCode::UNAUTHENTICATED);
   }
   config->set_shards(0, address);
-  auto client = worker::Client::Connect(*config, {0, ""});
+  auto client = worker::Client::Connect(*config, worker::ClientOptions());
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, 3).ok());
 }
