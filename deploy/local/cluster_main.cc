@@ -64,6 +64,11 @@ ABSL_FLAG(int, soak_from_step, -1,
           "(after warm-up) to the end; the JSON line gains rss_growth_pct, fd_growth_pct and "
           "soak_ok, and the run fails if either grows more than --soak_max_growth_pct. -1: off.");
 ABSL_FLAG(double, soak_max_growth_pct, 5.0, "Growth allowed by the soak check, in percent.");
+ABSL_FLAG(int, metrics_base_port, 0,
+          "Shard K serves Prometheus metrics on --host:(this + K); 0 picks free ports. The "
+          "JSON line's metrics_ports lists them.");
+ABSL_FLAG(int, linger_ms, 0,
+          "Keep the shards up this long after the workers finish (e.g. for a last scrape).");
 
 namespace {
 
@@ -210,6 +215,11 @@ int main(int argc, char** argv) {
       << "rpc_timeout_ms: " << absl::GetFlag(FLAGS_step_timeout_ms) * 2 + 5000 << "\n"
       << "connect_timeout_ms: 20000\n";
   }
+  std::vector<int> metrics_ports;
+  for (int k = 0; k < S; ++k) {
+    const int base = absl::GetFlag(FLAGS_metrics_base_port);
+    metrics_ports.push_back(base > 0 ? base + k : FreePort());
+  }
   std::vector<pid_t> servers;
   for (int k = 0; k < S; ++k) {
     std::vector<std::string> args;
@@ -217,7 +227,9 @@ int main(int argc, char** argv) {
       args.emplace_back(p);
     }
     args.insert(args.end(), {server_bin, "--config", config_path, "--shard", std::to_string(k),
-                             absl::StrCat("--decode_threads=", absl::GetFlag(FLAGS_decode_threads))});
+                             absl::StrCat("--decode_threads=", absl::GetFlag(FLAGS_decode_threads)),
+                             absl::StrCat("--metrics_address=", absl::GetFlag(FLAGS_host), ":",
+                                          metrics_ports[k])});
     servers.push_back(Spawn(args, absl::StrCat(dir, "/shard", k, ".out"),
                             absl::StrCat(dir, "/shard", k, ".log")));
   }
@@ -295,6 +307,7 @@ int main(int argc, char** argv) {
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
+  if (absl::GetFlag(FLAGS_linger_ms) > 0) absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_linger_ms)));
   for (pid_t s : servers) kill(s, SIGTERM);
   for (pid_t s : servers) waitpid(s, nullptr, 0);
 
@@ -369,12 +382,12 @@ int main(int argc, char** argv) {
   printf("{\"steps\":%d,\"workers\":%d,\"shards\":%d,\"raw_bytes\":%.0f,\"wire_bytes\":%.0f,"
          "\"ratio\":%.4f,\"max_abs_error\":%.9g,\"bound_ok\":%s,\"step_ms_p50\":%.3f,"
          "\"mode\":\"%s\",\"optimizer\":\"%s\",\"identical\":%s,\"ok\":%s,\"raw_gb_per_s\":%.4f,"
-         "\"label\":\"%s\",\"bound_checked\":%s%s,\"error\":\"%s\"}\n",
+         "\"label\":\"%s\",\"bound_checked\":%s%s,\"metrics_ports\":[%s],\"error\":\"%s\"}\n",
          done_steps, W, S, raw, wire, wire > 0 ? raw / wire : 0.0, max_err,
          bound_ok ? "true" : "false", p50, mode.c_str(), absl::GetFlag(FLAGS_optimizer).c_str(),
          identical ? "true" : "false", all_ok ? "true" : "false", gbps,
          Escape(absl::GetFlag(FLAGS_label)).c_str(), bound_checked ? "true" : "false",
-         soak_json.c_str(), Escape(first_error).c_str());
+         soak_json.c_str(), absl::StrJoin(metrics_ports, ",").c_str(), Escape(first_error).c_str());
   fflush(stdout);
   if (absl::GetFlag(FLAGS_keep_logs) || !all_ok) {
     fprintf(stderr, "cluster: logs in %s\n", dir.c_str());
