@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Builds Debian's own Abseil source (the exact version of the installed libabsl-dev) with
-# clang-14 -fsanitize=thread into shared libraries with Debian's SONAMEs, so that
-# ThreadSanitizer sees absl::Mutex, CondVar and Notification (ours and gRPC's, which links
-# the same libabsl_synchronization.so.20220623). `--config=tsan` in .bazelrc links and
-# rpaths the result; see docs/BUILDING.md ("ThreadSanitizer").
+# Builds Abseil's synchronization layer from Debian's own source (the exact version of the
+# installed libabsl-dev) with clang-14 -fsanitize=thread, as shared libraries with Debian's
+# SONAMEs, so that ThreadSanitizer sees absl::Mutex, CondVar and Notification (ours and
+# gRPC's, which locks with the same libabsl_synchronization.so.20220623). `--config=tsan` in
+# .bazelrc links and rpaths the result; see docs/BUILDING.md ("Why Abseil is rebuilt").
 #
 #   tools/build_tsan_absl.sh          build once; later runs only check the stamp (quiet)
 #   GCOMP_TSAN_JOBS=1 tools/build_tsan_absl.sh   fewer parallel compiles (default: nproc)
@@ -13,6 +13,12 @@
 set -euo pipefail
 
 PREFIX=/opt/gcomp-ps/absl-tsan    # .bazelrc (build:tsan) names this path
+# Only the libraries that implement locking are replaced: the mutex and condition variable,
+# the spin lock and thread identity under them, and the deadlock detector they call. The
+# rest of Abseil (Status, Cord, strings, the low-level allocator) stays Debian's build: gRPC
+# hands those objects between its threads through its own uninstrumented code, so
+# instrumenting them would only produce reports TSan cannot order.
+LIBS=(synchronization graphcycles_internal base spinlock_wait)
 JOBS="${GCOMP_TSAN_JOBS:-$(nproc)}"
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
@@ -30,15 +36,9 @@ if [[ -z "$version" || -z "$source_pkg" ]]; then
   echo "build_tsan_absl: libabsl-dev is not installed; run tools/bootstrap.sh" >&2
   exit 1
 fi
-# The suppressions for Abseil's own internals (TSAN_OPTIONS in .bazelrc names this copy).
-supp_src="$(cd "$(dirname "$0")" && pwd)/tsan_suppressions.txt"
-if ! cmp -s "$supp_src" "$PREFIX/tsan_suppressions.txt"; then
-  $SUDO mkdir -p "$PREFIX"
-  $SUDO cp "$supp_src" "$PREFIX/tsan_suppressions.txt"
-fi
-
 stamp="$PREFIX/lib/.gcomp-absl-tsan-version"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
+want="$version ${LIBS[*]}"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   exit 0
 fi
 
@@ -86,32 +86,28 @@ cmake -S "$src" -B "$work/build" -G Ninja -Wno-dev \
   -DCMAKE_BUILD_TYPE=None \
   -DCMAKE_C_FLAGS="-fsanitize=thread -O1 -g -fno-omit-frame-pointer" \
   -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g -fno-omit-frame-pointer" \
-  -DCMAKE_INSTALL_PREFIX="$work/install" -DCMAKE_INSTALL_LIBDIR=lib >"$work/cmake.log" 2>&1 || {
+  >"$work/cmake.log" 2>&1 || {
   tail -30 "$work/cmake.log" >&2
   exit 1
 }
-ninja -C "$work/build" -j "$JOBS" >"$work/ninja.log" 2>&1 || {
+ninja -C "$work/build" -j "$JOBS" "${LIBS[@]}" >"$work/ninja.log" 2>&1 || {
   tail -30 "$work/ninja.log" >&2
   exit 1
 }
-ninja -C "$work/build" install >/dev/null
-
-# Every shared library the system has must have a sanitized twin, or the loader would mix.
-missing=0
-for sys in /usr/lib/x86_64-linux-gnu/libabsl_*.so.*.*.*; do
-  name="$(basename "$sys")"
-  if [[ ! -e "$work/install/lib/$name" ]]; then
-    echo "build_tsan_absl: no sanitized $name" >&2
-    missing=1
-  fi
-done
-((missing == 0)) || exit 1
 
 $SUDO mkdir -p "$PREFIX"
 $SUDO rm -rf "$PREFIX/lib.new"
-$SUDO cp -a "$work/install/lib" "$PREFIX/lib.new"
-$SUDO rm -rf "$PREFIX/lib.new/pkgconfig" "$PREFIX/lib.new/cmake" "$PREFIX/lib.new"/*.a
-echo "$version" | $SUDO tee "$PREFIX/lib.new/.gcomp-absl-tsan-version" >/dev/null
+$SUDO mkdir -p "$PREFIX/lib.new"
+for lib in "${LIBS[@]}"; do
+  built=("$work"/build/absl/*/"libabsl_$lib.so"*)
+  if [[ ! -f "${built[0]}" ]]; then
+    echo "build_tsan_absl: libabsl_$lib.so was not built" >&2
+    exit 1
+  fi
+  # The file, its SONAME link and the link-time name, all with Debian's names.
+  $SUDO cp -a "${built[@]}" "$PREFIX/lib.new/"
+done
+echo "$want" | $SUDO tee "$PREFIX/lib.new/.gcomp-absl-tsan-version" >/dev/null
 $SUDO rm -rf "$PREFIX/lib"
 $SUDO mv "$PREFIX/lib.new" "$PREFIX/lib"
 echo "build_tsan_absl: $(ls "$PREFIX"/lib/libabsl_*.so.*.*.* | wc -l) libraries in $PREFIX/lib" >&2
