@@ -28,6 +28,13 @@ using ::testing::HasSubstr;
 
 constexpr size_t kElements = 3000;  // 3 chunks of 4 KiB
 
+// Worker `w`'s options, the rest default.
+worker::ClientOptions Worker(uint32_t w) {
+  worker::ClientOptions options;
+  options.worker = w;
+  return options;
+}
+
 // What the test's shards listen with: the shard side of Config()'s security.
 cluster::ServerSecurity ShardSecurity();
 
@@ -146,7 +153,7 @@ TEST(Retry, PushSucceedsOnceTheShardListensAgain) {
   const proto::ClusterConfig config = Config(port, 2, 20);
   std::vector<std::unique_ptr<worker::Client>> clients;
   for (uint32_t w = 0; w < 2; ++w) {
-    auto c = worker::Client::Connect(config, {w, ""});
+    auto c = worker::Client::Connect(config, Worker(w));
     ASSERT_TRUE(c.ok()) << c.status();
     ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, kElements).ok());
     clients.push_back(*std::move(c));
@@ -181,7 +188,7 @@ TEST(Retry, LostRepliesAreRetriedAndCountedOnce) {
   auto shard = NewShard(1, 5);
   LossyReplies service(shard.get(), 2);
   Listener listener(&service, "127.0.0.1:0");
-  auto client = worker::Client::Connect(Config(listener.port(), 1, 5), {0, ""});
+  auto client = worker::Client::Connect(Config(listener.port(), 1, 5), Worker(0));
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, kElements).ok());
   std::vector<float> in = Input(0), out(kElements);
@@ -200,7 +207,7 @@ TEST(Retry, ExhaustedBudgetIsUnavailableNamingTheShard) {
   server::AggregationGrpcService service(shard.get(), ShardSecurity().token);
   auto listener = std::make_unique<Listener>(&service, "127.0.0.1:0");
   const int port = listener->port();
-  auto client = worker::Client::Connect(Config(port, 1, 2), {0, ""});
+  auto client = worker::Client::Connect(Config(port, 1, 2), Worker(0));
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, 1000).ok());  // one chunk
   listener->Stop();

@@ -86,6 +86,13 @@ TEST(Transport, IsWhatTheEnvironmentAsksFor) {
 
 using testing::SyntheticGradient;
 
+// Worker `w`'s options, the rest default.
+worker::ClientOptions Worker(uint32_t w) {
+  worker::ClientOptions options;
+  options.worker = w;
+  return options;
+}
+
 // Pushes W gradients (worker w's = SyntheticGradient(n, w)) for one step and checks every result
 // against the f32 mean in worker order: bit-exact for lossless/none, within the
 // codec's bound for near-lossless.
@@ -94,7 +101,7 @@ void CheckAggregation(int shards, int workers, size_t n, const std::string& mode
   auto cluster = StartCluster(shards, workers, mode);
   std::vector<std::unique_ptr<worker::Client>> clients;
   for (int w = 0; w < workers; ++w) {
-    auto c = worker::Client::Connect(cluster->config, {static_cast<uint32_t>(w), ""});
+    auto c = worker::Client::Connect(cluster->config, Worker(static_cast<uint32_t>(w)));
     ASSERT_TRUE(c.ok()) << c.status();
     ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
     clients.push_back(*std::move(c));
@@ -334,7 +341,7 @@ TEST(Pull, ReturnsTheLastStepsResult) {
   auto cluster = StartCluster(2, 2, "near-lossless");
   std::vector<std::unique_ptr<worker::Client>> clients;
   for (uint32_t w = 0; w < 2; ++w) {
-    auto c = worker::Client::Connect(cluster->config, {w, ""});
+    auto c = worker::Client::Connect(cluster->config, Worker(w));
     ASSERT_TRUE(c.ok()) << c.status();
     ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
     clients.push_back(*std::move(c));
@@ -357,7 +364,7 @@ TEST(Pull, ReturnsTheLastStepsResult) {
 
 TEST(Pull, UnknownKeyIsNotFound) {
   auto cluster = StartCluster(1, 1, "none");
-  auto client = worker::Client::Connect(cluster->config, {0, ""});
+  auto client = worker::Client::Connect(cluster->config, Worker(0));
   ASSERT_TRUE(client.ok()) << client.status();
   std::vector<float> out(4);
   EXPECT_EQ((*client)->Pull("nope", out.data()).code(), absl::StatusCode::kNotFound);
