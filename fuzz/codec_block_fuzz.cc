@@ -45,10 +45,12 @@ size_t GuessElements(absl::Span<const uint8_t> block) {
 void DecodeAsIs(absl::Span<const uint8_t> block) {
   const codec::DType dtype = GuessDType(block);
   const size_t n = GuessElements(block);
-  std::vector<uint8_t> out(n * codec::DTypeBytes(dtype));
+  // Allocated once: a fresh zeroed buffer of up to 256 KiB per input was most of the time
+  // the target spent (and the decoder checks the header before it writes anything).
+  static std::vector<uint8_t>* const out = new std::vector<uint8_t>(kMaxDecodeElements * 4);
   codec::BlockDecodeOptions options;
   options.tables = &SharedTables();
-  absl::Status s = codec::DecodeBlock(block, dtype, out.data(), n, options);
+  absl::Status s = codec::DecodeBlock(block, dtype, out->data(), n, options);
   if (!s.ok()) CheckCode(s, kDecodeErrors, "DecodeBlock");
 }
 
