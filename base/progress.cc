@@ -48,7 +48,12 @@ std::optional<std::string> ProgressMeter::Update(int64_t steps_done, uint64_t ra
     return std::nullopt;
   }
   const double seconds = absl::ToDoubleSeconds(now - rate_time_);
-  if (seconds > 0 && steps_done > rate_steps_) {
+  if (rate_steps_ == 0 && steps_done == 1) {
+    // Step 1 carries the warm-up (connections, declarations, first allocations) and can
+    // take many times a later step: the rate starts after it.
+    rate_steps_ = 1;
+    rate_time_ = now;
+  } else if (seconds > 0 && steps_done > rate_steps_) {
     const double interval_rate = (steps_done - rate_steps_) / seconds;
     rate_ = rate_ == 0 ? interval_rate
                        : options_.smoothing * interval_rate + (1 - options_.smoothing) * rate_;

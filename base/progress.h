@@ -50,6 +50,8 @@ struct ProgressOptions {
 class ProgressMeter {
  public:
   // `total_steps` 0 means unknown (no "/total" and no ETA). `start` is when step 0 began.
+  // When step 1 is seen on its own, the rate is measured from its end (it carries the
+  // warm-up), so the line after it shows "- steps/s" and "ETA ?".
   ProgressMeter(int64_t total_steps, absl::Time start, ProgressOptions options = {});
 
   // Records that `steps_done` steps have finished at `now`, having moved `raw_bytes`

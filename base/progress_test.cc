@@ -75,6 +75,17 @@ TEST(ProgressMeter, SmoothsTheRateTowardsRecentIntervals) {
   EXPECT_EQ(meter.Line(), "step 40  20.0 steps/s");
 }
 
+TEST(ProgressMeter, TheRateStartsAfterTheFirstStep) {
+  ProgressMeter meter(100, kStart);
+  // Step 1 took 10 s of warm-up; steps 2..21 then took 1 s: 20 steps/s, not 21/11.
+  std::optional<std::string> first = meter.Update(1, 0, 0, kStart + absl::Seconds(10));
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(*first, "step 1/100  - steps/s  ETA ?");
+  meter.Update(21, 0, 0, kStart + absl::Seconds(11));
+  EXPECT_DOUBLE_EQ(meter.steps_per_second(), 20);
+  EXPECT_EQ(meter.Line(), "step 21/100  20.0 steps/s  ETA 4s");
+}
+
 TEST(ProgressMeter, BeforeAnyStepTheRateAndEtaAreUnknown) {
   ProgressMeter meter(100, kStart);
   std::optional<std::string> line = meter.Update(0, 0, 0, kStart + absl::Seconds(3));

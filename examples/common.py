@@ -23,6 +23,9 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+sys.path.insert(0, HERE)
+import progress_line  # noqa: E402
+
 MODES = ("none", "lossless", "near-lossless")
 
 
@@ -45,6 +48,9 @@ def parse_args(description, defaults):
                    help="ps: local cluster of gcomp_server shards; gloo: the same arithmetic "
                         "over a process group (no shards); auto: ps when built")
     p.add_argument("--loss-log", help="write per-step global training loss (JSON) here")
+    p.add_argument("--progress", choices=progress_line.MODES, default="auto",
+                   help="a progress line (step, steps/s, ratio, ETA) on stderr; auto: only "
+                        "when stderr is a terminal")
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--worker-spec", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -81,7 +87,8 @@ def launch(args, script):
                   file=sys.stderr)
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="gcomp-train-") as tmp:
-        spec = dict(vars(args), transport=transport, port=free_port(), tmp=tmp)
+        spec = dict(vars(args), transport=transport, port=free_port(), tmp=tmp,
+                    show_progress=progress_line.enabled(args.progress, sys.stderr))
         cluster_ctx = None
         if transport == "ps":
             from gcomp import cluster
@@ -157,6 +164,9 @@ def run_worker(args, task):
     ddp.register_comm_hook(state, gtorch.ps_hook)
     opt = task.make_optimizer(model, spec["lr"])
     losses = []
+    # Rank 0 speaks for the job (its stderr is the launcher's); the ratio is its own.
+    printer = progress_line.Printer(sys.stderr, rank == 0 and spec.get("show_progress", False))
+    meter = progress_line.Meter(spec["steps"], time.monotonic())
     for step in range(spec["steps"]):
         x, y = task.train_batch(spec["seed"], step, rank, world, spec["batch"])
         opt.zero_grad(set_to_none=False)
@@ -164,6 +174,10 @@ def run_worker(args, task):
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+        if printer.enabled:
+            printer.show(meter.update(step + 1, transport.raw_bytes, transport.wire_bytes,
+                                      time.monotonic()))
+    printer.finish()
     state.close()
     result = {"losses": losses, "raw_bytes": transport.raw_bytes,
               "wire_bytes": transport.wire_bytes, "eval": {}}

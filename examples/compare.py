@@ -13,6 +13,9 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import progress_line  # noqa: E402
+
 MODES = ("none", "lossless", "near-lossless")
 SCRIPTS = {"digits": "train_digits.py", "text": "train_text.py"}
 
@@ -20,7 +23,10 @@ SCRIPTS = {"digits": "train_digits.py", "text": "train_text.py"}
 def run_mode(example, mode, args, log_path):
     cmd = [sys.executable, os.path.join(HERE, SCRIPTS[example]), "--mode", mode,
            "--workers", str(args.workers), "--shards", str(args.shards),
-           "--seed", str(args.seed), "--loss-log", log_path] + args.extra
+           "--seed", str(args.seed), "--loss-log", log_path,
+           # Resolved here: the example's stderr is ours, so auto means the same there.
+           "--progress", "always" if progress_line.enabled(args.progress) else "never"
+           ] + args.extra
     if args.steps:
         cmd += ["--steps", str(args.steps)]
     print("compare: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
@@ -96,6 +102,9 @@ def main():
     p.add_argument("--steps", type=int, default=0, help="default: the example's own")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default=os.path.join(os.path.dirname(HERE), "out", "compare"))
+    p.add_argument("--progress", choices=progress_line.MODES, default="auto",
+                   help="each run's progress line (step, steps/s, ratio, ETA) on stderr; "
+                        "auto: only when stderr is a terminal")
     p.add_argument("extra", nargs="*", help="more flags for the example (after --)")
     args = p.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The clang passes over concurrency (docs/BUILDING.md, "ThreadSanitizer and lock analysis"):
-#   1. clang-14 -Wthread-safety -Wthread-safety-beta -Werror over every target of the tree;
+#   1. every target of the tree built with --config=tsan, which compiles with
+#      -Wthread-safety -Wthread-safety-beta -Werror (the lock analysis) and -fsanitize=thread;
 #   2. the server, worker and cross-process tests under ThreadSanitizer, linked against
-#      Debian's Abseil rebuilt with -fsanitize=thread (tools/build_tsan_absl.sh).
+#      Abseil's locking libraries rebuilt with -fsanitize=thread (tools/build_tsan_absl.sh).
 #
 #   tests/run_tsan.sh [XML_OUT_DIR]
 #
@@ -46,8 +47,9 @@ if ! "$ROOT/tools/build_tsan_absl.sh"; then
   exit 1
 fi
 
-# 1. Lock analysis over the whole tree. Patterns name each top-level package folder rather
-# than //..., which would also walk the bazel-* links into the g++ output base.
+# 1. Lock analysis over the whole tree, in the tsan config so that step 2 reuses the objects.
+# Patterns name each top-level package folder rather than //..., which would also walk the
+# bazel-* links into the g++ output base.
 patterns=(//:all)
 for dir in */; do
   dir="${dir%/}"
@@ -55,9 +57,9 @@ for dir in */; do
   [[ -n "$(find "$dir" \( -name BUILD -o -name BUILD.bazel \) -print -quit)" ]] || continue
   patterns+=("//$dir/...")
 done
-echo "run_tsan: + tools/clang_bazel.sh build --config=thread-safety --keep_going ${patterns[*]}"
-if ! tools/clang_bazel.sh build --config=thread-safety --keep_going "${patterns[@]}"; then
-  unbuilt "clang -Wthread-safety build of the tree (tools/clang_bazel.sh build --config=thread-safety)"
+echo "run_tsan: + tools/clang_bazel.sh build --config=tsan --keep_going ${patterns[*]}"
+if ! tools/clang_bazel.sh build --config=tsan --keep_going "${patterns[@]}"; then
+  unbuilt "clang -Wthread-safety build of the tree (tools/clang_bazel.sh build --config=tsan)"
 fi
 echo "run_tsan: lock analysis done at $((SECONDS - start)) s"
 
