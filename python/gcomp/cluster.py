@@ -134,6 +134,9 @@ class LocalCluster:
             self._tmp.cleanup()
 
 
-def connect(config_path, worker):
-    """The worker Client of `worker` (0..W-1) for the cluster in `config_path`."""
-    return extension().Client(config_path, worker)
+def connect(config_path, worker, metrics_address=""):
+    """The worker Client of `worker` (0..W-1) for the cluster in `config_path`.
+
+    With metrics_address ("host:port", port 0 picks one: see client.metrics_port()) the
+    worker's Prometheus metrics are served on http://host:port/metrics."""
+    return extension().Client(config_path, worker, metrics_address=metrics_address)

@@ -76,3 +76,25 @@ def test_push_pull_from_python_gives_every_worker_the_mean(mode, tmp_path):
         assert stats["raw_bytes_sent"] / stats["wire_bytes_sent"] > 2
     else:
         assert err <= 1e-9  # the shards' summation order may differ from ours by rounding
+
+
+def test_python_client_serves_prometheus_metrics(tmp_path):
+    needs_server()
+    needs_client()
+    import urllib.request
+    n = 50_000
+    with cluster.LocalCluster(shards=1, workers=1, mode="near-lossless",
+                              workdir=str(tmp_path)) as c:
+        client = cluster.connect(c.config_path, 0, metrics_address="127.0.0.1:0")
+        port = client.metrics_port()
+        assert port > 0
+        g = np.full(n, 0.5, dtype=np.float32)
+        client.declare("g", n)
+        client.push_pull("g", 0, g)
+        stats = client.stats()
+        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
+        client.close()
+    line = 'gcomp_worker_raw_bytes_total{job="%s",worker="0",direction="sent"} %d' % (
+        c.config["job"], stats["raw_bytes_sent"])
+    assert line in text
+    assert stats["raw_bytes_sent"] == n * 4
