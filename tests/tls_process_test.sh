@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Real gcomp_server and gcomp_worker processes with mutual TLS and the job token, then in
+# plaintext: the first line the server logs names the security mode, a worker with the
+# right certificate and token runs its steps, one without the token is refused with
+# UNAUTHENTICATED.
+set -uo pipefail
+SERVER="$1"
+WORKER="$2"
+CERTS_SCRIPT="$3"
+fail() { echo "FAIL: $*"; exit 1; }
+DIR="$TEST_TMPDIR"
+"$CERTS_SCRIPT" "$DIR/certs" || fail "make_test_certs.sh failed"
+C="$DIR/certs"
+
+/usr/bin/python3 - "$DIR/g.npy" <<'PY'
+import struct, sys
+n = 4096
+header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % n
+header += " " * (118 - len(header)) + "\n"
+with open(sys.argv[1], "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+    f.write(struct.pack("<%df" % n, *[(i % 97) * 1e-3 for i in range(n)]))
+PY
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# run_case NAME SERVER_SET WORKER_SET: starts a shard, runs one worker, stops the shard.
+run_case() {
+  local name=$1 server_set=$2 worker_set=$3 port
+  port=$(free_port)
+  cat > "$DIR/$name.yaml" <<YAML
+job: tls
+workers: 1
+shards: ["127.0.0.1:$port"]
+connect_timeout_ms: 3000
+YAML
+  "$SERVER" --config "$DIR/$name.yaml" --shard 0 --set "$server_set" --metrics_address none \
+    > /dev/null 2> "$DIR/$name.server.log" &
+  local server_pid=$!
+  "$WORKER" --config "$DIR/$name.yaml" --worker 0 --gradients "$DIR/g.npy" --steps 2 \
+    --set "$worker_set" > "$DIR/$name.worker.json" 2> "$DIR/$name.worker.log"
+  worker_rc=$?
+  kill -TERM "$server_pid"
+  wait "$server_pid"
+}
+
+TLS="security.ca_file=$C/ca.pem,security.token_file=$C/token"
+run_case tls "$TLS,security.cert_file=$C/server.pem,security.key_file=$C/server.key" \
+  "$TLS,security.cert_file=$C/client.pem,security.key_file=$C/client.key"
+cat "$DIR/tls.server.log" "$DIR/tls.worker.json"
+[[ $worker_rc -eq 0 ]] || { cat "$DIR/tls.worker.log"; fail "the TLS worker failed"; }
+head -n 1 "$DIR/tls.server.log" | grep -q "security: mutual TLS" ||
+  fail "the TLS server's first log line does not name mutual TLS"
+
+run_case notoken "$TLS,security.cert_file=$C/server.pem,security.key_file=$C/server.key" \
+  "security.ca_file=$C/ca.pem,security.cert_file=$C/client.pem,security.key_file=$C/client.key"
+cat "$DIR/notoken.server.log" "$DIR/notoken.worker.json"
+[[ $worker_rc -ne 0 ]] || fail "a worker without the token was served"
+grep -q "UNAUTHENTICATED" "$DIR/notoken.worker.json" "$DIR/notoken.worker.log" ||
+  fail "the worker without the token did not get UNAUTHENTICATED"
+grep -q "refused Aggregation.RegisterWorker from ipv4:127.0.0.1:" "$DIR/notoken.server.log" ||
+  fail "the refusal is not logged with the peer address"
+if grep -q -f "$C/token" "$DIR"/*.log "$DIR"/*.json; then fail "the token appears in a log"; fi
+
+run_case plain "workers=1" "workers=1"
+cat "$DIR/plain.server.log"
+[[ $worker_rc -eq 0 ]] || { cat "$DIR/plain.worker.log"; fail "the plaintext worker failed"; }
+head -n 1 "$DIR/plain.server.log" | grep -q "security: INSECURE" ||
+  fail "the plaintext server's first log line does not say INSECURE"
+echo PASS
