@@ -64,8 +64,9 @@ ABSL_FLAG(std::string, metrics_address, "",
           "Serve this worker's Prometheus metrics on http://ADDRESS/metrics (port 0 picks a "
           "free one). Empty: none.");
 ABSL_FLAG(std::string, progress_file, "",
-          "If set, the number of completed steps is rewritten into this file after each step "
-          "(the local launcher's soak check reads it).");
+          "If set, 'steps raw_bytes wire_bytes' (completed steps, bytes as if uncompressed, "
+          "bytes on the wire) is rewritten into this file after each step (the local "
+          "launcher's progress line and soak check read it).");
 ABSL_FLAG(int64_t, defer_checks_bytes, int64_t{1} << 30,
           "Results kept for checking after the run, at most (0: check each step at once, so "
           "that memory stays flat in long runs).");
@@ -325,8 +326,12 @@ int main(int argc, char** argv) {
     step_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
     ++done_steps;
     if (progress_fd >= 0) {
-      // Fixed width, rewritten in place: a reader never sees a shorter, stale tail.
-      const std::string text = absl::StrFormat("%12d\n", done_steps);
+      // "steps raw_bytes wire_bytes", fixed width, rewritten in place: a reader never sees
+      // a shorter, stale tail.
+      const gcomp::worker::ClientStats cs = (*client)->stats();
+      const std::string text =
+          absl::StrFormat("%12d %20d %20d\n", done_steps, cs.raw_bytes_sent + cs.raw_bytes_received,
+                          cs.wire_bytes_sent + cs.wire_bytes_received);
       (void)!pwrite(progress_fd, text.data(), text.size(), 0);
     }
     if (printer.enabled()) {

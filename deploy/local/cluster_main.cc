@@ -33,6 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/process_usage.h"
+#include "base/progress.h"
 
 ABSL_FLAG(int, shards, 2, "Shard processes.");
 ABSL_FLAG(int, workers, 2, "Worker processes.");
@@ -64,6 +65,9 @@ ABSL_FLAG(int, soak_from_step, -1,
           "(after warm-up) to the end; the JSON line gains rss_growth_pct, fd_growth_pct and "
           "soak_ok, and the run fails if either grows more than --soak_max_growth_pct. -1: off.");
 ABSL_FLAG(double, soak_max_growth_pct, 5.0, "Growth allowed by the soak check, in percent.");
+ABSL_FLAG(std::string, progress, "auto",
+          "auto|always|never: a progress line (step, steps/s, ratio, ETA) rewritten on stderr; "
+          "auto shows it only on a terminal.");
 ABSL_FLAG(int, metrics_base_port, 0,
           "Shard K serves Prometheus metrics on --host:(this + K); 0 picks free ports. The "
           "JSON line's metrics_ports lists them.");
@@ -153,6 +157,24 @@ double Num(const std::string& json, const std::string& key) {
   return v;
 }
 
+// What gcomp_worker --progress_file holds: "steps raw_bytes wire_bytes".
+struct Progress {
+  int64_t steps = 0;
+  uint64_t raw_bytes = 0;
+  uint64_t wire_bytes = 0;
+};
+
+std::optional<Progress> ReadProgress(const std::string& path) {
+  std::vector<std::string> words =
+      absl::StrSplit(ReadFile(path), absl::ByAnyChar(" \n"), absl::SkipEmpty());
+  Progress p;
+  if (words.size() != 3 || !absl::SimpleAtoi(words[0], &p.steps) ||
+      !absl::SimpleAtoi(words[1], &p.raw_bytes) || !absl::SimpleAtoi(words[2], &p.wire_bytes)) {
+    return std::nullopt;
+  }
+  return p;
+}
+
 // Resident memory and open files of one process from the soak check's first sample (at
 // --soak_from_step) to its last (just before the process ended).
 struct SoakTrack {
@@ -189,6 +211,13 @@ int main(int argc, char** argv) {
     fprintf(stderr, "cluster: need --shards >= 1, --workers >= 1, --steps >= 1, --gradients\n");
     return 2;
   }
+  const absl::StatusOr<gcomp::ProgressMode> progress_mode_or =
+      gcomp::ParseProgressMode(absl::GetFlag(FLAGS_progress));
+  if (!progress_mode_or.ok()) {
+    fprintf(stderr, "cluster: --progress: %s\n", progress_mode_or.status().ToString().c_str());
+    return 2;
+  }
+  const gcomp::ProgressMode progress_mode = *progress_mode_or;
   const std::string server_bin = FindBinary(absl::GetFlag(FLAGS_server_bin), "server/gcomp_server", argv[0]);
   const std::string worker_bin = FindBinary(absl::GetFlag(FLAGS_worker_bin), "worker/gcomp_worker", argv[0]);
   char tmpl[] = "/tmp/gcomp_cluster_XXXXXX";
@@ -240,9 +269,13 @@ int main(int argc, char** argv) {
                                      "--gradients", absl::StrJoin(grads, ",")};
     // One worker checks results against the reference; the digests show the rest match.
     if (w != 0 && !absl::GetFlag(FLAGS_verify_all)) args.push_back("--verify=false");
+    if (w == 0) {
+      // The launcher's progress line and soak check follow worker 0's step count.
+      args.push_back(absl::StrCat("--progress_file=", dir, "/worker0.progress"));
+      args.push_back("--progress=never");
+    }
     if (w == 0 && absl::GetFlag(FLAGS_soak_from_step) >= 0) {
       // Checked step by step: results kept for a check at the end would grow by design.
-      args.push_back(absl::StrCat("--progress_file=", dir, "/worker0.progress"));
       args.push_back("--defer_checks_bytes=0");
     }
     if (w == absl::GetFlag(FLAGS_kill_worker)) {
@@ -263,9 +296,9 @@ int main(int argc, char** argv) {
   bool soak_done = false;
   auto sample = [&]() {
     if (soak_done) return;
-    int progress = 0;
-    const std::string text = ReadFile(dir + "/worker0.progress");
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &progress)) return;
+    const std::optional<Progress> p = ReadProgress(dir + "/worker0.progress");
+    if (!p) return;
+    const int64_t progress = p->steps;
     if (!soak_started && progress < soak_from) return;
     soak_started = true;
     // After the last step the processes tear down (channels close, buffers are freed):
@@ -283,10 +316,23 @@ int main(int argc, char** argv) {
   };
   // Workers end on their own: every call has a deadline. The launcher adds a last guard.
   const absl::Time guard = absl::Now() + absl::Seconds(60 + steps * 60);
+  gcomp::ProgressMeter meter(steps, absl::Now());
+  int64_t shown_steps = 0;
+  gcomp::ProgressPrinter printer(stderr, gcomp::ProgressEnabled(progress_mode, STDERR_FILENO));
   while (left > 0) {
     if (soak_from >= 0 && absl::Now() >= next_sample) {
       sample();
       next_sample = absl::Now() + absl::Milliseconds(250);
+    }
+    if (printer.enabled()) {
+      const std::optional<Progress> p = ReadProgress(dir + "/worker0.progress");
+      if (p && p->steps > shown_steps) {
+        shown_steps = p->steps;
+        if (std::optional<std::string> line = meter.Update(p->steps, p->raw_bytes, p->wire_bytes,
+                                                           absl::Now())) {
+          printer.Show(*line);
+        }
+      }
     }
     int st = 0;
     pid_t p = waitpid(-1, &st, WNOHANG);
@@ -307,6 +353,7 @@ int main(int argc, char** argv) {
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
+  printer.Finish();
   if (absl::GetFlag(FLAGS_linger_ms) > 0) absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_linger_ms)));
   for (pid_t s : servers) kill(s, SIGTERM);
   for (pid_t s : servers) waitpid(s, nullptr, 0);
