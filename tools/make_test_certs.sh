@@ -2,8 +2,9 @@
 # tools/make_test_certs.sh OUT_DIR
 #
 # Makes a throwaway PKI for tests and local TLS runs (never for production: the keys are
-# unencrypted and the CA key sits next to the certificates). ECDSA P-256 keys, so the
-# whole run takes well under a second. Layout of OUT_DIR (created if missing):
+# unencrypted and the CA key sits next to the certificates). ECDSA P-256 keys and one
+# openssl run per certificate, so the whole run takes about a second. Layout of OUT_DIR
+# (created if missing; existing files are replaced):
 #
 #   ca.pem ca.key                  the cluster CA (security.ca_file)
 #   server.pem server.key          a shard certificate, signed by ca; also valid as a client
@@ -12,7 +13,7 @@
 #   client.pem client.key          a worker certificate, signed by ca
 #   other_ca.pem other_ca.key      an unrelated CA
 #   other_client.pem/.key          a worker certificate signed by other_ca
-#   expired_client.pem/.key        a worker certificate signed by ca, valid only in 2020
+#   expired_client.pem/.key        a worker certificate signed by ca, valid only in January 2020
 #   token                          a random job token (64 hex digits and a newline)
 #
 # Shard certificates carry these subjectAltNames (the client checks the name it dialled,
@@ -26,51 +27,63 @@ if [[ $# -ne 1 ]]; then
   exit 2
 fi
 command -v openssl >/dev/null || { echo "$0: openssl not found (tools/bootstrap.sh installs it)" >&2; exit 1; }
-out=$1
-mkdir -p "$out"
-cd "$out"
+mkdir -p "$1"
+cd "$1"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+hex() { od -An -N"$1" -tx1 /dev/urandom | tr -d ' \n'; }
+
+# One config for every certificate: without -config, `openssl req -x509` would take the
+# system openssl.cnf's extensions, which make every certificate a CA.
+cat >"$work/req.cnf" <<'CNF'
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+[ca_ext]
+basicConstraints = critical,CA:TRUE
+keyUsage = critical,keyCertSign,cRLSign
+subjectKeyIdentifier = hash
+[server_ext]
+basicConstraints = CA:FALSE
+keyUsage = critical,digitalSignature
+extendedKeyUsage = serverAuth,clientAuth
+subjectAltName = DNS:localhost,IP:127.0.0.1,IP:::1,DNS:*.gcomp-shard,DNS:*.gcomp-shard.default.svc
+[client_ext]
+basicConstraints = CA:FALSE
+keyUsage = critical,digitalSignature
+extendedKeyUsage = clientAuth
+CNF
+newkey=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -noenc)
 
 # ca NAME SUBJECT
 ca() {
-  key "$1.key"
-  openssl req -x509 -new -key "$1.key" -sha256 -days 3650 -subj "/CN=$2" \
-    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
-    -out "$1.pem"
+  openssl req -x509 -config "$work/req.cnf" -extensions ca_ext "${newkey[@]}" -keyout "$1.key" \
+    -subj "/CN=$2" -sha256 -days 3650 -out "$1.pem" 2>/dev/null
 }
 
-# leaf NAME CA SUBJECT EXTENSIONS  (valid from now for 825 days)
+# leaf NAME CA SUBJECT EXTENSION_SECTION: valid from now for 825 days. OpenSSL 3's
+# `req -CA` makes the key and signs the certificate in one run.
 leaf() {
-  key "$1.key"
-  openssl req -new -key "$1.key" -subj "/CN=$3" -out "$work/$1.csr"
-  printf '%s\n' "$4" >"$work/$1.ext"
-  openssl x509 -req -in "$work/$1.csr" -CA "$2.pem" -CAkey "$2.key" -set_serial "0x$(openssl rand -hex 16)" \
-    -sha256 -days 825 -extfile "$work/$1.ext" -out "$1.pem" 2>/dev/null
+  openssl req -x509 -config "$work/req.cnf" -extensions "$4" "${newkey[@]}" -keyout "$1.key" \
+    -subj "/CN=$3" -CA "$2.pem" -CAkey "$2.key" -set_serial "0x$(hex 16)" -sha256 -days 825 \
+    -out "$1.pem" 2>/dev/null
 }
-
-server_ext='basicConstraints=CA:FALSE
-keyUsage=critical,digitalSignature
-extendedKeyUsage=serverAuth,clientAuth
-subjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1,DNS:*.gcomp-shard,DNS:*.gcomp-shard.default.svc'
-client_ext='basicConstraints=CA:FALSE
-keyUsage=critical,digitalSignature
-extendedKeyUsage=clientAuth'
 
 ca ca "gcomp test CA"
 ca other_ca "unrelated test CA"
-leaf server ca "gcomp shard" "$server_ext"
-leaf server_renewed ca "gcomp shard (renewed)" "$server_ext"
-leaf client ca "gcomp worker" "$client_ext"
-leaf other_client other_ca "gcomp worker" "$client_ext"
+leaf server ca "gcomp shard" server_ext
+leaf server_renewed ca "gcomp shard (renewed)" server_ext
+leaf client ca "gcomp worker" client_ext
+leaf other_client other_ca "gcomp worker" client_ext
 
-# `openssl x509` in OpenSSL 3.0 cannot back-date a certificate; `openssl ca` can.
-key expired_client.key
-openssl req -new -key expired_client.key -subj "/CN=gcomp worker (expired)" -out "$work/expired.csr"
+# OpenSSL 3.0's `req` and `x509` cannot back-date a certificate; `openssl ca` can.
+openssl req -new -config "$work/req.cnf" "${newkey[@]}" -keyout expired_client.key \
+  -subj "/CN=gcomp worker (expired)" -out "$work/expired.csr" 2>/dev/null
 touch "$work/index.txt"
-cat >"$work/ca.cnf" <<EOF
+hex 16 >"$work/serial"
+cat >"$work/ca.cnf" <<CNF
 [ca]
 default_ca = test
 [test]
@@ -83,13 +96,14 @@ policy = any
 serial = $work/serial
 [any]
 commonName = supplied
-[client]
-$client_ext
-EOF
-openssl rand -hex 16 >"$work/serial"
-openssl ca -batch -config "$work/ca.cnf" -extensions client -notext \
+[client_ext]
+basicConstraints = CA:FALSE
+keyUsage = critical,digitalSignature
+extendedKeyUsage = clientAuth
+CNF
+openssl ca -batch -config "$work/ca.cnf" -extensions client_ext -notext \
   -startdate 20200101000000Z -enddate 20200201000000Z \
   -in "$work/expired.csr" -out expired_client.pem 2>/dev/null
 
-openssl rand -hex 32 >token
+echo "$(hex 32)" >token
 chmod 600 ./*.key token
