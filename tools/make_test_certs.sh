@@ -3,7 +3,7 @@
 #
 # Makes a throwaway PKI for tests and local TLS runs (never for production: the keys are
 # unencrypted and the CA key sits next to the certificates). ECDSA P-256 keys and one
-# openssl run per certificate, so the whole run takes about a second. Layout of OUT_DIR
+# openssl run per certificate: about half a second of CPU time. Layout of OUT_DIR
 # (created if missing; existing files are replaced):
 #
 #   ca.pem ca.key                  the cluster CA (security.ca_file)
