@@ -114,6 +114,28 @@ TEST_F(StatusTest, EveryShardUpWithItsNumbersAndLastError) {
   EXPECT_NE(json.find("\"tensors\":1,"), std::string::npos) << json;
 }
 
+TEST_F(StatusTest, LongLastErrorIsCutOnACharacterBoundary) {
+  StartShards();
+  // "NOT_FOUND: unknown tensor key '" is 31 bytes, then 2-byte characters: byte 200 falls
+  // inside one. A cut there would make the string invalid UTF-8 and the Stats call fail.
+  std::string key;
+  for (int i = 0; i < 150; ++i) key += "\xc3\xa9";
+  proto::CompressedBlock bad;
+  bad.mutable_address()->set_job("ops");
+  bad.mutable_address()->set_key(key);
+  bad.mutable_address()->set_shard_map_epoch(1);
+  proto::CompressedBlock reply;
+  ASSERT_FALSE(servers_[0]->service()->PushPull(bad, absl::Now() + absl::Seconds(1), &reply).ok());
+
+  absl::StatusOr<ClusterStatus> status = CollectStatus(AdminConfig(), {});
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_TRUE(status->shards[0].up()) << status->shards[0].error;
+  const std::string& last = status->shards[0].stats.last_error();
+  EXPECT_EQ(last.size(), 199u) << last;
+  EXPECT_EQ(last.substr(0, 31), "NOT_FOUND: unknown tensor key '");
+  EXPECT_EQ(last.substr(last.size() - 2), "\xc3\xa9");
+}
+
 TEST_F(StatusTest, StoppedShardIsDownWithTheGrpcError) {
   StartShards();
   const proto::ClusterConfig config = AdminConfig();
