@@ -21,6 +21,12 @@
 namespace gcomp {
 namespace {
 
+worker::ClientOptions Worker(uint32_t w) {
+  worker::ClientOptions o;
+  o.worker = w;
+  return o;
+}
+
 using testing::SyntheticGradient;
 
 void RunMode(const std::string& mode) {
@@ -41,7 +47,7 @@ void RunMode(const std::string& mode) {
   }
   std::vector<std::unique_ptr<worker::Client>> clients;
   for (uint32_t w = 0; w < 2; ++w) {
-    auto c = worker::Client::Connect(config, {w, ""});
+    auto c = worker::Client::Connect(config, Worker(w));
     ASSERT_TRUE(c.ok()) << c.status();
     ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
     clients.push_back(*std::move(c));
@@ -85,7 +91,7 @@ TEST(DevicePushPull, MixedHostAndDeviceBuffersAreRejected) {
   proto::ClusterConfig real = *config;
   real.clear_shards();
   real.add_shards(absl::StrCat("127.0.0.1:", (*s)->port()));
-  auto c = worker::Client::Connect(real, {0, ""});
+  auto c = worker::Client::Connect(real, Worker(0));
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, 16).ok());
   auto dev = gpu::DeviceBuffer::Allocate(64);

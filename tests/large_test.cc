@@ -12,6 +12,12 @@
 namespace gcomp {
 namespace {
 
+worker::ClientOptions Worker(uint32_t w) {
+  worker::ClientOptions o;
+  o.worker = w;
+  return o;
+}
+
 TEST(Large, SixtyFourMebibyteTensor) {
   const size_t n = (size_t{64} << 20) / 4;
   auto config = *cluster::ParseClusterConfig(
@@ -31,7 +37,7 @@ TEST(Large, SixtyFourMebibyteTensor) {
   }
   std::vector<std::unique_ptr<worker::Client>> clients;
   for (uint32_t w = 0; w < 2; ++w) {
-    clients.push_back(*worker::Client::Connect(client_config, {w, ""}));
+    clients.push_back(*worker::Client::Connect(client_config, Worker(w)));
     ASSERT_TRUE(clients.back()->Declare("big", codec::DType::kF32, n).ok());
   }
   auto a = clients[0]->PushPullAsync("big", 0, in[0].data(), out[0].data());
