@@ -71,6 +71,7 @@ absl::StatusOr<ClusterStatus> CollectStatus(const proto::ClusterConfig& config,
     ShardStatus& row = result.shards[i];
     row.shard = static_cast<uint32_t>(i);
     row.address = config.shards(i);
+    row.error = absl::UnknownError("no answer");  // until the call completes
     auto call = std::make_unique<Call>();
     call->stub = proto::Aggregation::NewStub(security->NewChannel(row.address));
     call->context.set_deadline(deadline);
@@ -85,6 +86,7 @@ absl::StatusOr<ClusterStatus> CollectStatus(const proto::ClusterConfig& config,
     const int i = static_cast<int>(reinterpret_cast<intptr_t>(tag));
     ShardStatus& row = result.shards[i];
     const grpc::Status& s = calls[i]->status;
+    row.error = absl::OkStatus();
     if (!s.ok()) {
       row.error = absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
     } else if (row.stats.shard() != row.shard) {
