@@ -188,6 +188,34 @@ TEST_F(StatusTest, CallsCarryTheConfigsJobToken) {
   EXPECT_EQ(table.find("s3cret"), std::string::npos) << table;
 }
 
+TEST_F(StatusTest, MutualTlsShardsAnswerOnlyAClientWithACertificateFromTheirCa) {
+  // tools/make_test_certs.sh's PKI: shard and client certificates from one CA.
+  const std::string certs = absl::StrCat(std::getenv("TEST_TMPDIR"), "/certs");
+  ASSERT_EQ(std::system(absl::StrCat("tools/make_test_certs.sh ", certs).c_str()), 0);
+  auto tls = [&](const std::string& identity) {
+    return std::vector<std::string>{
+        absl::StrCat("security.ca_file=", certs, "/ca.pem"),
+        absl::StrCat("security.cert_file=", certs, "/", identity, ".pem"),
+        absl::StrCat("security.key_file=", certs, "/", identity, ".key"),
+        absl::StrCat("security.token_file=", certs, "/token")};
+  };
+  StartShards(tls("server"));
+
+  absl::StatusOr<ClusterStatus> ok = CollectStatus(AdminConfig(tls("client")), {});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->all_up()) << ok->shards[0].error << " / " << ok->shards[1].error;
+
+  // A certificate from another CA: the handshake fails, the rows are down, nothing hangs.
+  const absl::Time start = absl::Now();
+  absl::StatusOr<ClusterStatus> other =
+      CollectStatus(AdminConfig(tls("other_client")), {.timeout_ms = 2000});
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  for (const ShardStatus& row : other->shards) {
+    EXPECT_EQ(row.error.code(), absl::StatusCode::kUnavailable) << row.error;
+  }
+}
+
 TEST_F(StatusTest, AShardAtAnotherShardsAddressIsDown) {
   StartShards();
   proto::ClusterConfig config = AdminConfig();
