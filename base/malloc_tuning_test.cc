@@ -2,8 +2,14 @@
 
 #include <malloc.h>
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -17,6 +23,39 @@ TEST(TuneMallocForLargeBuffers, MegabyteBlocksComeFromTheHeapNotMmap) {
   std::memset(block.get(), 1, 8 << 20);
   // Without the tuning glibc serves an 8 MiB request with its own mmap (hblks + 1).
   EXPECT_EQ(mallinfo2().hblks, mmapped_before);
+}
+
+// Many allocating threads share at most two arenas (each arena keeps its own high-water
+// mark, which made long runs grow).
+TEST(TuneMallocForLargeBuffers, ThreadsShareAtMostTwoArenas) {
+  TuneMallocForLargeBuffers();
+  std::vector<std::thread> threads;
+  std::vector<void*> held(8, nullptr);
+  std::atomic<int> allocated{0};
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&held, &allocated, i] {
+      held[i] = malloc(100000);
+      std::memset(held[i], 1, 100000);
+      ++allocated;
+      // All eight live at once, so that without a cap glibc would give them more arenas.
+      while (allocated < 8) std::this_thread::yield();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* out = open_memstream(&text, &size);
+  ASSERT_EQ(malloc_info(0, out), 0);
+  fclose(out);
+  const std::string info(text, size);
+  free(text);
+  for (void* p : held) free(p);
+  int heaps = 0;
+  for (size_t at = info.find("<heap nr="); at != std::string::npos; at = info.find("<heap nr=", at + 1)) {
+    ++heaps;
+  }
+  EXPECT_GE(heaps, 1);
+  EXPECT_LE(heaps, 2) << info;
 }
 
 }  // namespace

@@ -301,9 +301,13 @@ int main(int argc, char** argv) {
     const int64_t progress = p->steps;
     if (!soak_started && progress < soak_from) return;
     soak_started = true;
-    // After the last step the processes tear down (channels close, buffers are freed):
-    // not the steady state the check is about.
-    if (progress >= steps) soak_done = true;
+    // Workers that do not verify finish the last step before worker 0 reports it and
+    // start tearing down (channels close, buffers are freed): not the steady state the
+    // check is about, so sampling ends one step before the end.
+    if (progress >= steps - 1) {
+      soak_done = true;
+      return;
+    }
     for (SoakTrack& t : soak) {
       // Stop at the first worker's exit: the shards then close its connections and free
       // its buffers, which is not the steady state the check is about.
