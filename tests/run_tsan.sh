@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The clang passes over concurrency (docs/BUILDING.md, "ThreadSanitizer and lock analysis"):
-#   1. every target of the tree built with --config=tsan, which compiles with
-#      -Wthread-safety -Wthread-safety-beta -Werror (the lock analysis) and -fsanitize=thread;
+#   1. every source of the tree compiled with --config=tsan, which includes
+#      -Wthread-safety -Wthread-safety-beta -Werror (the lock analysis);
 #   2. the server, worker and cross-process tests under ThreadSanitizer, linked against
 #      Abseil's locking libraries rebuilt with -fsanitize=thread (tools/build_tsan_absl.sh).
 #
@@ -47,9 +47,10 @@ if ! "$ROOT/tools/build_tsan_absl.sh"; then
   exit 1
 fi
 
-# 1. Lock analysis over the whole tree, in the tsan config so that step 2 reuses the objects.
-# Patterns name each top-level package folder rather than //..., which would also walk the
-# bazel-* links into the g++ output base.
+# 1. Lock analysis over the whole tree: every source compiled (not linked: the analysis is a
+# compiler pass) in the tsan config, so that step 2 reuses the objects. Patterns name each
+# top-level package folder rather than //..., which would also walk the bazel-* links into
+# the g++ output base.
 patterns=(//:all)
 for dir in */; do
   dir="${dir%/}"
@@ -57,8 +58,9 @@ for dir in */; do
   [[ -n "$(find "$dir" \( -name BUILD -o -name BUILD.bazel \) -print -quit)" ]] || continue
   patterns+=("//$dir/...")
 done
-echo "run_tsan: + tools/clang_bazel.sh build --config=tsan --keep_going ${patterns[*]}"
-if ! tools/clang_bazel.sh build --config=tsan --keep_going "${patterns[@]}"; then
+compile_only=(--config=tsan --keep_going --output_groups=compilation_outputs)
+echo "run_tsan: + tools/clang_bazel.sh build ${compile_only[*]} ${patterns[*]}"
+if ! tools/clang_bazel.sh build "${compile_only[@]}" "${patterns[@]}"; then
   unbuilt "clang -Wthread-safety build of the tree (tools/clang_bazel.sh build --config=tsan)"
 fi
 echo "run_tsan: lock analysis done at $((SECONDS - start)) s"
@@ -66,8 +68,9 @@ echo "run_tsan: lock analysis done at $((SECONDS - start)) s"
 # 2. ThreadSanitizer.
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-echo "run_tsan: + tools/clang_bazel.sh test --config=tsan ${TSAN_TARGETS[*]}"
-tools/clang_bazel.sh test --config=tsan --test_summary=short "${TSAN_TARGETS[@]}" 2>&1 | tee "$log"
+test_opts=(--config=tsan --keep_going --test_summary=short)
+echo "run_tsan: + tools/clang_bazel.sh test ${test_opts[*]} ${TSAN_TARGETS[*]}"
+tools/clang_bazel.sh test "${test_opts[@]}" "${TSAN_TARGETS[@]}" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 # 3: some tests failed (their reports say which); 4: no test targets; else the build broke.
 if [[ $rc -ne 0 ]]; then status=1; fi
