@@ -87,7 +87,8 @@ for t in "${targets[@]}"; do
       "${executed:-?}" "$elapsed" "${speed:-?}" "$corpus"
   if [[ "$result" == FAILED ]]; then
     echo "  exit status $rc; log $dir/fuzz.log; inputs: ${artifacts:-none}"
-    grep -E "ERROR|SUMMARY|violated|runtime error" "$dir/fuzz.log" | head -5 | sed 's/^/  /'
+    grep -E "ERROR|SUMMARY|violated|runtime error" "$dir/fuzz.log" | head -5 | sed 's/^/  /' \
+        || true
   fi
 done
 echo "fuzz: work folder $WORK"
