@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test of the project: the Bazel suite (GPU tests excluded; they skip without a
-# device anyway), the sanitizer pass over the pure C++ layers, and the Python tests.
+# device anyway), the sanitizer pass over the pure C++ layers, the Python tests, the clang
+# passes (lock analysis, ThreadSanitizer) and a short run of every fuzz target.
 # Ends with one line "N passed, N failed, N skipped" counted from the test reports.
 #
 # Real gradients: set GCOMP_GRADIENTS_DIR, or keep the shared data at
@@ -74,10 +75,37 @@ if compgen -G "python/**/*_test.py" >/dev/null || compgen -G "python/tests/*.py"
    || compgen -G "examples/*_test.py" >/dev/null; then
   PYTHONPATH="$ROOT/python:$ROOT/bazel-bin/python:${PYTHONPATH:-}" \
     /usr/bin/python3 -m pytest -q -p no:cacheprovider --junitxml="$REPORT_DIR/xml/pytest.xml" \
-    python examples 2>&1
+    python examples deploy/k8s/monitoring 2>&1
   rc=$?
   if [[ $rc -ne 0 && $rc -ne 5 ]]; then status=1; fi
 fi
+
+# clang passes: the lock analysis (-Wthread-safety) over the tree and ThreadSanitizer over the
+# server, worker and cross-process tests (docs/BUILDING.md).
+"$ROOT/tests/run_tsan.sh" "$REPORT_DIR/xml/tsan" || status=1
+
+# Every libFuzzer target for a short fixed time (the long campaign: docs/FUZZING.md). One
+# report case per target; a build failure counts as one failure.
+GCOMP_FUZZ_WORKDIR="$REPORT_DIR/fuzz" "$ROOT/tools/fuzz.sh" "${GCOMP_FUZZ_SECONDS:-20}" 2>&1 \
+  | tee "$REPORT_DIR/fuzz.log"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+/usr/bin/python3 - "$REPORT_DIR/fuzz.log" "$REPORT_DIR/xml/fuzz" <<'PY'
+import pathlib, sys
+from xml.sax.saxutils import escape, quoteattr
+log, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+out.mkdir(parents=True, exist_ok=True)
+lines = [l.split() for l in log.read_text().splitlines() if l.startswith("fuzz ") and len(l.split()) > 3]
+if not lines:
+    (out / "unbuilt.txt").write_text("fuzz targets did not build or run (see the log above)\n")
+    sys.exit(0)
+cases = []
+for words in lines:
+    name, result, detail = words[1], words[2], " ".join(words[3:])
+    body = "" if result == "ok" else "<failure message=%s/>" % quoteattr(detail)
+    cases.append("<testcase classname=\"fuzz\" name=%s>%s</testcase>" % (quoteattr(name), body))
+(out / "fuzz.xml").write_text("<testsuites><testsuite name=\"fuzz\">%s</testsuite></testsuites>\n"
+                             % "".join(cases))
+PY
 
 /usr/bin/python3 "$ROOT/tests/count_results.py" "$REPORT_DIR/xml" || status=1
 exit $status
