@@ -1,16 +1,12 @@
 #include "base/metrics_exposer.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <string>
 
 #include "absl/strings/str_cat.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "base/testing/http_get.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
 
@@ -20,24 +16,6 @@ namespace {
 using ::testing::HasSubstr;
 
 // A plain HTTP GET of /metrics on 127.0.0.1:port.
-std::string Scrape(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  (void)!write(fd, request.data(), request.size());
-  std::string response;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
-  close(fd);
-  return response;
-}
 
 TEST(MetricsExposer, ServesTheRegistryAsText) {
   auto registry = std::make_shared<prometheus::Registry>();
@@ -48,7 +26,7 @@ TEST(MetricsExposer, ServesTheRegistryAsText) {
       MetricsExposer::Start("127.0.0.1:0", registry);
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_GT((*e)->port(), 0);
-  const std::string text = Scrape((*e)->port());
+  const std::string text = testing::HttpGet((*e)->port());
   EXPECT_THAT(text, HasSubstr("200 OK"));
   EXPECT_THAT(text, HasSubstr("gcomp_test_things_total{kind=\"a\"} 3"));
 }

@@ -1,9 +1,5 @@
 // A worker's /metrics endpoint (ClientOptions::metrics_address) over real HTTP, against an
 // in-process shard: the counters equal Client::stats().
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -12,6 +8,7 @@
 #include "cluster/cluster_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "base/testing/http_get.h"
 #include "server/grpc_service.h"
 #include "worker/client.h"
 
@@ -19,25 +16,6 @@ namespace gcomp {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string Scrape(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  (void)!write(fd, request.data(), request.size());
-  std::string response;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
-  close(fd);
-  return response;
-}
 
 TEST(WorkerMetrics, ServedCountersMatchClientStats) {
   absl::StatusOr<proto::ClusterConfig> config =
@@ -57,7 +35,7 @@ TEST(WorkerMetrics, ServedCountersMatchClientStats) {
     ASSERT_TRUE((*client)->PushPull("g", step, g.data(), out.data()).ok());
   }
   const worker::ClientStats st = (*client)->stats();
-  const std::string text = Scrape((*client)->metrics_port());
+  const std::string text = testing::HttpGet((*client)->metrics_port());
   const std::string labels = "job=\"m\",worker=\"0\"";
   EXPECT_THAT(text, HasSubstr(absl::StrCat("gcomp_worker_raw_bytes_total{", labels,
                                            ",direction=\"sent\"} ", st.raw_bytes_sent)));

@@ -58,6 +58,17 @@ struct Client::Impl {
 
   std::atomic<uint64_t> raw_sent{0}, raw_received{0}, wire_sent{0}, wire_received{0};
   std::atomic<uint64_t> chunks{0}, retries{0};
+
+  ClientStats Stats() const {
+    ClientStats s;
+    s.raw_bytes_sent = raw_sent;
+    s.raw_bytes_received = raw_received;
+    s.wire_bytes_sent = wire_sent;
+    s.wire_bytes_received = wire_received;
+    s.chunks = chunks;
+    s.retries = retries;
+    return s;
+  }
   // Null without ClientOptions::metrics_address. The exposer is declared last so that it
   // stops serving before the metrics it reads go away.
   std::shared_ptr<ClientMetrics> metrics;
@@ -125,16 +136,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
   if (!security.ok()) return security.status();
   if (!options.metrics_address.empty()) {
     Impl* raw = impl.get();
-    impl->metrics = std::make_shared<ClientMetrics>(config.job(), options.worker, [raw] {
-      ClientStats st;
-      st.raw_bytes_sent = raw->raw_sent;
-      st.raw_bytes_received = raw->raw_received;
-      st.wire_bytes_sent = raw->wire_sent;
-      st.wire_bytes_received = raw->wire_received;
-      st.chunks = raw->chunks;
-      st.retries = raw->retries;
-      return st;
-    });
+    impl->metrics = std::make_shared<ClientMetrics>(config.job(), options.worker,
+                                                    [raw] { return raw->Stats(); });
     absl::StatusOr<std::unique_ptr<MetricsExposer>> exposer =
         MetricsExposer::Start(options.metrics_address, impl->metrics);
     if (!exposer.ok()) return exposer.status();
@@ -414,16 +417,7 @@ absl::Status Client::Pull(const std::string& key, void* output) {
   return absl::OkStatus();
 }
 
-ClientStats Client::stats() const {
-  ClientStats s;
-  s.raw_bytes_sent = impl_->raw_sent;
-  s.raw_bytes_received = impl_->raw_received;
-  s.wire_bytes_sent = impl_->wire_sent;
-  s.wire_bytes_received = impl_->wire_received;
-  s.chunks = impl_->chunks;
-  s.retries = impl_->retries;
-  return s;
-}
+ClientStats Client::stats() const { return impl_->Stats(); }
 
 const proto::ClusterConfig& Client::config() const { return impl_->config; }
 uint32_t Client::worker() const { return impl_->options.worker; }
