@@ -12,16 +12,8 @@ if [[ -n "$DIR" && -f "$DIR/digits_cnn_step1.npy" ]]; then
 else
   echo "note: GCOMP_GRADIENTS_DIR unset or without digits_cnn_step1.npy; using a synthetic file"
   GRAD="$TEST_TMPDIR/synthetic.npy"
-  # A v1.0 .npy header for 65536 '<f4' values, then a ramp of small floats.
-  /usr/bin/python3 - "$GRAD" <<'PY'
-import struct, sys, math
-n = 65536
-header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % n
-header += " " * (118 - len(header)) + "\n"
-with open(sys.argv[1], "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-    f.write(struct.pack("<%df" % n, *[math.sin(i * 0.01) * 1e-3 for i in range(n)]))
-PY
+  # 65536 small f32 values (a sine).
+  /usr/bin/python3 tests/write_npy.py "$GRAD" 65536 sine
 fi
 
 out="$("$CLUSTER" --shards 2 --workers 3 --steps 2 --gradients "$GRAD" | tail -1)"

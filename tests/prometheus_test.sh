@@ -10,15 +10,7 @@ PROMETHEUS="${PROMETHEUS:-$(command -v prometheus || true)}"
 DIR="$TEST_TMPDIR"
 
 # 131072 f32 values = 512 KiB: 8 chunks of 64 KiB over 2 shards.
-/usr/bin/python3 - "$DIR/g.npy" <<'PY'
-import struct, sys, math
-n = 131072
-header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % n
-header += " " * (118 - len(header)) + "\n"
-with open(sys.argv[1], "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-    f.write(struct.pack("<%df" % n, *[math.sin(i * 0.01) * 1e-3 for i in range(n)]))
-PY
+/usr/bin/python3 tests/write_npy.py "$DIR/g.npy" 131072 sine
 # Two consecutive free ports for the shards' metrics (--metrics_base_port M0), one for Prometheus.
 read -r M0 P < <(/usr/bin/python3 - <<'PY'
 import socket

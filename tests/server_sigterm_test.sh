@@ -8,15 +8,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 DIR="$TEST_TMPDIR"
 
 # A small gradient file (.npy v1.0, 4096 '<f4' values).
-/usr/bin/python3 - "$DIR/g.npy" <<'PY'
-import struct, sys
-n = 4096
-header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % n
-header += " " * (118 - len(header)) + "\n"
-with open(sys.argv[1], "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-    f.write(struct.pack("<%df" % n, *[(i % 97) * 1e-3 for i in range(n)]))
-PY
+/usr/bin/python3 tests/write_npy.py "$DIR/g.npy" 4096 ramp
 PORT=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 cat > "$DIR/cluster.yaml" <<YAML
 job: sigterm

@@ -8,15 +8,7 @@ CLUSTER="$1"
 fail() { echo "FAIL: $*"; exit 1; }
 GRAD="$TEST_TMPDIR/soak.npy"
 # A v1.0 .npy of 131072 '<f4' values (512 KiB: 8 chunks of 64 KiB spread over both shards).
-/usr/bin/python3 - "$GRAD" <<'PY'
-import struct, sys, math
-n = 131072
-header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % n
-header += " " * (118 - len(header)) + "\n"
-with open(sys.argv[1], "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-    f.write(struct.pack("<%df" % n, *[math.sin(i * 0.01) * 1e-3 * (i % 7 != 0) for i in range(n)]))
-PY
+/usr/bin/python3 tests/write_npy.py "$GRAD" 131072 sparse-sine
 out="$("$CLUSTER" --shards 2 --workers 4 --steps 1000 --chunk_bytes 65536 --gradients "$GRAD" \
         --soak_from_step 500 --soak_max_growth_pct 5 | tail -1)"
 echo "$out"
