@@ -14,11 +14,12 @@ set -euo pipefail
 
 PREFIX=/opt/gcomp-ps/absl-tsan    # .bazelrc (build:tsan) names this path
 # Only the libraries that implement locking are replaced: the mutex and condition variable,
-# the spin lock and thread identity under them, and the deadlock detector they call. The
-# rest of Abseil (Status, Cord, strings, the low-level allocator) stays Debian's build: gRPC
-# hands those objects between its threads through its own uninstrumented code, so
-# instrumenting them would only produce reports TSan cannot order.
-LIBS=(synchronization graphcycles_internal base spinlock_wait)
+# the spin lock and thread identity under them, the allocator of those per-thread records
+# (its lazily made arena must be seen made) and the deadlock detector. The rest of Abseil
+# (Status, Cord, strings) stays Debian's build: gRPC hands those objects between its
+# threads through its own uninstrumented code, so instrumenting them would only produce
+# reports TSan cannot order.
+LIBS=(synchronization graphcycles_internal base spinlock_wait malloc_internal)
 JOBS="${GCOMP_TSAN_JOBS:-$(nproc)}"
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
@@ -36,6 +37,13 @@ if [[ -z "$version" || -z "$source_pkg" ]]; then
   echo "build_tsan_absl: libabsl-dev is not installed; run tools/bootstrap.sh" >&2
   exit 1
 fi
+# The suppressions for Abseil's internals (TSAN_OPTIONS in .bazelrc names this copy).
+supp_src="$(cd "$(dirname "$0")" && pwd)/tsan_suppressions.txt"
+if ! cmp -s "$supp_src" "$PREFIX/tsan_suppressions.txt"; then
+  $SUDO mkdir -p "$PREFIX"
+  $SUDO cp "$supp_src" "$PREFIX/tsan_suppressions.txt"
+fi
+
 stamp="$PREFIX/lib/.gcomp-absl-tsan-version"
 want="$version ${LIBS[*]}"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
