@@ -262,7 +262,12 @@ absl::Status ApplyNode(const YAML::Node& node, const std::string& prefix,
     return FieldError(prefix.empty() ? "<root>" : prefix, "expected a mapping");
   }
   for (const auto& kv : node) {
-    std::string key = kv.first.as<std::string>();
+    // A list or mapping as a key ("{[a]: 1}") is valid YAML; as<std::string>() would throw.
+    if (!kv.first.IsScalar()) {
+      return FieldError(prefix.empty() ? "<root>" : prefix,
+                        "keys must be field names, not lists, mappings or null");
+    }
+    std::string key = kv.first.Scalar();
     std::string field = prefix.empty() ? key : prefix + "." + key;
     auto it = Setters().find(field);
     if (it != Setters().end()) {

@@ -167,5 +167,15 @@ TEST(ClusterConfig, StringsMustBeUtf8) {
   EXPECT_EQ(c->job(), "tr\xc3\xa4ning-\xf0\x9f\x9a\x80");
 }
 
+// Found by fuzz/cluster_config_fuzz: a list as a mapping key made yaml-cpp throw out of the
+// parser (std::terminate).
+TEST(ClusterConfig, KeysMustBeNames) {
+  absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig("{[a]: 1, shards: [a:1]}\n");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("'<root>': keys must be field names"));
+  c = ParseClusterConfig("shards: [a:1]\noptimizer: {{x: 1}: 2}\n");
+  EXPECT_THAT(c.status().message(), HasSubstr("'optimizer': keys must be field names"));
+}
+
 }  // namespace
 }  // namespace gcomp::cluster
