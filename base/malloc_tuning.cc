@@ -14,4 +14,14 @@ void TuneMallocForLargeBuffers() {
   mallopt(M_ARENA_MAX, 2);
 }
 
+PeriodicMallocTrim::PeriodicMallocTrim(absl::Duration interval)
+    : thread_([this, interval] {
+        while (!stop_.WaitForNotificationWithTimeout(interval)) malloc_trim(0);
+      }) {}
+
+PeriodicMallocTrim::~PeriodicMallocTrim() {
+  stop_.Notify();
+  thread_.join();
+}
+
 }  // namespace gcomp

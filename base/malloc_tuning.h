@@ -2,6 +2,11 @@
 #ifndef GCOMP_BASE_MALLOC_TUNING_H_
 #define GCOMP_BASE_MALLOC_TUNING_H_
 
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+
 namespace gcomp {
 
 // Keeps freed multi-megabyte buffers (gRPC messages, decoded chunks) in the heap instead of
@@ -10,6 +15,24 @@ namespace gcomp {
 // (measured: a 4-worker, 2-shard step on loopback took 1.8x longer). Call once at the top
 // of main(); costs memory that the process has already used once.
 void TuneMallocForLargeBuffers();
+
+// Hands the heap's free pages back to the kernel (malloc_trim) every `interval` on a
+// thread of its own, until destroyed. With the settings above nothing is ever trimmed, so
+// in a long run the heap's free holes (buffer sizes drift as gradients change) slowly add
+// to resident memory: +4-6% from step 500 to 10,000 in a soak run. One trim every few
+// seconds keeps it at what is in use, and the page faults it costs are paid once per
+// interval, not per step.
+class PeriodicMallocTrim {
+ public:
+  explicit PeriodicMallocTrim(absl::Duration interval);
+  ~PeriodicMallocTrim();
+  PeriodicMallocTrim(const PeriodicMallocTrim&) = delete;
+  PeriodicMallocTrim& operator=(const PeriodicMallocTrim&) = delete;
+
+ private:
+  absl::Notification stop_;
+  std::thread thread_;
+};
 
 }  // namespace gcomp
 

@@ -33,6 +33,7 @@ ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
 
 int main(int argc, char** argv) {
   gcomp::TuneMallocForLargeBuffers();
+  const gcomp::PeriodicMallocTrim trim_heap(absl::Seconds(5));
   absl::ParseCommandLine(argc, argv);
   const int shard = absl::GetFlag(FLAGS_shard);
   absl::Status s = gcomp::InitLogging(absl::StrCat("gcomp_server[", shard, "]"),

@@ -98,6 +98,7 @@ std::string JsonEscape(absl::string_view s) {
 
 int main(int argc, char** argv) {
   gcomp::TuneMallocForLargeBuffers();
+  const gcomp::PeriodicMallocTrim trim_heap(absl::Seconds(5));
   absl::ParseCommandLine(argc, argv);
   const uint32_t w = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker));
   const absl::Status logging = gcomp::InitLogging(absl::StrCat("gcomp_worker[", w, "]"),
