@@ -18,10 +18,10 @@ void TuneMallocForLargeBuffers();
 
 // Hands the heap's free pages back to the kernel (malloc_trim) every `interval` on a
 // thread of its own, until destroyed. With the settings above nothing is ever trimmed, so
-// in a long run the heap's free holes (buffer sizes drift as gradients change) slowly add
-// to resident memory: +4-6% from step 500 to 10,000 in a soak run. One trim every few
-// seconds keeps it at what is in use, and the page faults it costs are paid once per
-// interval, not per step.
+// free holes left as buffer sizes drift would stay resident for good; one trim every few
+// seconds keeps resident memory close to what is in use, and the page faults it costs are
+// paid once per interval, not per step. (docs/BENCHMARKS.md, "Steady state", has what the
+// 10,000-step soak run measured with and without it.)
 class PeriodicMallocTrim {
  public:
   explicit PeriodicMallocTrim(absl::Duration interval);
