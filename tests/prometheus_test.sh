@@ -45,30 +45,42 @@ YAML
   --web.listen-address="127.0.0.1:$P" > "$DIR/prometheus.log" 2>&1 &
 PROM_PID=$!
 trap 'kill $PROM_PID 2>/dev/null; wait $PROM_PID 2>/dev/null' EXIT
-for _ in $(seq 1 100); do
-  /usr/bin/python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$P/-/ready', timeout=1)" \
-    2>/dev/null && break
-  sleep 0.2
+ready=0
+for _ in $(seq 1 120); do
+  if /usr/bin/python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$P/-/ready', timeout=1)" \
+      2>/dev/null; then
+    ready=1
+    break
+  fi
+  sleep 0.5
 done
+((ready)) || { tail -20 "$DIR/prometheus.log"; fail "Prometheus not ready after 60 s"; }
 
-# Linger 3 s after the last step so that Prometheus scrapes the final counters.
+# Linger 6 s after the last step so that Prometheus scrapes the final counters (every
+# 500 ms; a loaded machine may delay a few scrapes).
 out="$("$CLUSTER" --shards 2 --workers 2 --steps 12 --chunk_bytes 65536 --gradients "$DIR/g.npy" \
-        --metrics_base_port "$M0" --linger_ms 3000 | tail -1)"
+        --metrics_base_port "$M0" --linger_ms 6000 | tail -1)"
 echo "$out"
 [[ "$out" == *'"ok":true'* ]] || fail "cluster run failed"
 [[ "$out" == *"\"metrics_ports\":[$M0,$M1]"* ]] || fail "metrics ports not as asked"
 
 /usr/bin/python3 - "$P" "$out" <<'PY' || fail "Prometheus disagrees with the launcher"
-import json, sys, urllib.parse, urllib.request
+import json, sys, time, urllib.parse, urllib.request
 port, line = sys.argv[1], json.loads(sys.argv[2])
 
 def query(q):
     url = "http://127.0.0.1:%s/api/v1/query?%s" % (port, urllib.parse.urlencode({"query": q}))
-    body = json.load(urllib.request.urlopen(url, timeout=10))
-    assert body["status"] == "success", body
-    result = body["data"]["result"]
-    assert result, "no data for " + q
-    return float(result[0]["value"][1])
+    # Samples of the last scrapes may still be on their way into the head block.
+    for _ in range(40):
+        body = json.load(urllib.request.urlopen(url, timeout=10))
+        assert body["status"] == "success", body
+        result = body["data"]["result"]
+        if result:
+            return float(result[0]["value"][1])
+        time.sleep(0.5)
+    targets = json.load(urllib.request.urlopen(
+        "http://127.0.0.1:%s/api/v1/targets" % port, timeout=10))
+    raise AssertionError("no data for %s; targets: %s" % (q, json.dumps(targets)[:2000]))
 
 # The shards have stopped: take each series' last scraped value.
 last = lambda m: "sum(max_over_time(%s[5m]))" % m
