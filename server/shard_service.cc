@@ -361,7 +361,9 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
     return absl::InvalidArgumentError(absl::StrCat("worker ", a.worker(), " out of range: job has ",
                                                    config_.workers(), " workers"));
   }
-  if (a.step() < 0) return absl::InvalidArgumentError(absl::StrCat("negative step ", a.step()));
+  if (a.step() < 0 || a.step() >= kMaxStep) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", a.step(), " out of range [0, 2^62)"));
+  }
   if (a.chunk() >= t->layout.num_chunks) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", a.chunk(), " out of range: '", a.key(),
                                                    "' has ", t->layout.num_chunks, " chunks"));

@@ -26,6 +26,10 @@ StepAccumulator::~StepAccumulator() {
 
 absl::Status StepAccumulator::CheckStepLocked(int64_t step) const {
   if (!cancelled_.ok()) return cancelled_;
+  if (step < 0 || step >= kMaxStep) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, " for ", options_.label,
+                                                   " out of range [0, 2^62)"));
+  }
   if (!started_) return absl::OkStatus();
   if (step == completed_step_) return absl::OkStatus();
   if (step < current_step_) {

@@ -60,6 +60,10 @@ struct StepAccumulatorOptions {
   std::function<void()> on_step_failed;
 };
 
+// Step numbers run from 0 to below this bound; a larger one is refused (the step after it
+// must be representable, and no training runs 2^62 steps).
+inline constexpr int64_t kMaxStep = int64_t{1} << 62;
+
 class StepAccumulator {
  public:
   // Encodes the chunk's value (mean gradient or parameters) after `step` into a reply.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -96,6 +97,24 @@ TEST(StepAccumulator, StaleAndFutureStepsAreRejectedWithoutChange) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(Values(*r->reply)[0], 4.0f);
   EXPECT_EQ(acc->steps_completed(), 3u);
+}
+
+// Found by the shard_service fuzz target: a first push at step 2^63 - 1 overflowed the
+// step counter when the step completed.
+TEST(StepAccumulator, StepsOutsideTheRangeAreRefusedWithoutChange) {
+  auto acc = Make(1, 1);
+  for (int64_t step : {int64_t{-1}, kMaxStep, std::numeric_limits<int64_t>::max()}) {
+    auto r = acc->Push(0, step, {1}, absl::InfiniteFuture());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << step;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("out of range")) << step;
+    EXPECT_EQ(acc->Admit(0, step).status().code(), absl::StatusCode::kInvalidArgument) << step;
+  }
+  EXPECT_EQ(acc->steps_completed(), 0u);
+  auto last = acc->Push(0, kMaxStep - 1, {3}, absl::InfiniteFuture());
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(Values(*last->reply)[0], 3.0f);
+  EXPECT_EQ(acc->Push(0, kMaxStep, {4}, absl::InfiniteFuture()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(StepAccumulator, TimeoutNamesMissingWorkersForEveryWaiter) {
