@@ -9,12 +9,15 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -33,6 +36,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/process_usage.h"
+#include "base/usage_trend.h"
 #include "base/progress.h"
 
 ABSL_FLAG(int, shards, 2, "Shard processes.");
@@ -61,10 +65,15 @@ ABSL_FLAG(bool, verify_all, false,
 ABSL_FLAG(std::string, label, "", "Extra \"label\" key in the JSON line.");
 ABSL_FLAG(bool, keep_logs, false, "Keep the run directory with process logs.");
 ABSL_FLAG(int, soak_from_step, -1,
-          "Soak check: sample every process's resident memory and open files from this step "
-          "(after warm-up) to the end; the JSON line gains rss_growth_pct, fd_growth_pct and "
-          "soak_ok, and the run fails if either grows more than --soak_max_growth_pct. -1: off.");
+          "Soak check: sample every process's resident memory and open files every 250 ms "
+          "from this step (after warm-up) to the end; the JSON line gains rss_growth_pct, "
+          "fd_growth_pct (change of the median of the first and last tenth of the samples), "
+          "rss_peak_growth_pct (of their maxima) and soak_ok, and the run fails if the "
+          "median RSS or open files grow more than --soak_max_growth_pct. -1: off.");
 ABSL_FLAG(double, soak_max_growth_pct, 5.0, "Growth allowed by the soak check, in percent.");
+ABSL_FLAG(std::string, soak_samples, "",
+          "Soak check: also write every sample to this file, one line each: seconds since "
+          "the first sample, worker 0's step, process name, resident bytes, open files.");
 ABSL_FLAG(std::string, progress, "auto",
           "auto|always|never: a progress line (step, steps/s, ratio, ETA) rewritten on stderr; "
           "auto shows it only on a terminal.");
@@ -116,6 +125,8 @@ int FreePort() {
 pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
   pid_t pid = fork();
   if (pid != 0) return pid;
+  // A launcher killed by a signal must not leave its shards and workers running.
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
   int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   dup2(o, 1);
@@ -175,17 +186,13 @@ std::optional<Progress> ReadProgress(const std::string& path) {
   return p;
 }
 
-// Resident memory and open files of one process from the soak check's first sample (at
-// --soak_from_step) to its last (just before the process ended).
+// Resident memory and open files of one process, sampled from the soak check's first step
+// (--soak_from_step) to one step before the end.
 struct SoakTrack {
   std::string name;
   pid_t pid = 0;
-  std::optional<gcomp::ProcessUsage> first, last;
+  std::vector<gcomp::ProcessUsage> samples;
 };
-
-double GrowthPct(uint64_t from, uint64_t to) {
-  return from == 0 ? 0.0 : (static_cast<double>(to) - static_cast<double>(from)) * 100.0 / from;
-}
 
 std::string Escape(const std::string& s) {
   std::string o;
@@ -286,20 +293,31 @@ int main(int argc, char** argv) {
   }
   const int soak_from = absl::GetFlag(FLAGS_soak_from_step);
   std::vector<SoakTrack> soak;
-  for (int k = 0; k < S; ++k) soak.push_back({absl::StrCat("shard-", k), servers[k], std::nullopt, std::nullopt});
-  for (int w = 0; w < W; ++w) soak.push_back({absl::StrCat("worker-", w), workers[w], std::nullopt, std::nullopt});
+  for (int k = 0; k < S; ++k) soak.push_back({absl::StrCat("shard-", k), servers[k], {}});
+  for (int w = 0; w < W; ++w) soak.push_back({absl::StrCat("worker-", w), workers[w], {}});
   std::vector<int> status(W, -1);
   int left = W;  // workers still running
   bool soak_started = false;
   absl::Time next_sample = absl::Now();
   // Samples every live process (after the soak's first step has been reached).
   bool soak_done = false;
+  FILE* samples_out = nullptr;
+  if (!absl::GetFlag(FLAGS_soak_samples).empty()) {
+    samples_out = fopen(absl::GetFlag(FLAGS_soak_samples).c_str(), "w");
+    if (samples_out == nullptr) {
+      fprintf(stderr, "cluster: cannot write --soak_samples %s: %s\n",
+              absl::GetFlag(FLAGS_soak_samples).c_str(), strerror(errno));
+      return 2;
+    }
+  }
+  absl::Time soak_t0;
   auto sample = [&]() {
     if (soak_done) return;
     const std::optional<Progress> p = ReadProgress(dir + "/worker0.progress");
     if (!p) return;
     const int64_t progress = p->steps;
     if (!soak_started && progress < soak_from) return;
+    if (!soak_started) soak_t0 = absl::Now();
     soak_started = true;
     // Workers that do not verify finish the last step before worker 0 reports it and
     // start tearing down (channels close, buffers are freed): not the steady state the
@@ -314,8 +332,13 @@ int main(int argc, char** argv) {
       if (t.pid == 0 || left < W) continue;
       absl::StatusOr<gcomp::ProcessUsage> u = gcomp::ReadProcessUsage(t.pid);
       if (!u.ok()) continue;
-      if (!t.first) t.first = *u;
-      t.last = *u;
+      t.samples.push_back(*u);
+      if (samples_out != nullptr) {
+        fprintf(samples_out, "%.3f\t%lld\t%s\t%llu\t%llu\n",
+                absl::ToDoubleSeconds(absl::Now() - soak_t0), static_cast<long long>(progress),
+                t.name.c_str(), static_cast<unsigned long long>(u->rss_bytes),
+                static_cast<unsigned long long>(u->open_fds));
+      }
     }
   };
   // Workers end on their own: every call has a deadline. The launcher adds a last guard.
@@ -358,6 +381,7 @@ int main(int argc, char** argv) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   printer.Finish();
+  if (samples_out != nullptr) fclose(samples_out);
   if (absl::GetFlag(FLAGS_linger_ms) > 0) absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_linger_ms)));
   for (pid_t s : servers) kill(s, SIGTERM);
   for (pid_t s : servers) waitpid(s, nullptr, 0);
@@ -402,32 +426,41 @@ int main(int argc, char** argv) {
   }
   const double gbps = p50 > 0 ? grad_bytes * W / (p50 / 1e3) / 1e9 : 0;
   bool soak_ok = true;
-  double rss_growth = 0, fd_growth = 0;
+  double rss_growth = 0, fd_growth = 0, rss_peak_growth = 0;
   std::string soak_json;
   if (soak_from >= 0) {
     for (const SoakTrack& t : soak) {
-      if (!t.first || !t.last) {
+      if (t.samples.size() < 2) {
         soak_ok = false;
         if (first_error.empty()) {
-          first_error = absl::StrCat("soak check: no sample of ", t.name, " at or after step ",
-                                     soak_from);
+          first_error = absl::StrCat("soak check: fewer than two samples of ", t.name,
+                                     " at or after step ", soak_from);
         }
         continue;
       }
-      const double r = GrowthPct(t.first->rss_bytes, t.last->rss_bytes);
-      const double f = GrowthPct(t.first->open_fds, t.last->open_fds);
-      rss_growth = std::max(rss_growth, r);
-      fd_growth = std::max(fd_growth, f);
-      fprintf(stderr, "soak %-9s rss %8.1f -> %8.1f MiB (%+.2f%%)  fds %4lu -> %4lu (%+.2f%%)\n",
-              t.name.c_str(), t.first->rss_bytes / 1048576.0, t.last->rss_bytes / 1048576.0, r,
-              static_cast<unsigned long>(t.first->open_fds),
-              static_cast<unsigned long>(t.last->open_fds), f);
+      const gcomp::UsageTrend trend = gcomp::MeasureUsageTrend(t.samples);
+      rss_growth = std::max(rss_growth, trend.rss_growth_pct);
+      fd_growth = std::max(fd_growth, trend.fd_growth_pct);
+      rss_peak_growth = std::max(rss_peak_growth, trend.rss_peak_growth_pct);
+      constexpr double kMiB = 1048576.0;
+      fprintf(stderr,
+              "soak %-9s rss %7.1f -> %7.1f MiB (%+.2f%%, medians of %zu of %zu samples; peaks "
+              "%.1f -> %.1f %+.2f%%; single %.1f -> %.1f)  fds %lu -> %lu (%+.2f%%)\n",
+              t.name.c_str(), trend.first_median.rss_bytes / kMiB,
+              trend.last_median.rss_bytes / kMiB, trend.rss_growth_pct, trend.window,
+              trend.samples, trend.first_max.rss_bytes / kMiB, trend.last_max.rss_bytes / kMiB,
+              trend.rss_peak_growth_pct, trend.first.rss_bytes / kMiB,
+              trend.last.rss_bytes / kMiB,
+              static_cast<unsigned long>(trend.first_median.open_fds),
+              static_cast<unsigned long>(trend.last_median.open_fds), trend.fd_growth_pct);
     }
     const double limit = absl::GetFlag(FLAGS_soak_max_growth_pct);
     if (rss_growth > limit || fd_growth > limit) soak_ok = false;
     soak_json = absl::StrFormat(",\"soak_from_step\":%d,\"rss_growth_pct\":%.3f,"
-                                "\"fd_growth_pct\":%.3f,\"soak_ok\":%s",
-                                soak_from, rss_growth, fd_growth, soak_ok ? "true" : "false");
+                                "\"fd_growth_pct\":%.3f,\"soak_ok\":%s,"
+                                "\"rss_peak_growth_pct\":%.3f",
+                                soak_from, rss_growth, fd_growth, soak_ok ? "true" : "false",
+                                rss_peak_growth);
   }
   const bool all_ok = ok && identical && bound_ok && soak_ok;
   printf("{\"steps\":%d,\"workers\":%d,\"shards\":%d,\"raw_bytes\":%.0f,\"wire_bytes\":%.0f,"
