@@ -63,10 +63,14 @@ for t in "${targets[@]}"; do
   mkdir -p "$dir/corpus"
   cp fuzz/corpus/"$t"/* "$dir/corpus/"
   if [[ -d "fuzz/regressions/$t" ]]; then cp fuzz/regressions/"$t"/* "$dir/corpus/"; fi
+  # shard_service's inputs reach thousands of features each: the entropic scheduler's
+  # per-feature bookkeeping then took half the time (about 400 against 1,100 exec/s).
+  target_flags=()
+  [[ "$t" == shard_service ]] && target_flags+=(-entropic=0)
   start=$(date +%s)
   set +e
   # shellcheck disable=SC2086  # GCOMP_FUZZ_FLAGS is a list of flags
-  (cd "$dir" && "$BIN/${t}_fuzz" "${limit_flags[@]}" -timeout=10 -rss_limit_mb=2048 \
+  (cd "$dir" && "$BIN/${t}_fuzz" "${limit_flags[@]}" "${target_flags[@]}" -timeout=10 -rss_limit_mb=2048 \
       -print_final_stats=1 -artifact_prefix="$dir/" ${GCOMP_FUZZ_FLAGS:-} corpus) \
       >"$dir/fuzz.log" 2>&1
   rc=$?
