@@ -251,6 +251,12 @@ const std::map<std::string, Setter>& Setters() {
         "limits.max_pending_bytes", &P::mutable_limits, &Lim::set_max_pending_bytes);
     (*m)["limits.max_calls_per_client"] = NestedUnsigned(
         "limits.max_calls_per_client", &P::mutable_limits, &Lim::set_max_calls_per_client);
+    using Ck = proto::CheckpointConfig;
+    (*m)["checkpoint.dir"] = NestedString("checkpoint.dir", &P::mutable_checkpoint, &Ck::set_dir);
+    (*m)["checkpoint.every_steps"] =
+        NestedUnsigned("checkpoint.every_steps", &P::mutable_checkpoint, &Ck::set_every_steps);
+    (*m)["checkpoint.keep"] =
+        NestedUnsigned("checkpoint.keep", &P::mutable_checkpoint, &Ck::set_keep);
     return m;
   }();
   return *setters;
@@ -276,7 +282,7 @@ absl::Status ApplyNode(const YAML::Node& node, const std::string& prefix,
       continue;
     }
     if ((field == "uplink" || field == "downlink" || field == "optimizer" ||
-         field == "security" || field == "limits") &&
+         field == "security" || field == "limits" || field == "checkpoint") &&
         kv.second.IsMap()) {
       absl::Status s = ApplyNode(kv.second, field, config);
       if (!s.ok()) return s;
@@ -366,6 +372,7 @@ proto::ClusterConfig DefaultClusterConfig() {
   l->set_max_pending_steps(65536);
   l->set_max_pending_bytes(0);  // 0: only the memory budget bounds them
   l->set_max_calls_per_client(1024);
+  c.mutable_checkpoint()->set_keep(2);
   return c;
 }
 
@@ -481,6 +488,13 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
     return FieldError("limits.max_calls_per_client",
                       absl::StrCat("must be in [1, 65536], got ", l.max_calls_per_client()));
   }
+  const proto::CheckpointConfig& ck = c.checkpoint();
+  if (ck.keep() < 1 || ck.keep() > 1000) {
+    return FieldError("checkpoint.keep", absl::StrCat("must be in [1, 1000], got ", ck.keep()));
+  }
+  if (ck.every_steps() != 0 && ck.dir().empty()) {
+    return FieldError("checkpoint.every_steps", "set without checkpoint.dir");
+  }
   return absl::OkStatus();
 }
 
@@ -572,6 +586,12 @@ std::string ClusterConfigToYaml(const proto::ClusterConfig& c) {
   out << YAML::Key << "max_pending_steps" << YAML::Value << l.max_pending_steps();
   out << YAML::Key << "max_pending_bytes" << YAML::Value << l.max_pending_bytes();
   out << YAML::Key << "max_calls_per_client" << YAML::Value << l.max_calls_per_client();
+  out << YAML::EndMap;
+  const proto::CheckpointConfig& ck = c.checkpoint();
+  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "dir" << YAML::Value << ck.dir();
+  out << YAML::Key << "every_steps" << YAML::Value << ck.every_steps();
+  out << YAML::Key << "keep" << YAML::Value << ck.keep();
   out << YAML::EndMap;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

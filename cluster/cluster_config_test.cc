@@ -177,5 +177,24 @@ TEST(ClusterConfig, KeysMustBeNames) {
   EXPECT_THAT(c.status().message(), HasSubstr("'optimizer': keys must be field names"));
 }
 
+TEST(ClusterConfig, CheckpointSection) {
+  absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig("shards: [a:1]\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->checkpoint().dir().empty());  // off by default
+  EXPECT_EQ(c->checkpoint().keep(), 2u);
+  c = ParseClusterConfig("shards: [a:1]\ncheckpoint: {dir: /ck, every_steps: 100, keep: 3}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->checkpoint().dir(), "/ck");
+  EXPECT_EQ(c->checkpoint().every_steps(), 100u);
+  EXPECT_EQ(c->checkpoint().keep(), 3u);
+  absl::StatusOr<proto::ClusterConfig> again = ParseClusterConfig(ClusterConfigToYaml(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->checkpoint().SerializeAsString(), c->checkpoint().SerializeAsString());
+  c = ParseClusterConfig("shards: [a:1]\n", {"checkpoint.keep=0"});
+  EXPECT_THAT(c.status().message(), HasSubstr("'checkpoint.keep': must be in [1, 1000], got 0"));
+  c = ParseClusterConfig("shards: [a:1]\n", {"checkpoint.every_steps=5"});
+  EXPECT_THAT(c.status().message(), HasSubstr("'checkpoint.every_steps': set without checkpoint.dir"));
+}
+
 }  // namespace
 }  // namespace gcomp::cluster

@@ -35,6 +35,15 @@ absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name);
 // InvalidArgument naming the bad field ("learning_rate", ...).
 absl::Status ValidateOptimizerOptions(const OptimizerOptions& options);
 
+// An optimizer's whole state, for checkpoints and moving a chunk between shards. Vectors
+// are empty until allocated (value: before the first use; m: momentum/adam; v: adam).
+struct OptimizerState {
+  std::vector<float> value;
+  std::vector<float> m;
+  std::vector<float> v;
+  int64_t steps = 0;
+};
+
 // State is allocated on first use (a declared chunk that is never pushed costs nothing).
 class Optimizer {
  public:
@@ -52,6 +61,11 @@ class Optimizer {
   absl::Span<const float> value() const;
   size_t elements() const { return elements_; }
   int64_t steps() const { return steps_; }
+  // A copy of the whole state; Restore(state()) gives back an identical optimizer.
+  OptimizerState state() const;
+  // Replaces the whole state. InvalidArgument (nothing changed) when a vector is neither
+  // empty nor elements() long, a moment is present that the kind does not use, or steps < 0.
+  absl::Status Restore(OptimizerState state);
 
  private:
   void AllocateValue() const;

@@ -46,5 +46,22 @@ TEST(Optimizer, ParsesAndValidates) {
   EXPECT_EQ(ValidateOptimizerOptions(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(Optimizer, StateRestoresIntoAnIdenticalOptimizer) {
+  OptimizerOptions opt{OptimizerKind::kAdam, 0.1};
+  Optimizer a(opt, 3, {1, 2, 3});
+  a.Step(std::vector<float>{0.5f, -0.25f, 1e-3f});
+  Optimizer b(opt, 3);
+  ASSERT_TRUE(b.Restore(a.state()).ok());
+  for (Optimizer* o : {&a, &b}) o->Step(std::vector<float>{0.1f, 0.2f, -0.3f});
+  EXPECT_EQ(std::vector<float>(a.value().begin(), a.value().end()),
+            std::vector<float>(b.value().begin(), b.value().end()));
+  EXPECT_EQ(b.steps(), 2);
+  OptimizerState wrong = a.state();
+  wrong.m.push_back(0);
+  EXPECT_EQ(b.Restore(wrong).code(), absl::StatusCode::kInvalidArgument);
+  Optimizer sgd(OptimizerOptions{OptimizerKind::kSgd}, 3);
+  EXPECT_EQ(sgd.Restore(a.state()).code(), absl::StatusCode::kInvalidArgument);  // has moments
+}
+
 }  // namespace
 }  // namespace gcomp::cluster

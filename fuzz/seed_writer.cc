@@ -19,6 +19,8 @@
 #include "codec/codec.h"
 #include "fuzz/fuzz_session.pb.h"
 #include "fuzz/fuzz_support.h"
+#include "server/checkpoint.h"
+#include "server/chunk_state.h"
 
 namespace gcomp::fuzz {
 namespace {
@@ -324,6 +326,54 @@ void WriteSessions() {
 }  // namespace
 }  // namespace gcomp::fuzz
 
+namespace gcomp::fuzz {
+
+// Checkpoint data files: declarations and chunk states of each optimizer's shape.
+void WriteCheckpoints() {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 0.01f);
+  for (const char* optimizer : {"none", "momentum", "adam"}) {
+    std::vector<proto::CheckpointRecord> records;
+    proto::TensorDeclaration* d = records.emplace_back().mutable_declaration();
+    d->set_job("j");
+    d->set_key("w");
+    d->set_dtype(proto::DTYPE_F32);
+    d->set_elements(300);
+    d->set_chunk_bytes(512);
+    d->mutable_optimizer()->set_name(optimizer);
+    for (uint32_t chunk : {0u, 2u}) {
+      const size_t n = chunk == 2 ? 44 : 128;
+      server::ChunkSnapshot snap;
+      snap.started = true;
+      snap.current_step = 4;
+      snap.completed_step = 3;
+      snap.optimizer.steps = 4;
+      for (std::vector<float>* v : {&snap.optimizer.value, &snap.optimizer.m, &snap.optimizer.v}) {
+        if (v != &snap.optimizer.value && std::string(optimizer) == "none") continue;
+        if (v == &snap.optimizer.v && std::string(optimizer) != "adam") continue;
+        v->resize(n);
+        for (float& x : *v) x = normal(rng);
+      }
+      auto result = std::make_shared<proto::CompressedBlock>();
+      cluster::DirectionCodec lossless;
+      lossless.policy.mode = codec::Mode::kLossless;
+      cluster::EncodeWireBlock(lossless, codec::DType::kF32, snap.optimizer.value.data(), n,
+                               result.get())
+          .IgnoreError();
+      result->mutable_address()->set_key("w");
+      result->mutable_address()->set_chunk(chunk);
+      result->mutable_address()->set_step(3);
+      snap.cached_result = result;
+      server::ChunkStateToProto("j", "w", chunk, n, snap, records.emplace_back().mutable_chunk())
+          .IgnoreError();
+    }
+    Write("checkpoint_file", absl::StrCat("shard_", optimizer), server::SerializeCheckpointFile(records));
+  }
+  Write("checkpoint_file", "empty", server::SerializeCheckpointFile({}));
+}
+
+}  // namespace gcomp::fuzz
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s CORPUS_ROOT (e.g. $PWD/fuzz/corpus)\n", argv[0]);
@@ -335,6 +385,7 @@ int main(int argc, char** argv) {
   gcomp::fuzz::WriteWireBlocks();
   gcomp::fuzz::WriteConfigs();
   gcomp::fuzz::WriteSessions();
+  gcomp::fuzz::WriteCheckpoints();
   std::printf("seed corpora written under %s\n", argv[1]);
   return 0;
 }

@@ -1,6 +1,7 @@
 // gcomp_server --config FILE --shard K [--set field=value ...] [--decode_threads N]
 // Serves shard K of the cluster described by FILE until SIGTERM or SIGINT, then shuts
-// down gracefully (waiting steps end with UNAVAILABLE, in-flight calls drain).
+// down gracefully (waiting steps end with UNAVAILABLE, in-flight calls drain), then, with
+// `checkpoint.dir` configured, writes the final checkpoint.
 #include <signal.h>
 
 #include <string>
@@ -103,10 +104,19 @@ int main(int argc, char** argv) {
   sigwait(&signals, &sig);
   gcomp::log::Info("shard {}: signal {}, shutting down", shard, sig);
   (*server)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  int rc = 0;
+  if (!config->checkpoint().dir().empty()) {
+    // After the drain: every chunk is at its last completed step (docs/CHECKPOINT.md).
+    absl::Status written = (*server)->service()->WriteFinalCheckpoint();
+    if (!written.ok()) {
+      gcomp::log::Error("shard {}: final checkpoint failed: {}", shard, written.ToString());
+      rc = 1;
+    }
+  }
   gcomp::proto::StatsResponse stats;
   (*server)->service()->Stats(&stats);
   gcomp::log::Info("shard {}: stopped; pushes {} duplicates {} rejected {} steps {} failed {}",
                    shard, stats.pushes(), stats.duplicate_pushes(), stats.rejected_pushes(),
                    stats.steps_completed(), stats.steps_failed());
-  return 0;
+  return rc;
 }

@@ -82,6 +82,24 @@ ShardMetrics::ShardMetrics(const std::string& job, uint32_t shard)
                           .Labels(labels)
                           .Register(r)
                           .Add({});
+  checkpoints_ = &prometheus::BuildCounter()
+                      .Name("gcomp_shard_checkpoints_total")
+                      .Help("Checkpoint files this shard wrote (docs/CHECKPOINT.md).")
+                      .Labels(labels)
+                      .Register(r)
+                      .Add({});
+  checkpoint_bytes_ = &prometheus::BuildCounter()
+                           .Name("gcomp_shard_checkpoint_bytes_total")
+                           .Help("Bytes of the checkpoint files this shard wrote.")
+                           .Labels(labels)
+                           .Register(r)
+                           .Add({});
+  checkpoint_seconds_ = &prometheus::BuildCounter()
+                             .Name("gcomp_shard_checkpoint_seconds_total")
+                             .Help("Seconds spent encoding and writing checkpoint files.")
+                             .Labels(labels)
+                             .Register(r)
+                             .Add({});
   steps_failed_ = &prometheus::BuildCounter()
                        .Name("gcomp_shard_steps_failed_total")
                        .Help("Chunk-steps that timed out or failed to encode.")
@@ -206,6 +224,12 @@ void ShardMetrics::ObserveStep(const StepTimings& t, uint64_t raw_bytes_encoded)
 }
 
 void ShardMetrics::CountStepFailed() { steps_failed_->Increment(); }
+
+void ShardMetrics::ObserveCheckpoint(uint64_t bytes, double seconds) {
+  checkpoints_->Increment();
+  checkpoint_bytes_->Increment(static_cast<double>(bytes));
+  checkpoint_seconds_->Increment(seconds);
+}
 
 void ShardMetrics::SetAdmission(const AdmissionUsage& usage, uint64_t budget_bytes) {
   memory_budget_->Set(static_cast<double>(budget_bytes));

@@ -50,6 +50,8 @@ class ShardMetrics {
   // One chunk-step completed (timings from its StepAccumulator) or failed.
   void ObserveStep(const StepTimings& timings, uint64_t raw_bytes_encoded);
   void CountStepFailed();
+  // One checkpoint file written: its bytes and the seconds encoding and writing took.
+  void ObserveCheckpoint(uint64_t bytes, double seconds);
   void SetAdmission(const AdmissionUsage& usage, uint64_t budget_bytes);
   void SetTensors(uint64_t tensors, uint64_t chunks_owned, uint64_t shard_map_epoch);
 
@@ -91,6 +93,9 @@ class ShardMetrics {
   prometheus::Counter* codec_seconds_encode_;
   prometheus::Counter* steps_completed_;
   prometheus::Counter* steps_failed_;
+  prometheus::Counter* checkpoints_;
+  prometheus::Counter* checkpoint_bytes_;
+  prometheus::Counter* checkpoint_seconds_;
   prometheus::Histogram* step_seconds_;
   prometheus::Histogram* phase_wait_;
   prometheus::Histogram* phase_decode_;

@@ -7,6 +7,8 @@
 #include "base/logging.h"
 #include "base/system_memory.h"
 #include "cluster/wire_block.h"
+#include "server/checkpoint.h"
+#include "server/chunk_state.h"
 
 namespace gcomp::server {
 
@@ -15,6 +17,7 @@ struct ShardService::Tensor {
   codec::DType dtype = codec::DType::kF32;
   cluster::ChunkLayout layout;
   cluster::OptimizerOptions optimizer;
+  proto::OptimizerConfig optimizer_config;  // as resolved at declaration (for checkpoints)
   std::vector<uint32_t> owner;
   // Owned chunks only; constant after creation (the accumulators are thread-safe).
   absl::flat_hash_map<uint32_t, std::unique_ptr<StepAccumulator>> chunks;
@@ -65,7 +68,16 @@ absl::StatusOr<std::unique_ptr<ShardService>> ShardService::Create(
   if (options.decode_threads < 1) {
     return absl::InvalidArgumentError("decode_threads must be at least 1");
   }
-  return std::unique_ptr<ShardService>(new ShardService(config, options));
+  std::unique_ptr<ShardService> service(new ShardService(config, options));
+  if (!config.checkpoint().dir().empty()) {
+    s = service->RestoreFromCheckpoint();
+    if (!s.ok()) return s;
+    if (config.checkpoint().every_steps() > 0) {
+      ShardService* raw = service.get();
+      service->ckpt_thread_ = std::thread([raw] { raw->CheckpointLoop(); });
+    }
+  }
+  return service;
 }
 
 uint64_t ShardService::MemoryBudgetBytes(const proto::LimitsConfig& limits) {
@@ -116,7 +128,14 @@ uint64_t ShardService::OwnedChunkBytes(const cluster::ChunkLayout& layout, codec
          cluster::MaxWireBytes(n, dtype);
 }
 
-ShardService::~ShardService() { Shutdown(); }
+ShardService::~ShardService() {
+  Shutdown();
+  {
+    absl::MutexLock lock(&ckpt_mu_);
+    ckpt_stop_ = true;
+  }
+  if (ckpt_thread_.joinable()) ckpt_thread_.join();
+}
 
 std::string ShardService::WorkerName(uint32_t worker) const {
   absl::MutexLock lock(&names_mu_);
@@ -243,6 +262,7 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
       t->dtype = *dtype;
       t->layout = layout;
       t->optimizer = *opt;
+      t->optimizer_config = r.has_optimizer() ? r.optimizer() : config_.optimizer();
       t->owner = std::move(owner);
       for (uint32_t c = 0; c < layout.num_chunks; ++c) {
         if (t->owner[c] != options_.shard) continue;
@@ -257,6 +277,12 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
           metrics->ObserveStep(t, raw_bytes);
         };
         ao.on_step_failed = [metrics] { metrics->CountStepFailed(); };
+        if (!config_.checkpoint().dir().empty() && config_.checkpoint().every_steps() > 0) {
+          ao.snapshot_every_steps = config_.checkpoint().every_steps();
+          ao.on_snapshot = [this, key = r.key(), c](ChunkSnapshot snap) {
+            OnSnapshot(key, c, std::move(snap));
+          };
+        }
         const codec::DType dt = *dtype;
         const std::string key = r.key();
         const std::string job = config_.job();
@@ -510,6 +536,206 @@ void ShardService::Shutdown() {
   }
   // Outside mu_: accumulators take their own locks (tensors are never removed).
   for (StepAccumulator* acc : chunks) acc->Cancel(absl::UnavailableError("shard shutting down"));
+}
+
+namespace {
+
+uint64_t SnapshotBytes(const ChunkSnapshot& s) {
+  return (s.optimizer.value.size() + s.optimizer.m.size() + s.optimizer.v.size()) * sizeof(float);
+}
+
+}  // namespace
+
+void ShardService::OnSnapshot(const std::string& key, uint32_t chunk, ChunkSnapshot snap) {
+  const int64_t step = snap.completed_step;
+  const uint64_t bytes = SnapshotBytes(snap);
+  // The copies count against the memory budget until written; a step whose snapshots do
+  // not fit is skipped (logged), and training goes on.
+  absl::Status reserved = admission_->ReserveMemory(
+      bytes, absl::StrCat("checkpoint of step ", step, " ('", key, "' chunk ", chunk, ")"));
+  absl::MutexLock lock(&ckpt_mu_);
+  PendingCheckpoint& p = pending_ckpt_[step];
+  if (!reserved.ok()) {
+    if (!p.refused) log::Warn("shard {}: skipping the checkpoint of step {}: {}", options_.shard, step, std::string(reserved.message()));
+    p.refused = true;
+  } else {
+    p.reserved_bytes += bytes;
+  }
+  p.chunks.emplace_back(std::make_pair(key, chunk), reserved.ok() ? std::move(snap) : ChunkSnapshot{});
+  if (p.chunks.size() >= chunks_owned_.load()) {
+    ready_ckpt_.emplace_back(step, std::move(p));
+    pending_ckpt_.erase(step);
+  }
+}
+
+void ShardService::CheckpointLoop() {
+  while (true) {
+    std::pair<int64_t, PendingCheckpoint> job;
+    {
+      absl::MutexLock lock(&ckpt_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ckpt_mu_) {
+        return ckpt_stop_ || !ready_ckpt_.empty();
+      };
+      ckpt_mu_.Await(absl::Condition(&ready));
+      if (ready_ckpt_.empty()) return;
+      job = std::move(ready_ckpt_.front());
+      ready_ckpt_.pop_front();
+      ckpt_writing_ = true;
+    }
+    if (!job.second.refused) {
+      absl::Status s = WriteCheckpoint(false, job.first, std::move(job.second.chunks));
+      if (!s.ok()) log::Error("shard {}: checkpoint of step {} failed: {}", options_.shard, job.first, s.ToString());
+    }
+    admission_->ReleaseMemory(job.second.reserved_bytes);
+    absl::MutexLock lock(&ckpt_mu_);
+    ckpt_writing_ = false;
+  }
+}
+
+void ShardService::FlushCheckpoints() {
+  absl::MutexLock lock(&ckpt_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ckpt_mu_) {
+    return ckpt_stop_ || (ready_ckpt_.empty() && !ckpt_writing_);
+  };
+  ckpt_mu_.Await(absl::Condition(&idle));
+}
+
+absl::Status ShardService::WriteCheckpoint(
+    bool final, int64_t step,
+    std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks) {
+  const absl::Time start = absl::Now();
+  ShardCheckpoint c;
+  c.job = config_.job();
+  c.final = final;
+  c.step = step;
+  c.shard = options_.shard;
+  c.shards = config_.shards_size();
+  c.shard_map_epoch = config_.shard_map_epoch();
+  absl::flat_hash_map<std::string, size_t> chunk_elements;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, t] : tensors_) {
+      proto::TensorDeclaration& d = c.declarations.emplace_back();
+      d.set_job(config_.job());
+      d.set_key(key);
+      d.set_dtype(cluster::ToProto(t->dtype));
+      d.set_elements(t->layout.elements);
+      d.set_chunk_bytes(config_.chunk_bytes());
+      *d.mutable_optimizer() = t->optimizer_config;
+    }
+    for (auto& [id, snap] : chunks) {
+      auto it = tensors_.find(id.first);
+      if (it == tensors_.end()) return absl::InternalError("snapshot of an undeclared tensor");
+      chunk_elements[absl::StrCat(id.first, "\n", id.second)] = it->second->layout.size(id.second);
+    }
+  }
+  std::sort(c.declarations.begin(), c.declarations.end(),
+            [](const auto& a, const auto& b) { return a.key() < b.key(); });
+  for (auto& [id, snap] : chunks) {
+    if (final) c.step = std::max(c.step, snap.completed_step);
+    absl::Status s = ChunkStateToProto(config_.job(), id.first, id.second,
+                                       chunk_elements[absl::StrCat(id.first, "\n", id.second)], snap,
+                                       &c.chunks.emplace_back());
+    if (!s.ok()) return s;
+    snap = ChunkSnapshot{};  // free the copy early
+  }
+  absl::StatusOr<uint64_t> bytes =
+      WriteShardCheckpoint(config_.checkpoint().dir(), c, config_.checkpoint().keep());
+  if (!bytes.ok()) return bytes.status();
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  log::Info("shard {}: checkpoint {} written: {} chunks, {} bytes in {:.3f} s", options_.shard,
+            CheckpointSetName(final, c.step, c.shards), c.chunks.size(), *bytes, seconds);
+  metrics_->ObserveCheckpoint(*bytes, seconds);
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::WriteFinalCheckpoint() {
+  if (config_.checkpoint().dir().empty()) {
+    return absl::FailedPreconditionError("no checkpoint.dir configured");
+  }
+  {
+    absl::MutexLock lock(&ckpt_mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ckpt_mu_) {
+      return ready_ckpt_.empty() && !ckpt_writing_;
+    };
+    if (ckpt_thread_.joinable()) ckpt_mu_.Await(absl::Condition(&idle));
+  }
+  std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, t] : tensors_) {
+      for (const auto& [c, acc] : t->chunks) chunks.emplace_back(std::make_pair(key, c), acc->Snapshot());
+    }
+  }
+  return WriteCheckpoint(true, -1, std::move(chunks));
+}
+
+absl::Status ShardService::RestoreFromCheckpoint() {
+  const std::string& dir = config_.checkpoint().dir();
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir);
+  if (absl::IsNotFound(loaded.status())) {
+    log::Info("shard {}: no checkpoint in {}; starting empty", options_.shard, dir);
+    return absl::OkStatus();
+  }
+  if (!loaded.ok()) return loaded.status();
+  const absl::Time start = absl::Now();
+  if (loaded->job != config_.job()) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", loaded->path, " is of job '",
+                                                      loaded->job, "', not '", config_.job(), "'"));
+  }
+  absl::flat_hash_map<std::string, const proto::TensorDeclaration*> decls;
+  for (const proto::TensorDeclaration& d : loaded->declarations) {
+    if (d.chunk_bytes() != config_.chunk_bytes()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", loaded->path, ": '", d.key(), "' was cut into chunks of ", d.chunk_bytes(),
+          " bytes; the config says chunk_bytes ", config_.chunk_bytes()));
+    }
+    proto::DeclareTensorRequest r;
+    r.set_job(d.job());
+    r.set_key(d.key());
+    r.set_dtype(d.dtype());
+    r.set_elements(d.elements());
+    *r.mutable_optimizer() = d.optimizer();
+    r.set_shard_map_epoch(config_.shard_map_epoch());
+    proto::DeclareTensorResponse response;
+    absl::Status s = DeclareTensor(r, &response);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("restoring checkpoint ", loaded->path, ": ", s.message()));
+    }
+    decls[d.key()] = &d;
+  }
+  uint64_t restored = 0;
+  for (const proto::ChunkState& st : loaded->chunks) {
+    StepAccumulator* acc = nullptr;
+    codec::DType dtype = codec::DType::kF32;
+    {
+      absl::MutexLock lock(&mu_);
+      Tensor* t = tensors_.at(st.key()).get();
+      auto it = t->chunks.find(st.chunk());
+      if (it == t->chunks.end()) continue;  // owned by another shard under this config
+      acc = it->second.get();
+      dtype = t->dtype;
+    }
+    absl::StatusOr<ChunkSnapshot> snap = ChunkStateFromProto(st, acc->elements(), dtype);
+    if (snap.ok() && snap->cached_result != nullptr) {
+      // Replies carry the epoch they were sent under; a retry now gets this shard's.
+      auto result = std::make_shared<proto::CompressedBlock>(*snap->cached_result);
+      result->mutable_address()->set_shard_map_epoch(config_.shard_map_epoch());
+      snap->cached_result = std::move(result);
+    }
+    absl::Status s = snap.ok() ? acc->Restore(*std::move(snap)) : snap.status();
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("restoring checkpoint ", loaded->path, ": ", s.message()));
+    }
+    ++restored;
+  }
+  restored_from_ = loaded->path;
+  restored_step_ = loaded->step;
+  log::Info("shard {}: restored {} chunks of {} tensors from {} (step {}, {} bytes read, {:.3f} s){}",
+            options_.shard, restored, loaded->declarations.size(), loaded->path, loaded->step,
+            loaded->bytes, absl::ToDoubleSeconds(absl::Now() - start),
+            loaded->skipped.empty() ? "" : absl::StrCat("; skipped newer: ", loaded->skipped.size()));
+  return absl::OkStatus();
 }
 
 }  // namespace gcomp::server

@@ -18,8 +18,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -52,7 +56,11 @@ class ShardService {
   // headroom for gRPC buffers, transient decode buffers and thread stacks.
   static uint64_t MemoryBudgetBytes(const proto::LimitsConfig& limits);
 
-  // InvalidArgument if the config is invalid or the shard index is out of range.
+  // InvalidArgument if the config is invalid or the shard index is out of range. With
+  // `checkpoint.dir` set, first restores the newest complete checkpoint there (the chunks
+  // this shard owns under its config; docs/CHECKPOINT.md): FailedPrecondition when it is of
+  // another job or chunk size, DataLoss when checkpoints exist but none is intact; nothing
+  // is half-loaded.
   static absl::StatusOr<std::unique_ptr<ShardService>> Create(const proto::ClusterConfig& config,
                                                               const ShardOptions& options);
   ~ShardService();
@@ -72,6 +80,15 @@ class ShardService {
   // Ends every wait and refuses later calls with Unavailable.
   void Shutdown();
 
+  // Writes the checkpoint set "final" (every chunk at its last completed step) into
+  // `checkpoint.dir`; call after Shutdown (SIGTERM). FailedPrecondition without a dir.
+  absl::Status WriteFinalCheckpoint();
+  // Waits until the periodic checkpoints queued so far are written (tests, shutdown).
+  void FlushCheckpoints();
+  // What the start-up restore loaded: the set's directory and step ("" / -1 if none).
+  const std::string& restored_from() const { return restored_from_; }
+  int64_t restored_step() const { return restored_step_; }
+
   uint32_t shard() const { return options_.shard; }
   AdmissionUsage admission_usage() const { return admission_->usage(); }
   // The shard's Prometheus metrics (served on /metrics by gcomp_server).
@@ -81,7 +98,21 @@ class ShardService {
  private:
   struct Tensor;
 
+  // Snapshots of one step boundary, gathered chunk by chunk until every owned chunk is in.
+  struct PendingCheckpoint {
+    std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks;
+    uint64_t reserved_bytes = 0;
+    bool refused = false;  // a snapshot did not fit the memory budget: the step is skipped
+  };
+
   ShardService(proto::ClusterConfig config, const ShardOptions& options);
+  absl::Status RestoreFromCheckpoint();
+  // Called by a chunk's accumulator (under its lock) at a checkpoint step boundary.
+  void OnSnapshot(const std::string& key, uint32_t chunk, ChunkSnapshot snapshot);
+  void CheckpointLoop();
+  // Encodes and writes one shard file of the set (final or the periodic one of `step`).
+  absl::Status WriteCheckpoint(bool final, int64_t step,
+                               std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks);
   absl::StatusOr<Tensor*> FindTensor(const std::string& job, uint64_t epoch,
                                      const std::string& key) const;
   absl::Status PushPullImpl(const proto::CompressedBlock& request, absl::Time deadline,
@@ -108,6 +139,16 @@ class ShardService {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Periodic checkpoints; taken inside accumulator locks (never the other way round).
+  mutable absl::Mutex ckpt_mu_;
+  std::map<int64_t, PendingCheckpoint> pending_ckpt_ ABSL_GUARDED_BY(ckpt_mu_);
+  std::deque<std::pair<int64_t, PendingCheckpoint>> ready_ckpt_ ABSL_GUARDED_BY(ckpt_mu_);
+  bool ckpt_writing_ ABSL_GUARDED_BY(ckpt_mu_) = false;
+  bool ckpt_stop_ ABSL_GUARDED_BY(ckpt_mu_) = false;
+  std::thread ckpt_thread_;
+  std::string restored_from_;
+  int64_t restored_step_ = -1;
 
   // Separate from mu_: accumulators ask for names while holding their own locks.
   mutable absl::Mutex names_mu_;

@@ -149,6 +149,10 @@ void StepAccumulator::FinishLocked() {
   arrived_count_ = 0;
   step_deadline_ = absl::InfiniteFuture();
   ++steps_completed_;
+  if (options_.snapshot_every_steps > 0 && options_.on_snapshot &&
+      (completed_step_ + 1) % options_.snapshot_every_steps == 0) {
+    options_.on_snapshot(SnapshotLocked());
+  }
   if (options_.on_step_completed) {
     options_.on_step_completed(StepTimings{encoded - step_started_, last_push - step_started_,
                                            reduced - last_push, encoded - reduced});
@@ -234,6 +238,58 @@ bool StepAccumulator::SetInitial(absl::Span<const float> value) {
   if (started_ || completed_step_ >= 0) return false;
   optimizer_.SetValue(value);
   return true;
+}
+
+ChunkSnapshot StepAccumulator::SnapshotLocked() const {
+  ChunkSnapshot snap;
+  snap.started = started_;
+  snap.current_step = current_step_;
+  snap.completed_step = completed_step_;
+  snap.optimizer = optimizer_.state();
+  snap.cached_result = result_;
+  return snap;
+}
+
+ChunkSnapshot StepAccumulator::Snapshot() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return SnapshotLocked();
+}
+
+absl::Status StepAccumulator::Restore(ChunkSnapshot snap) {
+  if (snap.current_step < 0 || snap.current_step >= kMaxStep) {
+    return absl::InvalidArgumentError(absl::StrCat("restored step ", snap.current_step, " for ",
+                                                   options_.label, " out of range [0, 2^62)"));
+  }
+  if (snap.completed_step != -1 && snap.completed_step != snap.current_step - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "restored state of ", options_.label, " has completed step ", snap.completed_step,
+        " but step ", snap.current_step, " in progress"));
+  }
+  if (!snap.started && (snap.completed_step != -1 || snap.current_step != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("restored state of ", options_.label,
+                                                   " has steps but is not started"));
+  }
+  if ((snap.completed_step >= 0) != (snap.cached_result != nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "restored state of ", options_.label,
+        snap.completed_step >= 0 ? " lacks the result of its completed step"
+                                 : " has a result but no completed step"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (started_ || completed_step_ >= 0 || arrived_count_ > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot restore ", options_.label, ": it has already taken pushes"));
+  }
+  absl::Status s = optimizer_.Restore(std::move(snap.optimizer));
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("restored state of ", options_.label, ": ", s.message()));
+  }
+  started_ = snap.started;
+  current_step_ = snap.current_step;
+  completed_step_ = snap.completed_step;
+  result_ = std::move(snap.cached_result);
+  return absl::OkStatus();
 }
 
 void StepAccumulator::Cancel(const absl::Status& status) {

@@ -48,6 +48,18 @@ struct StepTimings {
   absl::Duration encode;          // encoding the result
 };
 
+// A chunk's state as of its last completed step: what checkpoints record and re-sharding
+// moves (server/chunk_state.h serializes it). Pushes of the step in progress are not part
+// of it (workers resend them).
+struct ChunkSnapshot {
+  bool started = false;        // a first push fixed the starting step
+  int64_t current_step = 0;    // the step in progress
+  int64_t completed_step = -1; // -1: none
+  cluster::OptimizerState optimizer;
+  // The reply to completed_step (null when none completed).
+  std::shared_ptr<const proto::CompressedBlock> cached_result;
+};
+
 struct StepAccumulatorOptions {
   uint32_t workers = 1;
   absl::Duration step_timeout = absl::Seconds(10);
@@ -58,6 +70,10 @@ struct StepAccumulatorOptions {
   // Called (under the accumulator's lock: keep it cheap) when a step completes or fails.
   std::function<void(const StepTimings&)> on_step_completed;
   std::function<void()> on_step_failed;
+  // With snapshot_every_steps > 0: called (under the lock) with the chunk's snapshot right
+  // after it completes a step s with (s + 1) % snapshot_every_steps == 0.
+  int64_t snapshot_every_steps = 0;
+  std::function<void(ChunkSnapshot)> on_snapshot;
 };
 
 // Step numbers run from 0 to below this bound; a larger one is refused (the step after it
@@ -108,6 +124,13 @@ class StepAccumulator {
   // Sets the initial value if no step has started; returns whether it was applied.
   bool SetInitial(absl::Span<const float> value);
 
+  // The state as of the last completed step (a copy; steps continue).
+  ChunkSnapshot Snapshot() const;
+  // Replaces the state with `snapshot` (a restored checkpoint or a moved chunk). Only
+  // before any push: FailedPrecondition otherwise; InvalidArgument (nothing changed) when
+  // the snapshot is inconsistent (steps, sizes, a completed step without its result).
+  absl::Status Restore(ChunkSnapshot snapshot);
+
   // Ends every wait with `status` and refuses later pushes with it.
   void Cancel(const absl::Status& status);
 
@@ -118,6 +141,7 @@ class StepAccumulator {
  private:
   absl::Status CheckStepLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ChunkSnapshot SnapshotLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MissingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void RecycleLocked(std::vector<float> buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,0 +1,497 @@
+#include "server/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "base/files.h"
+#include "base/logging.h"
+#include "cluster/shard_map.h"
+#include "xxhash.h"
+
+namespace gcomp::server {
+namespace {
+
+// Data file: magic, records [u32 length][payload][u64 XXH64(payload)], trailer magic,
+// u64 record count, u64 XXH64 of every byte before the trailer magic (docs/CHECKPOINT.md).
+constexpr char kMagic[8] = {'G', 'C', 'K', 'P', 'T', '0', '0', '1'};
+constexpr char kTrailer[8] = {'G', 'C', 'K', 'P', 'E', 'N', 'D', '1'};
+constexpr uint32_t kMaxRecordBytes = 1u << 30;
+constexpr char kManifestHeader[] = "gcomp-checkpoint-manifest 1";
+constexpr uint64_t kMaxElements = uint64_t{1} << 36;
+
+void PutU32(std::string* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+void PutU64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+uint64_t GetLE(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
+  return v;
+}
+
+std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+// Writes `bytes` to dir/name durably: a temporary file, fsync, rename, fsync of the dir.
+absl::Status WriteDurably(const std::string& dir, const std::string& name, absl::string_view bytes) {
+  const std::string path = absl::StrCat(dir, "/", name);
+  const std::string tmp = absl::StrCat(path, ".tmp", getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp, ": ", ErrnoText()));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = ErrnoText();
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return absl::DataLossError(absl::StrCat("cannot write ", tmp, ": ", why));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const std::string why = ErrnoText();
+    ::unlink(tmp.c_str());
+    return absl::DataLossError(absl::StrCat("cannot sync ", tmp, ": ", why));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = ErrnoText();
+    ::unlink(tmp.c_str());
+    return absl::PermissionDeniedError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", why));
+  }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  std::string sofar;
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part.empty()) {
+      if (sofar.empty()) sofar = "/";
+      continue;
+    }
+    sofar = sofar.empty() || sofar == "/" ? absl::StrCat(sofar, part) : absl::StrCat(sofar, "/", part);
+    if (::mkdir(sofar.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::PermissionDeniedError(absl::StrCat("cannot create directory ", sofar, ": ", ErrnoText()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(n);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void RemoveTree(const std::string& path) {
+  for (const std::string& n : ListDir(path)) ::unlink(absl::StrCat(path, "/", n).c_str());
+  ::rmdir(path.c_str());
+}
+
+std::string ShardPrefix(uint32_t shard, uint32_t shards) {
+  return absl::StrCat("shard-", shard, "-of-", shards);
+}
+
+struct Manifest {
+  std::string job;
+  std::string set;
+  int64_t step = -1;
+  uint32_t shard = 0;
+  uint32_t shards = 0;
+  uint64_t epoch = 0;
+  std::string file;
+  uint64_t file_bytes = 0;
+  uint64_t file_xxh64 = 0;
+};
+
+std::string SerializeManifest(const Manifest& m) {
+  std::string body = absl::StrCat(kManifestHeader, "\njob ", m.job, "\nset ", m.set, "\nstep ",
+                                  m.step, "\nshard ", m.shard, "\nshards ", m.shards, "\nepoch ",
+                                  m.epoch, "\nfile ", m.file, " ", m.file_bytes, " ",
+                                  Hex(m.file_xxh64), "\n");
+  return absl::StrCat(body, "end ", Hex(XXH64(body.data(), body.size(), 0)), "\n");
+}
+
+absl::StatusOr<Manifest> ParseManifest(absl::string_view text, const std::string& name) {
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("checkpoint manifest ", name, ": ", why));
+  };
+  size_t end = text.rfind("end ");
+  if (end == absl::string_view::npos) return bad("no 'end' line (truncated?)");
+  absl::string_view body = text.substr(0, end);
+  absl::string_view sum = absl::StripSuffix(text.substr(end + 4), "\n");
+  if (sum != Hex(XXH64(body.data(), body.size(), 0))) return bad("checksum mismatch");
+  std::vector<std::string> lines = absl::StrSplit(body, '\n', absl::SkipEmpty());
+  if (lines.size() != 8 || lines[0] != kManifestHeader) return bad("unexpected header or line count");
+  Manifest m;
+  std::map<std::string, std::string> kv;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::pair<std::string, std::string> p = absl::StrSplit(lines[i], absl::MaxSplits(' ', 1));
+    kv[p.first] = p.second;
+  }
+  m.job = kv["job"];
+  m.set = kv["set"];
+  std::vector<std::string> file = absl::StrSplit(kv["file"], ' ');
+  if (m.job.empty() || m.set.empty() || file.size() != 3 || !absl::SimpleAtoi(kv["step"], &m.step) ||
+      !absl::SimpleAtoi(kv["shard"], &m.shard) || !absl::SimpleAtoi(kv["shards"], &m.shards) ||
+      !absl::SimpleAtoi(kv["epoch"], &m.epoch) || !absl::SimpleAtoi(file[1], &m.file_bytes) ||
+      !absl::SimpleHexAtoi(file[2], &m.file_xxh64)) {
+    return bad("missing or malformed field");
+  }
+  m.file = file[0];
+  if (m.shards == 0 || m.shard >= m.shards || m.file.find('/') != std::string::npos ||
+      m.file.empty() || m.file[0] == '.') {
+    return bad("shard index, shard count or file name out of range");
+  }
+  return m;
+}
+
+struct SetInfo {
+  std::string name;
+  std::string path;
+  bool final = false;
+  uint32_t shards = 0;
+  int64_t step = -1;
+  std::vector<Manifest> manifests;  // one per shard when complete
+  std::string problem;              // why it is incomplete (empty: complete)
+};
+
+// Parses "step-NNN-of-S" / "final-of-S"; false for other names.
+bool ParseSetName(const std::string& name, bool* final, int64_t* step, uint32_t* shards) {
+  std::vector<std::string> parts = absl::StrSplit(name, '-');
+  if (parts.size() == 3 && parts[0] == "final" && parts[1] == "of") {
+    *final = true;
+    *step = -1;
+    return absl::SimpleAtoi(parts[2], shards) && *shards > 0;
+  }
+  if (parts.size() == 4 && parts[0] == "step" && parts[2] == "of") {
+    *final = false;
+    return absl::SimpleAtoi(parts[1], step) && absl::SimpleAtoi(parts[3], shards) && *shards > 0;
+  }
+  return false;
+}
+
+// Every set in dir with its manifests read (not the data files), newest first.
+std::vector<SetInfo> ListSets(const std::string& dir) {
+  std::vector<SetInfo> sets;
+  for (const std::string& name : ListDir(dir)) {
+    SetInfo s;
+    s.name = name;
+    s.path = absl::StrCat(dir, "/", name);
+    if (!ParseSetName(name, &s.final, &s.step, &s.shards)) continue;
+    int64_t latest = -1;
+    for (uint32_t k = 0; k < s.shards && s.problem.empty(); ++k) {
+      const std::string mname = absl::StrCat(ShardPrefix(k, s.shards), ".manifest");
+      const std::string mpath = absl::StrCat(s.path, "/", mname);
+      absl::StatusOr<std::string> text = ReadFile(mpath);
+      if (!text.ok()) {
+        s.problem = absl::StrCat("incomplete: ", mpath, " is missing");
+        break;
+      }
+      absl::StatusOr<Manifest> m = ParseManifest(*text, mpath);
+      if (!m.ok()) {
+        s.problem = std::string(m.status().message());
+        break;
+      }
+      if (m->set != name || m->shard != k || m->shards != s.shards ||
+          (!s.final && m->step != s.step)) {
+        s.problem = absl::StrCat("checkpoint manifest ", mpath, ": names set '", m->set, "' shard ",
+                                 m->shard, " of ", m->shards, " step ", m->step,
+                                 ", not where it lies");
+        break;
+      }
+      if (!s.manifests.empty() && (m->job != s.manifests[0].job || m->epoch != s.manifests[0].epoch)) {
+        s.problem = absl::StrCat("checkpoint manifest ", mpath, ": job or epoch differs from shard 0's");
+        break;
+      }
+      latest = std::max(latest, m->step);
+      s.manifests.push_back(*std::move(m));
+    }
+    if (s.final) s.step = latest;
+    sets.push_back(std::move(s));
+  }
+  // Newest first; a final set wins a tie.
+  std::sort(sets.begin(), sets.end(), [](const SetInfo& a, const SetInfo& b) {
+    if (a.step != b.step) return a.step > b.step;
+    if (a.final != b.final) return a.final;
+    return a.name > b.name;
+  });
+  return sets;
+}
+
+absl::Status CheckDeclaration(const proto::TensorDeclaration& d, const std::string& name) {
+  if (d.key().empty() || d.dtype() < proto::DTYPE_F32 || d.dtype() > proto::DTYPE_F16 ||
+      d.elements() == 0 || d.elements() > kMaxElements || d.chunk_bytes() < 4 ||
+      d.chunk_bytes() > (uint64_t{1} << 28)) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", name, ": declaration of '", d.key(),
+                                            "' has out-of-range fields"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadSet(const SetInfo& s, LoadedCheckpoint* out) {
+  out->path = s.path;
+  out->job = s.manifests[0].job;
+  out->final = s.final;
+  out->step = s.step;
+  out->shards = s.shards;
+  out->shard_map_epoch = s.manifests[0].epoch;
+  absl::flat_hash_map<std::string, proto::TensorDeclaration> decls;
+  absl::flat_hash_set<std::pair<std::string, uint32_t>> seen;
+  for (const Manifest& m : s.manifests) {
+    const std::string path = absl::StrCat(s.path, "/", m.file);
+    absl::StatusOr<std::string> bytes = ReadFile(path);
+    if (!bytes.ok()) return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is missing"));
+    if (bytes->size() != m.file_bytes) {
+      return absl::DataLossError(absl::StrCat("checkpoint file ", path, " holds ", bytes->size(),
+                                              " bytes; its manifest says ", m.file_bytes));
+    }
+    if (XXH64(bytes->data(), bytes->size(), 0) != m.file_xxh64) {
+      return absl::DataLossError(absl::StrCat("checkpoint file ", path,
+                                              ": checksum does not match its manifest"));
+    }
+    out->bytes += bytes->size();
+    absl::StatusOr<std::vector<proto::CheckpointRecord>> records = ParseCheckpointFile(*bytes, path);
+    if (!records.ok()) return records.status();
+    for (proto::CheckpointRecord& r : *records) {
+      if (r.has_declaration()) {
+        const proto::TensorDeclaration& d = r.declaration();
+        if (d.job() != out->job) {
+          return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": declaration of '",
+                                                  d.key(), "' belongs to job '", d.job(), "'"));
+        }
+        auto [it, inserted] = decls.emplace(d.key(), d);
+        if (!inserted && it->second.SerializeAsString() != d.SerializeAsString()) {
+          return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": declaration of '",
+                                                  d.key(), "' differs from another shard's"));
+        }
+      } else if (r.has_chunk()) {
+        const proto::ChunkState& c = r.chunk();
+        if (c.job() != out->job) {
+          return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": chunk of '", c.key(),
+                                                  "' belongs to job '", c.job(), "'"));
+        }
+        if (!seen.insert({c.key(), c.chunk()}).second) {
+          return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": '", c.key(),
+                                                  "' chunk ", c.chunk(), " appears twice"));
+        }
+        out->chunks.push_back(std::move(*r.mutable_chunk()));
+      }
+    }
+  }
+  for (auto& [key, d] : decls) out->declarations.push_back(std::move(d));
+  std::sort(out->declarations.begin(), out->declarations.end(),
+            [](const auto& a, const auto& b) { return a.key() < b.key(); });
+  return CheckCheckpointCoverage(*out);
+}
+
+}  // namespace
+
+std::string CheckpointSetName(bool final, int64_t step, uint32_t shards) {
+  if (final) return absl::StrCat("final-of-", shards);
+  return absl::StrFormat("step-%012d-of-%d", step, shards);
+}
+
+std::string SerializeCheckpointFile(const std::vector<proto::CheckpointRecord>& records) {
+  std::string out(kMagic, sizeof(kMagic));
+  std::string payload;
+  for (const proto::CheckpointRecord& r : records) {
+    payload.clear();
+    r.SerializeToString(&payload);
+    PutU32(&out, static_cast<uint32_t>(payload.size()));
+    out += payload;
+    PutU64(&out, XXH64(payload.data(), payload.size(), 0));
+  }
+  const uint64_t body_hash = XXH64(out.data(), out.size(), 0);
+  out.append(kTrailer, sizeof(kTrailer));
+  PutU64(&out, records.size());
+  PutU64(&out, body_hash);
+  return out;
+}
+
+absl::StatusOr<std::vector<proto::CheckpointRecord>> ParseCheckpointFile(absl::string_view bytes,
+                                                                         const std::string& name) {
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", name, ": ", why));
+  };
+  if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    return bad("not a checkpoint file (bad magic)");
+  }
+  constexpr size_t kTrailerBytes = sizeof(kTrailer) + 16;
+  if (bytes.size() < sizeof(kMagic) + kTrailerBytes) return bad("truncated (no trailer)");
+  const size_t body_end = bytes.size() - kTrailerBytes;
+  const char* t = bytes.data() + body_end;
+  if (std::memcmp(t, kTrailer, sizeof(kTrailer)) != 0) return bad("truncated (no trailer)");
+  const uint64_t count = GetLE(t + 8, 8);
+  if (XXH64(bytes.data(), body_end, 0) != GetLE(t + 16, 8)) return bad("file checksum mismatch");
+  std::vector<proto::CheckpointRecord> records;
+  size_t pos = sizeof(kMagic);
+  while (pos < body_end) {
+    if (body_end - pos < 4) return bad(absl::StrCat("record at byte ", pos, " truncated"));
+    const uint32_t len = static_cast<uint32_t>(GetLE(bytes.data() + pos, 4));
+    pos += 4;
+    if (len > kMaxRecordBytes || body_end - pos < uint64_t{len} + 8) {
+      return bad(absl::StrCat("record at byte ", pos - 4, " of ", len, " bytes runs past the end"));
+    }
+    absl::string_view payload = bytes.substr(pos, len);
+    if (XXH64(payload.data(), payload.size(), 0) != GetLE(bytes.data() + pos + len, 8)) {
+      return bad(absl::StrCat("record ", records.size(), " checksum mismatch"));
+    }
+    proto::CheckpointRecord r;
+    if (!r.ParseFromArray(payload.data(), static_cast<int>(payload.size())) ||
+        r.record_case() == proto::CheckpointRecord::RECORD_NOT_SET) {
+      return bad(absl::StrCat("record ", records.size(), " does not parse"));
+    }
+    if (r.has_declaration()) {
+      absl::Status s = CheckDeclaration(r.declaration(), name);
+      if (!s.ok()) return s;
+    }
+    records.push_back(std::move(r));
+    pos += len + 8;
+  }
+  if (records.size() != count) {
+    return bad(absl::StrCat("trailer counts ", count, " records, found ", records.size()));
+  }
+  return records;
+}
+
+absl::Status CheckCheckpointCoverage(const LoadedCheckpoint& c) {
+  absl::flat_hash_map<std::string, const proto::TensorDeclaration*> decls;
+  absl::flat_hash_map<std::string, uint64_t> counts;
+  for (const proto::TensorDeclaration& d : c.declarations) decls[d.key()] = &d;
+  for (const proto::ChunkState& s : c.chunks) {
+    auto it = decls.find(s.key());
+    if (it == decls.end()) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", c.path, ": chunk ", s.chunk(), " of '",
+                                              s.key(), "' has no declaration"));
+    }
+    const proto::TensorDeclaration& d = *it->second;
+    const size_t element_bytes = d.dtype() == proto::DTYPE_F32 ? 4 : 2;
+    cluster::ChunkLayout layout(d.elements(), element_bytes, d.chunk_bytes());
+    if (s.chunk() >= layout.num_chunks || s.elements() != layout.size(s.chunk())) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", c.path, ": chunk ", s.chunk(), " of '",
+                                              s.key(), "' does not fit its declaration"));
+    }
+    ++counts[s.key()];
+  }
+  for (const proto::TensorDeclaration& d : c.declarations) {
+    const size_t element_bytes = d.dtype() == proto::DTYPE_F32 ? 4 : 2;
+    cluster::ChunkLayout layout(d.elements(), element_bytes, d.chunk_bytes());
+    if (counts[d.key()] != layout.num_chunks) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", c.path, ": '", d.key(), "' has ",
+                                              counts[d.key()], " of its ", layout.num_chunks,
+                                              " chunks"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint& c,
+                                              uint32_t keep) {
+  const std::string set = CheckpointSetName(c.final, c.step, c.shards);
+  const std::string set_path = absl::StrCat(dir, "/", set);
+  absl::Status s = MakeDirs(set_path);
+  if (!s.ok()) return s;
+  std::vector<proto::CheckpointRecord> records;
+  records.reserve(c.declarations.size() + c.chunks.size());
+  for (const proto::TensorDeclaration& d : c.declarations) *records.emplace_back().mutable_declaration() = d;
+  for (const proto::ChunkState& st : c.chunks) *records.emplace_back().mutable_chunk() = st;
+  const std::string bytes = SerializeCheckpointFile(records);
+  // A fresh name per write, so a manifest always names a file that was complete when it was
+  // written (the final set is rewritten in place).
+  std::random_device rd;
+  const std::string prefix = ShardPrefix(c.shard, c.shards);
+  const std::string file = absl::StrCat(prefix, "-", Hex((uint64_t{rd()} << 32) | rd()), ".ckpt");
+  s = WriteDurably(set_path, file, bytes);
+  if (!s.ok()) return s;
+  Manifest m;
+  m.job = c.job;
+  m.set = set;
+  m.step = c.step;
+  m.shard = c.shard;
+  m.shards = c.shards;
+  m.epoch = c.shard_map_epoch;
+  m.file = file;
+  m.file_bytes = bytes.size();
+  m.file_xxh64 = XXH64(bytes.data(), bytes.size(), 0);
+  s = WriteDurably(set_path, absl::StrCat(prefix, ".manifest"), SerializeManifest(m));
+  if (!s.ok()) return s;
+  // This shard's older data files in the set (a rewritten final set).
+  for (const std::string& n : ListDir(set_path)) {
+    if (n != file && absl::StartsWith(n, prefix + "-") && absl::EndsWith(n, ".ckpt")) {
+      ::unlink(absl::StrCat(set_path, "/", n).c_str());
+    }
+  }
+  // Keep the newest `keep` complete sets; delete every set older than the oldest kept one.
+  std::vector<SetInfo> sets = ListSets(dir);
+  uint32_t complete = 0;
+  for (const SetInfo& info : sets) {
+    if (complete >= keep && info.name != set) {
+      log::Info("checkpoint: deleting old set {}", info.path);
+      RemoveTree(info.path);
+      continue;
+    }
+    if (info.problem.empty()) ++complete;
+  }
+  return bytes.size();
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir) {
+  std::vector<SetInfo> sets = ListSets(dir);
+  if (sets.empty()) return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir));
+  std::vector<std::string> skipped;
+  for (const SetInfo& s : sets) {
+    if (!s.problem.empty()) {
+      skipped.push_back(s.problem);
+      log::Warn("checkpoint: skipping set {}: {}", s.path, s.problem);
+      continue;
+    }
+    LoadedCheckpoint loaded;
+    absl::Status st = LoadSet(s, &loaded);
+    if (!st.ok()) {
+      skipped.push_back(std::string(st.message()));
+      log::Warn("checkpoint: skipping set {}: {}", s.path, std::string(st.message()));
+      continue;
+    }
+    loaded.skipped = std::move(skipped);
+    return loaded;
+  }
+  return absl::DataLossError(absl::StrCat("no usable checkpoint in ", dir, ": ",
+                                          absl::StrJoin(skipped, "; ")));
+}
+
+}  // namespace gcomp::server

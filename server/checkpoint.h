@@ -1,0 +1,78 @@
+// Checkpoint files of shard state (format: docs/CHECKPOINT.md). Each shard writes, into a
+// directory shared by all shards, one data file of records (every declaration, then the
+// ChunkState of every chunk it owns) and a manifest naming that file with its size and
+// XXH64; a checkpoint ("set") is complete when the manifests of all S shards are present.
+// Records are keyed by (job, key, chunk), never by shard, so a set written by S shards
+// restores into any number of shards: each loads the chunks it owns under its own map.
+// Thread-safe free functions; concurrent writers must write different (set, shard) pairs.
+#ifndef GCOMP_SERVER_CHECKPOINT_H_
+#define GCOMP_SERVER_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/chunk_state.pb.h"
+
+namespace gcomp::server {
+
+// What one shard writes into one set.
+struct ShardCheckpoint {
+  std::string job;
+  // Periodic sets are named after the step boundary they hold; the one written at SIGTERM
+  // is the set "final" (chunks each at their last completed step).
+  bool final = false;
+  int64_t step = -1;  // periodic: the step every chunk completed; final: the latest one
+  uint32_t shard = 0;
+  uint32_t shards = 1;
+  uint64_t shard_map_epoch = 1;
+  std::vector<proto::TensorDeclaration> declarations;
+  std::vector<proto::ChunkState> chunks;
+};
+
+// The set directory's name, e.g. "step-000000000010-of-2" or "final-of-3".
+std::string CheckpointSetName(bool final, int64_t step, uint32_t shards);
+
+// Writes the shard's data file (temporary name, fsync, rename), then its manifest the same
+// way, then fsyncs the directory; then deletes sets beyond the newest `keep` complete ones.
+// Returns the bytes written. Errors name the file.
+absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint& c,
+                                              uint32_t keep);
+
+// A data file's records; DataLoss naming `name` and the problem for any damage (bad magic,
+// truncation, a record checksum, an unparsable record, a bad trailer). Never crashes.
+absl::StatusOr<std::vector<proto::CheckpointRecord>> ParseCheckpointFile(absl::string_view bytes,
+                                                                         const std::string& name);
+// The bytes of a data file holding `records` (the inverse of ParseCheckpointFile).
+std::string SerializeCheckpointFile(const std::vector<proto::CheckpointRecord>& records);
+
+// A complete, intact set, merged over its shards' files.
+struct LoadedCheckpoint {
+  std::string path;  // the set directory
+  std::string job;
+  bool final = false;
+  int64_t step = -1;
+  uint32_t shards = 0;
+  uint64_t shard_map_epoch = 0;
+  uint64_t bytes = 0;  // data file bytes read
+  std::vector<proto::TensorDeclaration> declarations;  // one per key
+  std::vector<proto::ChunkState> chunks;               // exactly one per (key, chunk)
+  // Newer sets passed over, each with the file and the problem.
+  std::vector<std::string> skipped;
+};
+
+// The newest complete and intact set in `dir` (the final set wins a tie with a periodic
+// one). NotFound when `dir` holds no set at all; DataLoss listing every set's problem when
+// none is usable. Damaged sets are skipped (named in `skipped`), never partly loaded.
+absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir);
+
+// Checks a set's internal consistency: every declaration's chunks (under its chunk_bytes)
+// present exactly once and no chunk without a declaration. DataLoss naming the set.
+absl::Status CheckCheckpointCoverage(const LoadedCheckpoint& c);
+
+}  // namespace gcomp::server
+
+#endif  // GCOMP_SERVER_CHECKPOINT_H_

@@ -1,0 +1,241 @@
+#include "server/checkpoint.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "base/files.h"
+
+namespace gcomp::server {
+namespace {
+
+std::string TempDir() {
+  std::string tmpl = absl::StrCat(::testing::TempDir(), "/ckptXXXXXX");
+  char* d = ::mkdtemp(tmpl.data());
+  EXPECT_NE(d, nullptr);
+  return tmpl;
+}
+
+// Shard `shard` of `shards`: tensor "w" of 10 elements in chunks of 4 bytes (10 chunks),
+// chunk c owned by shard c % shards, its state a marker of (step, c).
+ShardCheckpoint Shard(uint32_t shard, uint32_t shards, int64_t step) {
+  ShardCheckpoint c;
+  c.job = "j";
+  c.step = step;
+  c.shard = shard;
+  c.shards = shards;
+  proto::TensorDeclaration& d = c.declarations.emplace_back();
+  d.set_job("j");
+  d.set_key("w");
+  d.set_dtype(proto::DTYPE_F32);
+  d.set_elements(10);
+  d.set_chunk_bytes(4);
+  d.mutable_optimizer()->set_name("sgd");
+  for (uint32_t chunk = shard; chunk < 10; chunk += shards) {
+    proto::ChunkState& s = c.chunks.emplace_back();
+    s.set_job("j");
+    s.set_key("w");
+    s.set_chunk(chunk);
+    s.set_elements(1);
+    s.set_started(true);
+    s.set_current_step(step + 1);
+    s.set_completed_step(step);
+    s.set_optimizer_steps(step * 100 + chunk);
+  }
+  return c;
+}
+
+void WriteSet(const std::string& dir, uint32_t shards, int64_t step, uint32_t keep = 10) {
+  for (uint32_t k = 0; k < shards; ++k) {
+    absl::StatusOr<uint64_t> bytes = WriteShardCheckpoint(dir, Shard(k, shards, step), keep);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+  }
+}
+
+std::string DataFile(const std::string& set_dir, uint32_t shard, uint32_t shards) {
+  std::string manifest = *ReadFile(absl::StrCat(set_dir, "/shard-", shard, "-of-", shards, ".manifest"));
+  size_t at = manifest.find("\nfile ") + 6;
+  return absl::StrCat(set_dir, "/", manifest.substr(at, manifest.find(' ', at) - at));
+}
+
+TEST(CheckpointFile, RoundTrip) {
+  ShardCheckpoint c = Shard(1, 3, 5);
+  std::vector<proto::CheckpointRecord> records;
+  *records.emplace_back().mutable_declaration() = c.declarations[0];
+  for (const auto& s : c.chunks) *records.emplace_back().mutable_chunk() = s;
+  const std::string bytes = SerializeCheckpointFile(records);
+  absl::StatusOr<std::vector<proto::CheckpointRecord>> back = ParseCheckpointFile(bytes, "f");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    EXPECT_EQ((*back)[i].SerializeAsString(), records[i].SerializeAsString());
+  }
+}
+
+TEST(CheckpointFile, EveryTruncationAndEveryByteFlipIsDataLoss) {
+  ShardCheckpoint c = Shard(0, 2, 5);
+  std::vector<proto::CheckpointRecord> records;
+  *records.emplace_back().mutable_declaration() = c.declarations[0];
+  for (const auto& s : c.chunks) *records.emplace_back().mutable_chunk() = s;
+  const std::string bytes = SerializeCheckpointFile(records);
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    absl::StatusOr<std::vector<proto::CheckpointRecord>> r =
+        ParseCheckpointFile(bytes.substr(0, len), "/x/shard-0.ckpt");
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << len;
+    EXPECT_NE(r.status().message().find("/x/shard-0.ckpt"), std::string::npos);
+  }
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string damaged = bytes;
+    damaged[i] ^= 0x01;
+    EXPECT_EQ(ParseCheckpointFile(damaged, "f").status().code(), absl::StatusCode::kDataLoss) << i;
+  }
+}
+
+TEST(Checkpoint, LoadsTheNewestCompleteSetMergedOverShards) {
+  const std::string dir = TempDir();
+  WriteSet(dir, 2, 5);
+  WriteSet(dir, 2, 11);
+  absl::StatusOr<LoadedCheckpoint> c = LoadLatestCheckpoint(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->step, 11);
+  EXPECT_EQ(c->shards, 2u);
+  EXPECT_EQ(c->job, "j");
+  EXPECT_TRUE(c->skipped.empty());
+  ASSERT_EQ(c->declarations.size(), 1u);
+  ASSERT_EQ(c->chunks.size(), 10u);
+  for (const proto::ChunkState& s : c->chunks) EXPECT_EQ(s.optimizer_steps(), 1100 + s.chunk());
+}
+
+TEST(Checkpoint, EmptyDirectoryIsNotFound) {
+  EXPECT_EQ(LoadLatestCheckpoint(TempDir()).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(Checkpoint, HalfWrittenSetIsSkipped) {
+  const std::string dir = TempDir();
+  WriteSet(dir, 2, 5);
+  ASSERT_TRUE(WriteShardCheckpoint(dir, Shard(0, 2, 11), 10).ok());  // shard 1 never wrote
+  absl::StatusOr<LoadedCheckpoint> c = LoadLatestCheckpoint(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->step, 5);
+  ASSERT_EQ(c->skipped.size(), 1u);
+  EXPECT_NE(c->skipped[0].find("shard-1-of-2.manifest is missing"), std::string::npos) << c->skipped[0];
+}
+
+enum class Damage { kTruncate, kFlipByte, kDeleteManifest, kDeleteData, kFlipManifest };
+
+class DamagedCheckpoint : public ::testing::TestWithParam<Damage> {};
+
+TEST_P(DamagedCheckpoint, FallsBackToThePreviousSetNamingTheProblem) {
+  const std::string dir = TempDir();
+  WriteSet(dir, 2, 5);
+  WriteSet(dir, 2, 11);
+  const std::string set = absl::StrCat(dir, "/", CheckpointSetName(false, 11, 2));
+  const std::string data = DataFile(set, 1, 2);
+  const std::string manifest = absl::StrCat(set, "/shard-1-of-2.manifest");
+  std::string expect;
+  switch (GetParam()) {
+    case Damage::kTruncate:
+      ASSERT_EQ(::truncate(data.c_str(), 40), 0);
+      expect = data;
+      break;
+    case Damage::kFlipByte: {
+      std::string bytes = *ReadFile(data);
+      bytes[bytes.size() / 2] ^= 0x20;
+      std::ofstream(data, std::ios::binary | std::ios::trunc) << bytes;
+      expect = data;
+      break;
+    }
+    case Damage::kDeleteManifest:
+      ASSERT_EQ(std::remove(manifest.c_str()), 0);
+      expect = manifest;
+      break;
+    case Damage::kDeleteData:
+      ASSERT_EQ(std::remove(data.c_str()), 0);
+      expect = data;
+      break;
+    case Damage::kFlipManifest: {
+      std::string text = *ReadFile(manifest);
+      text[text.find("epoch 1") + 6] = '2';
+      std::ofstream(manifest, std::ios::trunc) << text;
+      expect = manifest;
+      break;
+    }
+  }
+  absl::StatusOr<LoadedCheckpoint> c = LoadLatestCheckpoint(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->step, 5);
+  EXPECT_EQ(c->chunks.size(), 10u);
+  ASSERT_EQ(c->skipped.size(), 1u);
+  EXPECT_NE(c->skipped[0].find(expect), std::string::npos) << c->skipped[0];
+
+  // With the older set damaged too, nothing loads and the error names both problems.
+  const std::string old_set = absl::StrCat(dir, "/", CheckpointSetName(false, 5, 2));
+  ASSERT_EQ(::truncate(DataFile(old_set, 0, 2).c_str(), 10), 0);
+  c = LoadLatestCheckpoint(dir);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(c.status().message().find(expect), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find(old_set), std::string::npos) << c.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(All, DamagedCheckpoint,
+                         ::testing::Values(Damage::kTruncate, Damage::kFlipByte,
+                                           Damage::kDeleteManifest, Damage::kDeleteData,
+                                           Damage::kFlipManifest));
+
+TEST(Checkpoint, MissingChunkIsDataLoss) {
+  const std::string dir = TempDir();
+  ShardCheckpoint a = Shard(0, 2, 5);
+  a.chunks.pop_back();
+  ASSERT_TRUE(WriteShardCheckpoint(dir, a, 10).ok());
+  ASSERT_TRUE(WriteShardCheckpoint(dir, Shard(1, 2, 5), 10).ok());
+  absl::StatusOr<LoadedCheckpoint> c = LoadLatestCheckpoint(dir);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(c.status().message().find("'w' has 9 of its 10 chunks"), std::string::npos) << c.status();
+}
+
+TEST(Checkpoint, KeepsTheNewestCompleteSets) {
+  const std::string dir = TempDir();
+  for (int64_t step : {2, 5, 8, 11}) WriteSet(dir, 2, step, /*keep=*/2);
+  for (int64_t step : {2, 5}) {
+    struct stat st;
+    EXPECT_NE(::stat(absl::StrCat(dir, "/", CheckpointSetName(false, step, 2)).c_str(), &st), 0) << step;
+  }
+  for (int64_t step : {8, 11}) {
+    struct stat st;
+    EXPECT_EQ(::stat(absl::StrCat(dir, "/", CheckpointSetName(false, step, 2)).c_str(), &st), 0) << step;
+  }
+}
+
+TEST(Checkpoint, FinalSetIsRewrittenInPlaceAndWinsATie) {
+  const std::string dir = TempDir();
+  WriteSet(dir, 2, 5);
+  for (int round = 0; round < 2; ++round) {
+    for (uint32_t k = 0; k < 2; ++k) {
+      ShardCheckpoint c = Shard(k, 2, 5);
+      c.final = true;
+      for (proto::ChunkState& s : c.chunks) s.set_optimizer_steps(7000 + round);
+      ASSERT_TRUE(WriteShardCheckpoint(dir, c, 10).ok());
+    }
+  }
+  absl::StatusOr<LoadedCheckpoint> c = LoadLatestCheckpoint(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->final);
+  EXPECT_EQ(c->step, 5);
+  for (const proto::ChunkState& s : c->chunks) EXPECT_EQ(s.optimizer_steps(), 7001);
+  // One data file per shard: the rewrite removed the first round's.
+  int files = 0;
+  for (uint32_t k = 0; k < 2; ++k) {
+    std::ifstream in(DataFile(c->path, k, 2));
+    files += in.good();
+  }
+  EXPECT_EQ(files, 2);
+}
+
+}  // namespace
+}  // namespace gcomp::server

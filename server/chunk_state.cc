@@ -1,0 +1,107 @@
+#include "server/chunk_state.h"
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cluster/cluster_config.h"
+#include "cluster/wire_block.h"
+
+namespace gcomp::server {
+namespace {
+
+cluster::DirectionCodec Lossless() {
+  cluster::DirectionCodec c;
+  c.raw = false;
+  c.policy.mode = codec::Mode::kLossless;
+  return c;
+}
+
+absl::Status EncodeFloats(const std::vector<float>& v, proto::CompressedBlock* out) {
+  return cluster::EncodeWireBlock(Lossless(), codec::DType::kF32, v.data(), v.size(), out);
+}
+
+absl::Status DecodeFloats(const proto::CompressedBlock& block, size_t elements,
+                          const std::string& what, std::vector<float>* out) {
+  if (block.codec() != proto::CODEC_GCOMP || block.policy().mode() != proto::CODEC_MODE_LOSSLESS) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not a lossless block"));
+  }
+  out->resize(elements);
+  absl::Status s = cluster::DecodeWireBlock(block, codec::DType::kF32, elements, out->data());
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ChunkStateToProto(const std::string& job, const std::string& key, uint32_t chunk,
+                               size_t elements, const ChunkSnapshot& snap, proto::ChunkState* out) {
+  out->Clear();
+  out->set_job(job);
+  out->set_key(key);
+  out->set_chunk(chunk);
+  out->set_elements(elements);
+  out->set_started(snap.started);
+  out->set_current_step(snap.current_step);
+  out->set_completed_step(snap.completed_step);
+  out->set_optimizer_steps(snap.optimizer.steps);
+  const std::pair<const std::vector<float>*, proto::CompressedBlock* (proto::ChunkState::*)()>
+      arrays[] = {{&snap.optimizer.value, &proto::ChunkState::mutable_value},
+                  {&snap.optimizer.m, &proto::ChunkState::mutable_first_moment},
+                  {&snap.optimizer.v, &proto::ChunkState::mutable_second_moment}};
+  for (const auto& [v, get] : arrays) {
+    if (v->empty()) continue;
+    if (v->size() != elements) {
+      return absl::InternalError(absl::StrCat("state of '", key, "' chunk ", chunk, " holds ",
+                                              v->size(), " elements, expected ", elements));
+    }
+    absl::Status s = EncodeFloats(*v, (out->*get)());
+    if (!s.ok()) return s;
+  }
+  if (snap.cached_result != nullptr) *out->mutable_cached_result() = *snap.cached_result;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ChunkSnapshot> ChunkStateFromProto(const proto::ChunkState& state, size_t elements,
+                                                  codec::DType dtype) {
+  const std::string what = absl::StrCat("state of '", state.key(), "' chunk ", state.chunk());
+  if (state.elements() != elements) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " holds ", state.elements(),
+                                                   " elements; the chunk has ", elements));
+  }
+  ChunkSnapshot snap;
+  snap.started = state.started();
+  snap.current_step = state.current_step();
+  snap.completed_step = state.completed_step();
+  snap.optimizer.steps = state.optimizer_steps();
+  if (state.has_value()) {
+    absl::Status s = DecodeFloats(state.value(), elements, what + " value", &snap.optimizer.value);
+    if (!s.ok()) return s;
+  }
+  if (state.has_first_moment()) {
+    absl::Status s =
+        DecodeFloats(state.first_moment(), elements, what + " first moment", &snap.optimizer.m);
+    if (!s.ok()) return s;
+  }
+  if (state.has_second_moment()) {
+    absl::Status s =
+        DecodeFloats(state.second_moment(), elements, what + " second moment", &snap.optimizer.v);
+    if (!s.ok()) return s;
+  }
+  if (state.has_cached_result()) {
+    const proto::CompressedBlock& r = state.cached_result();
+    absl::Status s = cluster::CheckWireBlock(r, dtype, elements);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, " cached result: ", s.message()));
+    if (r.address().key() != state.key() || r.address().chunk() != state.chunk() ||
+        r.address().step() != state.completed_step()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " cached result is addressed to '", r.address().key(), "' chunk ",
+                       r.address().chunk(), " step ", r.address().step()));
+    }
+    snap.cached_result = std::make_shared<const proto::CompressedBlock>(r);
+  }
+  return snap;
+}
+
+}  // namespace gcomp::server

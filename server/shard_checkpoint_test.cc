@@ -1,0 +1,265 @@
+// Checkpoint and restore through ShardService: training resumed from a checkpoint (into the
+// same or another number of shards) continues bit for bit like an uninterrupted run.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "cluster/cluster_config.h"
+#include "cluster/wire_block.h"
+#include "server/shard_service.h"
+
+namespace gcomp::server {
+namespace {
+
+constexpr uint32_t kWorkers = 3;
+// Two tensors of 16-element chunks (chunk_bytes 64): 7 and 3 chunks.
+const std::vector<std::pair<std::string, size_t>> kTensors = {{"w", 100}, {"b", 40}};
+
+std::string TempDir() {
+  std::string tmpl = absl::StrCat(::testing::TempDir(), "/shardckptXXXXXX");
+  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
+  return tmpl;
+}
+
+proto::ClusterConfig Config(int shards, const std::string& dir, int every_steps,
+                            const std::string& optimizer = "adam",
+                            const std::string& chunk_bytes = "64") {
+  std::vector<std::string> o = {
+      absl::StrCat("workers=", kWorkers), "chunk_bytes=" + chunk_bytes, "uplink.mode=lossless",
+      "downlink.mode=lossless", "optimizer.name=" + optimizer, "optimizer.learning_rate=0.05",
+      "step_timeout_ms=5000", "rpc_timeout_ms=10000"};
+  if (!dir.empty()) {
+    o.push_back("checkpoint.dir=" + dir);
+    o.push_back(absl::StrCat("checkpoint.every_steps=", every_steps));
+  }
+  std::string s;
+  for (int i = 0; i < shards; ++i) s += absl::StrCat(i ? "," : "", "127.0.0.1:", 1000 + i);
+  o.push_back("shards=" + s);
+  absl::StatusOr<proto::ClusterConfig> c = cluster::ParseClusterConfig("job: j\n", o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+float Gradient(uint32_t worker, int64_t step, size_t i) {
+  return std::sin(0.1f * static_cast<float>(i) + 0.7f * static_cast<float>(step)) *
+         static_cast<float>(worker + 1) * 1e-2f;
+}
+
+// Shards of one job plus the workers' view of who owns what.
+class Job {
+ public:
+  Job(const proto::ClusterConfig& config) : config_(config) {
+    for (int k = 0; k < config.shards_size(); ++k) {
+      absl::StatusOr<std::unique_ptr<ShardService>> s =
+          ShardService::Create(config, ShardOptions{static_cast<uint32_t>(k), 2});
+      if (!s.ok()) {
+        status_ = s.status();
+        return;
+      }
+      shards_.push_back(*std::move(s));
+    }
+  }
+  const absl::Status& status() const { return status_; }
+  ShardService* shard(int k) { return shards_[k].get(); }
+
+  // Every shard gets every declaration with initial values (as worker::Client sends them).
+  void Declare() {
+    for (const auto& [key, n] : kTensors) {
+      std::vector<float> init(n);
+      for (size_t i = 0; i < n; ++i) init[i] = 0.5f - 0.01f * static_cast<float>(i);
+      const size_t per_chunk = 16;
+      for (auto& shard : shards_) {
+        proto::DeclareTensorRequest d;
+        d.set_job("j");
+        d.set_key(key);
+        d.set_dtype(proto::DTYPE_F32);
+        d.set_elements(n);
+        d.set_shard_map_epoch(config_.shard_map_epoch());
+        for (size_t c = 0; c * per_chunk < n; ++c) {
+          proto::ChunkValue* v = d.add_initial();
+          v->set_chunk(c);
+          const size_t len = std::min(per_chunk, n - c * per_chunk);
+          v->set_data(std::string(reinterpret_cast<const char*>(init.data() + c * per_chunk), len * 4));
+        }
+        proto::DeclareTensorResponse r;
+        absl::Status s = shard->DeclareTensor(d, &r);
+        ASSERT_TRUE(s.ok()) << s;
+        for (uint32_t c : r.owned_chunks()) owner_[absl::StrCat(key, "/", c)] = shard.get();
+      }
+    }
+  }
+
+  // One training step: every worker pushes every chunk (concurrently across workers).
+  void Step(int64_t step) {
+    std::vector<std::thread> threads;
+    for (uint32_t w = 0; w < kWorkers; ++w) {
+      threads.emplace_back([this, w, step] {
+        for (const auto& [key, n] : kTensors) {
+          for (size_t c = 0; c * 16 < n; ++c) {
+            const size_t len = std::min<size_t>(16, n - c * 16);
+            std::vector<float> g(len);
+            for (size_t i = 0; i < len; ++i) g[i] = Gradient(w, step, c * 16 + i);
+            proto::CompressedBlock b, out;
+            ASSERT_TRUE(cluster::EncodeWireBlock(cluster::UplinkCodec(config_), codec::DType::kF32,
+                                                 g.data(), len, &b)
+                            .ok());
+            proto::BlockAddress* a = b.mutable_address();
+            a->set_job("j");
+            a->set_key(key);
+            a->set_chunk(c);
+            a->set_step(step);
+            a->set_worker(w);
+            a->set_shard_map_epoch(config_.shard_map_epoch());
+            absl::Status s = owner_.at(absl::StrCat(key, "/", c))
+                                 ->PushPull(b, absl::Now() + absl::Seconds(10), &out);
+            ASSERT_TRUE(s.ok()) << s;
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+
+  // Every tensor's current value, concatenated, as raw bits.
+  std::vector<uint32_t> Values() {
+    std::vector<uint32_t> bits;
+    for (const auto& [key, n] : kTensors) {
+      for (size_t c = 0; c * 16 < n; ++c) {
+        const size_t len = std::min<size_t>(16, n - c * 16);
+        proto::PullRequest r;
+        r.set_job("j");
+        r.set_key(key);
+        r.set_chunk(c);
+        r.set_shard_map_epoch(config_.shard_map_epoch());
+        proto::CompressedBlock out;
+        absl::Status s = owner_.at(absl::StrCat(key, "/", c))->Pull(r, &out);
+        EXPECT_TRUE(s.ok()) << s;
+        std::vector<uint32_t> v(len);
+        EXPECT_TRUE(cluster::DecodeWireBlock(out, codec::DType::kF32, len, v.data()).ok());
+        bits.insert(bits.end(), v.begin(), v.end());
+      }
+    }
+    return bits;
+  }
+
+  ShardService* Owner(const std::string& key, uint32_t chunk) {
+    return owner_.at(absl::StrCat(key, "/", chunk));
+  }
+
+ private:
+  proto::ClusterConfig config_;
+  absl::Status status_;
+  std::vector<std::unique_ptr<ShardService>> shards_;
+  std::map<std::string, ShardService*> owner_;
+};
+
+struct Reference {
+  std::vector<uint32_t> at5, at9;
+};
+
+Reference Uninterrupted(const std::string& optimizer) {
+  Reference ref;
+  Job job(Config(2, "", 0, optimizer));
+  EXPECT_TRUE(job.status().ok());
+  job.Declare();
+  for (int64_t s = 0; s < 10; ++s) {
+    job.Step(s);
+    if (s == 5) ref.at5 = job.Values();
+  }
+  ref.at9 = job.Values();
+  return ref;
+}
+
+class ShardCheckpoint : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ShardCheckpoint, PeriodicCheckpointOfTwoShardsResumesInThreeBitIdentical) {
+  const Reference ref = Uninterrupted(GetParam());
+  const std::string dir = TempDir();
+  {
+    Job job(Config(2, dir, 6, GetParam()));  // (5 + 1) % 6 == 0: a checkpoint of step 5
+    ASSERT_TRUE(job.status().ok()) << job.status();
+    job.Declare();
+    for (int64_t s = 0; s < 8; ++s) job.Step(s);  // goes past it; the job then dies
+    for (int k = 0; k < 2; ++k) job.shard(k)->FlushCheckpoints();
+  }
+  Job job(Config(3, dir, 0, GetParam()));
+  ASSERT_TRUE(job.status().ok()) << job.status();
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(job.shard(k)->restored_step(), 5);
+  job.Declare();  // workers re-declare after the restart: idempotent, initial values ignored
+  EXPECT_EQ(job.Values(), ref.at5);
+  for (int64_t s = 6; s < 10; ++s) job.Step(s);
+  EXPECT_EQ(job.Values(), ref.at9);
+}
+
+TEST_P(ShardCheckpoint, FinalCheckpointAtShutdownResumesInOneShardBitIdentical) {
+  const Reference ref = Uninterrupted(GetParam());
+  const std::string dir = TempDir();
+  {
+    Job job(Config(2, dir, 0, GetParam()));
+    ASSERT_TRUE(job.status().ok()) << job.status();
+    job.Declare();
+    for (int64_t s = 0; s < 6; ++s) job.Step(s);
+    for (int k = 0; k < 2; ++k) {
+      job.shard(k)->Shutdown();
+      absl::Status st = job.shard(k)->WriteFinalCheckpoint();
+      ASSERT_TRUE(st.ok()) << st;
+    }
+  }
+  Job job(Config(1, dir, 0, GetParam()));
+  ASSERT_TRUE(job.status().ok()) << job.status();
+  EXPECT_EQ(job.shard(0)->restored_step(), 5);
+  EXPECT_NE(job.shard(0)->restored_from().find("final-of-2"), std::string::npos);
+  job.Declare();
+  EXPECT_EQ(job.Values(), ref.at5);
+  // A worker that did not see step 5's reply resends it: the cached result, not a new step.
+  job.Step(5);
+  EXPECT_EQ(job.Values(), ref.at5);
+  for (int64_t s = 6; s < 10; ++s) job.Step(s);
+  EXPECT_EQ(job.Values(), ref.at9);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, ShardCheckpoint, ::testing::Values("momentum", "adam"));
+
+TEST(ShardCheckpointErrors, MismatchedCheckpointIsRefusedNamingTheProblem) {
+  const std::string dir = TempDir();
+  {
+    Job job(Config(2, dir, 0));
+    job.Declare();
+    job.Step(0);
+    for (int k = 0; k < 2; ++k) ASSERT_TRUE(job.shard(k)->WriteFinalCheckpoint().ok());
+  }
+  Job other_chunks(Config(2, dir, 0, "adam", "128"));
+  EXPECT_EQ(other_chunks.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other_chunks.status().message().find("chunk_bytes 128"), std::string::npos)
+      << other_chunks.status();
+  Job other_optimizer(Config(2, dir, 0, "momentum"));
+  ASSERT_TRUE(other_optimizer.status().ok());  // the checkpoint's optimizer wins for its tensors
+  proto::ClusterConfig c = Config(2, dir, 0);
+  c.set_job("other");
+  absl::StatusOr<std::unique_ptr<ShardService>> s = ShardService::Create(c, ShardOptions{});
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("job 'j'"), std::string::npos) << s.status();
+}
+
+TEST(ShardCheckpointErrors, DamagedOnlyCheckpointRefusesToStart) {
+  const std::string dir = TempDir();
+  {
+    Job job(Config(1, dir, 0));
+    job.Declare();
+    job.Step(0);
+    ASSERT_TRUE(job.shard(0)->WriteFinalCheckpoint().ok());
+  }
+  const std::string manifest = absl::StrCat(dir, "/final-of-1/shard-0-of-1.manifest");
+  ASSERT_EQ(std::remove(manifest.c_str()), 0);
+  Job job(Config(1, dir, 0));
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(job.status().message().find(manifest), std::string::npos) << job.status();
+}
+
+}  // namespace
+}  // namespace gcomp::server
