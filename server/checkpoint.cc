@@ -327,14 +327,18 @@ std::string CheckpointSetName(bool final, int64_t step, uint32_t shards) {
 }
 
 std::string SerializeCheckpointFile(const std::vector<proto::CheckpointRecord>& records) {
-  std::string out(kMagic, sizeof(kMagic));
-  std::string payload;
+  size_t total = sizeof(kMagic) + sizeof(kTrailer) + 16;
+  for (const proto::CheckpointRecord& r : records) total += 12 + r.ByteSizeLong();
+  std::string out;
+  out.reserve(total);
+  out.append(kMagic, sizeof(kMagic));
   for (const proto::CheckpointRecord& r : records) {
-    payload.clear();
-    r.SerializeToString(&payload);
-    PutU32(&out, static_cast<uint32_t>(payload.size()));
-    out += payload;
-    PutU64(&out, XXH64(payload.data(), payload.size(), 0));
+    const size_t len = r.GetCachedSize();
+    PutU32(&out, static_cast<uint32_t>(len));
+    const size_t at = out.size();
+    out.resize(at + len);
+    r.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&out[at]));
+    PutU64(&out, XXH64(out.data() + at, len, 0));
   }
   const uint64_t body_hash = XXH64(out.data(), out.size(), 0);
   out.append(kTrailer, sizeof(kTrailer));
@@ -420,7 +424,7 @@ absl::Status CheckCheckpointCoverage(const LoadedCheckpoint& c) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint& c,
+absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheckpoint c,
                                               uint32_t keep) {
   const std::string set = CheckpointSetName(c.final, c.step, c.shards);
   const std::string set_path = absl::StrCat(dir, "/", set);
@@ -428,9 +432,13 @@ absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, const Shar
   if (!s.ok()) return s;
   std::vector<proto::CheckpointRecord> records;
   records.reserve(c.declarations.size() + c.chunks.size());
-  for (const proto::TensorDeclaration& d : c.declarations) *records.emplace_back().mutable_declaration() = d;
-  for (const proto::ChunkState& st : c.chunks) *records.emplace_back().mutable_chunk() = st;
+  for (proto::TensorDeclaration& d : c.declarations) {
+    records.emplace_back().mutable_declaration()->Swap(&d);
+  }
+  for (proto::ChunkState& st : c.chunks) records.emplace_back().mutable_chunk()->Swap(&st);
+  c.chunks.clear();
   const std::string bytes = SerializeCheckpointFile(records);
+  records.clear();
   // A fresh name per write, so a manifest always names a file that was complete when it was
   // written (the final set is rewritten in place).
   std::random_device rd;

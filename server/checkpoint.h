@@ -39,7 +39,7 @@ std::string CheckpointSetName(bool final, int64_t step, uint32_t shards);
 // Writes the shard's data file (temporary name, fsync, rename), then its manifest the same
 // way, then fsyncs the directory; then deletes sets beyond the newest `keep` complete ones.
 // Returns the bytes written. Errors name the file.
-absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, const ShardCheckpoint& c,
+absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheckpoint c,
                                               uint32_t keep);
 
 // A data file's records; DataLoss naming `name` and the problem for any damage (bad magic,

@@ -639,12 +639,14 @@ absl::Status ShardService::WriteCheckpoint(
     if (!s.ok()) return s;
     snap = ChunkSnapshot{};  // free the copy early
   }
+  const std::string set_name = CheckpointSetName(final, c.step, c.shards);
+  const size_t chunk_count = c.chunks.size();
   absl::StatusOr<uint64_t> bytes =
-      WriteShardCheckpoint(config_.checkpoint().dir(), c, config_.checkpoint().keep());
+      WriteShardCheckpoint(config_.checkpoint().dir(), std::move(c), config_.checkpoint().keep());
   if (!bytes.ok()) return bytes.status();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   log::Info("shard {}: checkpoint {} written: {} chunks, {} bytes in {:.3f} s", options_.shard,
-            CheckpointSetName(final, c.step, c.shards), c.chunks.size(), *bytes, seconds);
+            set_name, chunk_count, *bytes, seconds);
   metrics_->ObserveCheckpoint(*bytes, seconds);
   return absl::OkStatus();
 }
