@@ -1,6 +1,7 @@
 // gcomp_admin SUBCOMMAND [flags]: operator commands against a running cluster.
 //
 //   gcomp_admin status --config cluster.yaml [--set k=v,...] [--json] [--timeout_ms 3000]
+//   gcomp_admin checkpoint --dir DIR   (or --config with checkpoint.dir)
 //
 // Exit status: 0 success; 1 the command ran and found a problem (e.g. a shard is down);
 // 2 usage or configuration errors (unknown subcommand, bad flag, unreadable config or
@@ -16,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "admin/status.h"
+#include "server/checkpoint.h"
 #include "base/logging.h"
 #include "cluster/cluster_config.h"
 
@@ -24,6 +26,7 @@ ABSL_FLAG(std::vector<std::string>, set, {},
           "Config overrides, comma-separated field=value (e.g. shards=h1:7070,h2:7070).");
 ABSL_FLAG(bool, json, false, "status: one JSON object instead of the table.");
 ABSL_FLAG(int64_t, timeout_ms, 3000, "status: deadline of each shard's answer.");
+ABSL_FLAG(std::string, dir, "", "checkpoint: the checkpoint directory (default: the config's checkpoint.dir).");
 ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error|off");
 ABSL_FLAG(std::string, log_format, "text", gcomp::kLogFormatHelp);
 
@@ -64,6 +67,32 @@ int Status(const std::vector<char*>& args) {
   return status->all_up() ? 0 : kExitProblem;
 }
 
+// Lists the checkpoint sets of a directory and what the newest usable one holds.
+int Checkpoint(const std::vector<char*>& args) {
+  if (args.size() > 2) {
+    std::fprintf(stderr, "gcomp_admin checkpoint: unexpected argument '%s'\n", args[2]);
+    return kExitUsage;
+  }
+  std::string dir = absl::GetFlag(FLAGS_dir);
+  if (dir.empty()) {
+    absl::StatusOr<gcomp::proto::ClusterConfig> config = LoadConfig();
+    if (!config.ok()) {
+      std::fprintf(stderr, "gcomp_admin checkpoint: --dir or --config is required: %s\n",
+                   config.status().ToString().c_str());
+      return kExitUsage;
+    }
+    dir = config->checkpoint().dir();
+    if (dir.empty()) {
+      std::fprintf(stderr, "gcomp_admin checkpoint: the config has no checkpoint.dir\n");
+      return kExitUsage;
+    }
+  }
+  auto [text, usable] = gcomp::server::DescribeCheckpoints(dir);
+  std::fputs(text.c_str(), stdout);
+  std::fflush(stdout);
+  return usable ? 0 : kExitProblem;
+}
+
 struct Subcommand {
   const char* name;
   const char* summary;
@@ -73,6 +102,9 @@ struct Subcommand {
 constexpr Subcommand kSubcommands[] = {
     {"status", "one row per shard (up, epoch, chunks, steps, bytes, ratio, memory, last error)",
      Status},
+    {"checkpoint", "the checkpoint sets in --dir (or the config's checkpoint.dir) and what the "
+                   "newest usable one holds; exit 1 if none is usable",
+     Checkpoint},
 };
 
 std::string Usage() {
@@ -83,7 +115,9 @@ std::string Usage() {
   absl::StrAppend(&usage,
                   "flags: --json, --timeout_ms N (status); --log_level, --log_format; "
                   "--helpfull lists all\n"
-                  "exit: 0 ok, 1 a shard is down, 2 usage or config error\n");
+                  "checkpoint: --dir DIR\n"
+                  "exit: 0 ok, 1 a shard is down (status) or no usable checkpoint (checkpoint), "
+                  "2 usage or config error\n");
   return usage;
 }
 

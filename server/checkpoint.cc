@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -476,6 +477,49 @@ absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheck
     if (info.problem.empty()) ++complete;
   }
   return bytes.size();
+}
+
+std::vector<CheckpointSetSummary> ListCheckpointSets(const std::string& dir) {
+  std::vector<CheckpointSetSummary> out;
+  for (const SetInfo& s : ListSets(dir)) {
+    out.push_back(CheckpointSetSummary{s.path, s.final, s.step, s.shards, s.problem});
+  }
+  return out;
+}
+
+std::pair<std::string, bool> DescribeCheckpoints(const std::string& dir) {
+  std::string text = absl::StrCat("checkpoint directory ", dir, "\n");
+  std::vector<CheckpointSetSummary> sets = ListCheckpointSets(dir);
+  if (sets.empty()) return {absl::StrCat(text, "no checkpoint sets\n"), false};
+  absl::StrAppend(&text, absl::StrFormat("%-32s %14s %7s  %s\n", "set", "step", "shards", "state"));
+  for (const CheckpointSetSummary& s : sets) {
+    const size_t slash = s.path.rfind('/');
+    absl::StrAppend(&text, absl::StrFormat("%-32s %14d %7d  %s\n", s.path.substr(slash + 1), s.step,
+                                           s.shards, s.problem.empty() ? "complete" : s.problem));
+  }
+  absl::StatusOr<LoadedCheckpoint> c = LoadLatestCheckpoint(dir);
+  if (!c.ok()) return {absl::StrCat(text, "no usable set: ", c.status().ToString(), "\n"), false};
+  absl::StrAppend(&text, "\nnewest usable set: ", c->path, "\n  job '", c->job, "', shard-map epoch ",
+                  c->shard_map_epoch, ", written by ", c->shards, " shards, ", c->bytes, " bytes, ",
+                  c->declarations.size(), " tensors, ", c->chunks.size(), " chunks\n");
+  for (const std::string& why : c->skipped) absl::StrAppend(&text, "  newer set skipped: ", why, "\n");
+  absl::StrAppend(&text, absl::StrFormat("  %-24s %-6s %12s %-9s %7s %s\n", "tensor", "dtype", "elements",
+                                         "optimizer", "chunks", "completed steps"));
+  for (const proto::TensorDeclaration& d : c->declarations) {
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    uint64_t chunks = 0;
+    for (const proto::ChunkState& st : c->chunks) {
+      if (st.key() != d.key()) continue;
+      ++chunks;
+      lo = std::min(lo, st.completed_step());
+      hi = std::max(hi, st.completed_step());
+    }
+    absl::StrAppend(&text, absl::StrFormat("  %-24s %-6s %12d %-9s %7d %s\n", d.key(),
+                                           proto::DType_Name(d.dtype()).substr(6), d.elements(),
+                                           d.optimizer().name(), chunks,
+                                           lo == hi ? absl::StrCat(lo) : absl::StrCat(lo, "..", hi)));
+  }
+  return {text, true};
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir) {

@@ -69,6 +69,22 @@ struct LoadedCheckpoint {
 // none is usable. Damaged sets are skipped (named in `skipped`), never partly loaded.
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir);
 
+// A set as its manifests describe it (data files not read).
+struct CheckpointSetSummary {
+  std::string path;
+  bool final = false;
+  int64_t step = -1;
+  uint32_t shards = 0;
+  std::string problem;  // empty: complete (all manifests present and agreeing)
+};
+// Every set in `dir`, newest first (the order LoadLatestCheckpoint tries them in).
+std::vector<CheckpointSetSummary> ListCheckpointSets(const std::string& dir);
+
+// A listing of `dir` for operators: every set (complete or why not), then what the newest
+// usable one holds: job, epoch, bytes, and per tensor dtype, elements, optimizer, chunks
+// and the range of their completed steps. Second: whether a usable set exists.
+std::pair<std::string, bool> DescribeCheckpoints(const std::string& dir);
+
 // Checks a set's internal consistency: every declaration's chunks (under its chunk_bytes)
 // present exactly once and no chunk without a declaration. DataLoss naming the set.
 absl::Status CheckCheckpointCoverage(const LoadedCheckpoint& c);

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # A real gcomp_server with checkpoint.dir: after a worker trains 3 steps, kill -TERM makes
-# it write the final checkpoint; a restarted server restores it (docs/CHECKPOINT.md).
+# it write the final checkpoint; gcomp_admin checkpoint lists it; a restarted server
+# restores it; a damaged one stops the start naming the file (docs/CHECKPOINT.md).
 set -uo pipefail
 SERVER="$1"
 WORKER="$2"
+ADMIN="$3"
 fail() { echo "FAIL: $*"; exit 1; }
 DIR="$TEST_TMPDIR"
 
@@ -34,6 +36,13 @@ grep -q "checkpoint final-of-1 written: 4 chunks" "$DIR/server.log" || fail "no 
 [[ -f "$DIR/ckpt/final-of-1/shard-0-of-1.manifest" ]] || fail "no manifest"
 grep -q "^step 2$" "$DIR/ckpt/final-of-1/shard-0-of-1.manifest" || fail "manifest step: $(cat "$DIR/ckpt/final-of-1/shard-0-of-1.manifest")"
 
+"$ADMIN" checkpoint --config "$DIR/cluster.yaml" > "$DIR/inspect.txt"
+rc=$?
+cat "$DIR/inspect.txt"
+[[ $rc -eq 0 ]] || fail "gcomp_admin checkpoint exited $rc"
+grep -q "final-of-1 .* 2 .* 1  complete" "$DIR/inspect.txt" || fail "no complete final set listed"
+grep -q "g0 .* F32 .* 4096 momentum .* 4 2$" "$DIR/inspect.txt" || fail "tensor row missing"
+
 "$SERVER" --config "$DIR/cluster.yaml" --shard 0 --metrics_address none \
   > /dev/null 2> "$DIR/server2.log" &
 server_pid=$!
@@ -53,4 +62,9 @@ rc=$?
 cat "$DIR/server3.log"
 [[ $rc -ne 0 ]] || fail "server started on a damaged checkpoint"
 grep -q "DATA_LOSS.*shard-0-of-1-.*ckpt" "$DIR/server3.log" || fail "error does not name the file"
+"$ADMIN" checkpoint --dir "$DIR/ckpt" > "$DIR/inspect2.txt"
+rc=$?
+cat "$DIR/inspect2.txt"
+[[ $rc -eq 1 ]] || fail "gcomp_admin checkpoint on a damaged set exited $rc, want 1"
+grep -q "no usable set: DATA_LOSS" "$DIR/inspect2.txt" || fail "damage not reported"
 echo PASS
