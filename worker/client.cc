@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -415,6 +416,31 @@ absl::Status Client::Pull(const std::string& key, void* output) {
   }
   if (on_device) return DecodeDeviceChunks(t.dtype, device_replies, t.layout, output);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Client::ResumeStep(const std::string& key) {
+  Impl& m = *impl_;
+  absl::StatusOr<TensorInfo> found = m.Find(key);
+  if (!found.ok()) return found.status();
+  const TensorInfo& t = *found;
+  int64_t oldest = std::numeric_limits<int64_t>::max();
+  for (uint32_t c = 0; c < t.layout.num_chunks; ++c) {
+    proto::PullRequest req;
+    req.set_job(m.config.job());
+    req.set_key(key);
+    req.set_chunk(c);
+    req.set_shard_map_epoch(m.config.shard_map_epoch());
+    proto::CompressedBlock resp;
+    grpc::Status st = m.WithRetries([&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(DeadlineIn(m.config.rpc_timeout_ms()));
+      return m.Stub(t.owner[c])->Pull(&ctx, req, &resp);
+    });
+    if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
+    // A chunk's value carries its last completed step (-1: none yet).
+    oldest = std::min(oldest, resp.address().step());
+  }
+  return oldest + 1;
 }
 
 ClientStats Client::stats() const { return impl_->Stats(); }

@@ -84,6 +84,12 @@ class Client {
   // Writes the current value of `key` (last result or parameters) into `output`.
   absl::Status Pull(const std::string& key, void* output);
 
+  // The step to push next for `key`: one more than the oldest last-completed step among
+  // its chunks, so 0 for a fresh tensor and s + 1 after shards restored a checkpoint of
+  // step s (docs/CHECKPOINT.md). Chunks already past it answer a resent step with their
+  // cached result, so every worker may resume from here. Declare the tensor first.
+  absl::StatusOr<int64_t> ResumeStep(const std::string& key);
+
   ClientStats stats() const;
   // The port /metrics is served on; 0 without ClientOptions::metrics_address.
   int metrics_port() const;
