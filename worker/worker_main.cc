@@ -88,6 +88,10 @@ struct Tensor {
   std::unique_ptr<gcomp::cluster::Optimizer> reference;
   std::vector<double> velocity_error;  // momentum
   std::vector<double> param_error;     // sgd / momentum
+  // Scratch of the reference check, sized once: allocated and freed every step, these
+  // tens of MiB moved the heap between two resident sizes in long soak runs.
+  std::vector<float> scaled, sum, abs_sum;
+  std::vector<double> up_err, g_err;
 };
 
 std::string JsonEscape(absl::string_view s) {
@@ -209,8 +213,14 @@ int main(int argc, char** argv) {
     Tensor& t = tensors[ti];
     const std::vector<float>& output = outputs[ti];
     const size_t n = t.grad.size();
-    std::vector<float> scaled(n), sum(n), abs_sum(n, 0.0f);
-    std::vector<double> up_err(n, 0.0);
+    std::vector<float>& scaled = t.scaled;
+    std::vector<float>& sum = t.sum;
+    std::vector<float>& abs_sum = t.abs_sum;
+    std::vector<double>& up_err = t.up_err;
+    scaled.resize(n);
+    sum.resize(n);
+    abs_sum.assign(n, 0.0f);
+    up_err.assign(n, 0.0);
     for (uint32_t v = 0; v < workers; ++v) {
       const float f = ScaleFactor(v, step);
       for (size_t i = 0; i < n; ++i) scaled[i] = t.grad[i] * f;
@@ -233,7 +243,8 @@ int main(int argc, char** argv) {
     t.reference->Step(sum);
     const absl::Span<const float> ref = t.reference->value();
     // Gradient error bound (mean of the uplink bounds plus f32 summation slack).
-    std::vector<double> g_err(n);
+    std::vector<double>& g_err = t.g_err;
+    g_err.resize(n);
     for (size_t i = 0; i < n; ++i) {
       g_err[i] = up_err[i] / workers +
                  (workers + 2) * std::ldexp(double(abs_sum[i]) / workers, -24) + 1e-37;
@@ -299,8 +310,13 @@ int main(int argc, char** argv) {
   }
   std::vector<std::vector<std::vector<float>>> deferred;  // results of steps not yet checked
   int next_check = 0;                                       // the step deferred[0] holds
+  // Checked results keep their buffers for the next steps (same reason as Tensor's scratch).
+  std::vector<std::vector<std::vector<float>>> spare;
   auto flush_checks = [&] {
-    for (const auto& outputs : deferred) check_step(next_check++, outputs);
+    for (auto& outputs : deferred) {
+      check_step(next_check++, outputs);
+      spare.push_back(std::move(outputs));
+    }
     deferred.clear();
   };
   gcomp::ProgressMeter meter(steps, absl::Now());
@@ -347,7 +363,12 @@ int main(int argc, char** argv) {
     for (const Tensor& t : tensors) digest = XXH64(t.output.data(), t.grad.size() * 4, digest);
     if (!verify) continue;
     std::vector<std::vector<float>> outputs;
-    for (const Tensor& t : tensors) outputs.push_back(t.output);
+    if (!spare.empty()) {
+      outputs = std::move(spare.back());
+      spare.pop_back();
+    }
+    outputs.resize(tensors.size());
+    for (size_t ti = 0; ti < tensors.size(); ++ti) outputs[ti].assign(tensors[ti].output.begin(), tensors[ti].output.end());
     // Checking costs W times the reference work; done between steps it would stall the
     // next push of every worker, so results wait until the end (or until 1 GiB of them).
     deferred.push_back(std::move(outputs));
