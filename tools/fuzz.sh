@@ -80,7 +80,10 @@ for t in "${targets[@]}"; do
   speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$dir/fuzz.log" | tail -1)
   corpus=$(find "$dir/corpus" -type f | wc -l)
   artifacts=$(find "$dir" -maxdepth 1 -type f \( -name 'crash-*' -o -name 'leak-*' \
-      -o -name 'timeout-*' -o -name 'oom-*' -o -name 'slow-unit-*' \) | sort)
+      -o -name 'timeout-*' -o -name 'oom-*' \) | sort)
+  # A slow unit (over 10 s, yet under -timeout, which would have failed the run) is most
+  # often a stall of a loaded machine: it is named for a replay, not counted as a failure.
+  slow=$(find "$dir" -maxdepth 1 -type f -name 'slow-unit-*' | sort)
   if ((rc == 0)) && [[ -z "$artifacts" ]]; then
     result=ok
   else
@@ -89,6 +92,9 @@ for t in "${targets[@]}"; do
   fi
   printf 'fuzz %-15s %-6s runs=%s seconds=%s exec/s=%s corpus=%s\n' "$t" "$result" \
       "${executed:-?}" "$elapsed" "${speed:-?}" "$corpus"
+  if [[ -n "$slow" ]]; then
+    echo "  slow unit (replay it: \"$BIN/${t}_fuzz\" FILE, to tell a slow input from a stall): $slow"
+  fi
   if [[ "$result" == FAILED ]]; then
     echo "  exit status $rc; log $dir/fuzz.log; inputs: ${artifacts:-none}"
     grep -E "ERROR|SUMMARY|violated|runtime error" "$dir/fuzz.log" | head -5 | sed 's/^/  /' \
