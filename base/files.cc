@@ -1,39 +1,113 @@
 #include "base/files.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
 namespace gcomp {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
-  return ss.str();
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  // A regular file is read into a buffer of its size (+1 to see the end in the same loop):
+  // one allocation and a read call or two, where a stream grows a buffer by doubling and
+  // reads 8 KB at a time. Files of unknown size (pipes, /proc) grow from 64 KiB.
+  struct stat st;
+  const bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  std::string bytes(regular ? static_cast<size_t>(st.st_size) + 1 : size_t{64} << 10, '\0');
+  size_t size = 0;
+  while (true) {
+    if (size == bytes.size()) bytes.resize(bytes.size() * 2);
+    const ssize_t n = read(fd, bytes.data() + size, bytes.size() - size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      close(fd);
+      return absl::DataLossError(absl::StrCat("cannot read ", path, ": ", std::strerror(err)));
+    }
+    if (n == 0) break;
+    size += static_cast<size_t>(n);
+  }
+  close(fd);
+  bytes.resize(size);
+  return bytes;
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
-  const std::string tmp = absl::StrCat(path, ".tmp", getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp));
-    out.write(bytes.data(), bytes.size());
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::DataLossError(absl::StrCat("cannot write ", tmp));
-    }
+  const absl::string_view parts[] = {bytes};
+  return WriteFileAtomically(path, parts);
+}
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::Span<const absl::string_view> parts) {
+  absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(path);
+  if (!writer.ok()) return writer.status();
+  for (absl::string_view part : parts) {
+    if (absl::Status s = writer->Append(part); !s.ok()) return s;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::PermissionDeniedError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  return writer->Commit();
+}
+
+absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path) {
+  std::string tmp = absl::StrCat(path, ".tmp", getpid());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
+  }
+  return AtomicFileWriter(path, std::move(tmp), fd);
+}
+
+AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& other) noexcept
+    : path_(std::move(other.path_)),
+      tmp_(std::move(other.tmp_)),
+      fd_(std::exchange(other.fd_, -1)) {}
+
+AtomicFileWriter::~AtomicFileWriter() { Abandon(); }
+
+void AtomicFileWriter::Abandon() {
+  if (fd_ < 0) return;
+  close(fd_);
+  fd_ = -1;
+  std::remove(tmp_.c_str());
+}
+
+absl::Status AtomicFileWriter::Append(absl::string_view bytes) {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(tmp_, " is closed"));
+  while (!bytes.empty()) {
+    const ssize_t n = write(fd_, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      Abandon();
+      return absl::DataLossError(absl::StrCat("cannot write ", tmp_, ": ", std::strerror(err)));
+    }
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileWriter::Commit() {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(tmp_, " is closed"));
+  const int fd = std::exchange(fd_, -1);
+  if (close(fd) != 0) {
+    const int err = errno;
+    std::remove(tmp_.c_str());
+    return absl::DataLossError(absl::StrCat("cannot write ", tmp_, ": ", std::strerror(err)));
+  }
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp_.c_str());
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot rename ", tmp_, " to ", path_, ": ", std::strerror(err)));
   }
   return absl::OkStatus();
 }

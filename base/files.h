@@ -3,19 +3,54 @@
 #define GCOMP_BASE_FILES_H_
 
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace gcomp {
 
-// The bytes of the file at `path`; NotFound naming it if it cannot be opened.
+// The bytes of the file at `path`; NotFound naming it (and why) if it cannot be opened,
+// DataLoss if reading fails (a directory, an I/O error).
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 // Writes `bytes` to a temporary file beside `path` and renames it over `path`, so `path`
 // is never left half-written: it holds either its old content or all of `bytes`.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
+// The same for a file made of several pieces, written in order without joining them first.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::Span<const absl::string_view> parts);
+
+// Writes a file piece by piece through a temporary file beside `path`, which Commit()
+// renames over `path`. Destroyed without a successful Commit() (an error on the way), it
+// removes the temporary file and `path` keeps its old content.
+class AtomicFileWriter {
+ public:
+  // PermissionDenied naming the temporary file if it cannot be created.
+  static absl::StatusOr<AtomicFileWriter> Create(const std::string& path);
+
+  AtomicFileWriter(AtomicFileWriter&& other) noexcept;
+  AtomicFileWriter& operator=(AtomicFileWriter&& other) = delete;
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+  ~AtomicFileWriter();
+
+  // DataLoss naming the temporary file if the bytes cannot be written.
+  absl::Status Append(absl::string_view bytes);
+  // Closes and renames; PermissionDenied if the rename fails, DataLoss if the close does.
+  absl::Status Commit();
+
+ private:
+  AtomicFileWriter(std::string path, std::string tmp, int fd)
+      : path_(std::move(path)), tmp_(std::move(tmp)), fd_(fd) {}
+  void Abandon();
+
+  std::string path_;
+  std::string tmp_;
+  int fd_ = -1;  // -1 once committed or abandoned
+};
 
 }  // namespace gcomp
 

@@ -1,8 +1,11 @@
 #include "base/files.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace gcomp {
@@ -27,6 +30,58 @@ TEST(Files, MissingFileIsNotFoundNamingIt) {
   absl::StatusOr<std::string> got = ReadFile(TempPath("no_such_file"));
   EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(got.status().message().find("no_such_file"), absl::string_view::npos);
+}
+
+TEST(Files, PiecesAreWrittenInOrder) {
+  const std::string path = TempPath("files_test_pieces");
+  const absl::string_view parts[] = {"head", "", absl::string_view("\0mid", 4), "tail"};
+  ASSERT_TRUE(WriteFileAtomically(path, parts).ok());
+  EXPECT_EQ(*ReadFile(path), std::string("head\0midtail", 12));
+}
+
+TEST(Files, WriterDroppedWithoutCommitLeavesTheOldFile) {
+  const std::string path = TempPath("files_test_abandoned");
+  ASSERT_TRUE(WriteFileAtomically(path, "old").ok());
+  {
+    absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(path);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE(writer->Append("new, but never committed").ok());
+  }
+  EXPECT_EQ(*ReadFile(path), "old");
+  EXPECT_EQ(ReadFile(absl::StrCat(path, ".tmp", getpid())).status().code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(path);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE(writer->Append("new").ok());
+  ASSERT_TRUE(writer->Commit().ok());
+  EXPECT_EQ(*ReadFile(path), "new");
+  EXPECT_EQ(writer->Append("late").code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(Files, ReadsLargeFilesWhole) {
+  const std::string path = TempPath("files_test_large");
+  std::string data(5 << 20, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 + (i >> 13));
+  ASSERT_TRUE(WriteFileAtomically(path, data).ok());
+  absl::StatusOr<std::string> got = ReadFile(path);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->size(), data.size());
+  EXPECT_TRUE(*got == data);
+}
+
+TEST(Files, FilesOfUnknownSizeAreReadWhole) {
+  // /proc files report size 0; the read must not stop there.
+  absl::StatusOr<std::string> got = ReadFile("/proc/self/status");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_NE(got->find("VmRSS"), std::string::npos);
+}
+
+TEST(Files, DirectoryIsDataLossNamingIt) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = dir != nullptr ? dir : "/tmp";
+  absl::StatusOr<std::string> got = ReadFile(path);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(got.status().message().find(path), absl::string_view::npos);
 }
 
 TEST(Files, UnwritableDirectoryFailsAndLeavesNothing) {

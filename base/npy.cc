@@ -43,7 +43,7 @@ absl::StatusOr<absl::string_view> DictValue(absl::string_view dict, absl::string
 
 }  // namespace
 
-absl::StatusOr<NpyArray> ParseNpyF32(absl::string_view bytes) {
+absl::StatusOr<NpyF32View> ParseNpyF32View(absl::string_view bytes) {
   if (bytes.size() < 10 || bytes.substr(0, 6) != absl::string_view(kMagic, 6)) {
     return absl::InvalidArgumentError("not a .npy file (bad magic)");
   }
@@ -81,14 +81,14 @@ absl::StatusOr<NpyArray> ParseNpyF32(absl::string_view bytes) {
   if (!absl::ConsumePrefix(&s, "(") || !absl::ConsumeSuffix(&s, ")")) {
     return absl::InvalidArgumentError(absl::StrCat("npy header: bad shape ", *shape_text));
   }
-  NpyArray array;
+  NpyF32View view;
   size_t count = 1;
   for (absl::string_view dim : absl::StrSplit(s, ',', absl::SkipWhitespace())) {
     uint64_t d;
     if (!absl::SimpleAtoi(dim, &d) || d > kMaxElements) {
       return absl::InvalidArgumentError(absl::StrCat("npy header: bad shape ", *shape_text));
     }
-    array.shape.push_back(d);
+    view.shape.push_back(d);
     count *= d;
     if (count > kMaxElements) return absl::InvalidArgumentError(".npy array too large");
   }
@@ -98,8 +98,17 @@ absl::StatusOr<NpyArray> ParseNpyF32(absl::string_view bytes) {
                                                    " bytes but the shape needs ", count * 4,
                                                    data_bytes < count * 4 ? " (truncated)" : ""));
   }
-  array.data.resize(count);
-  std::memcpy(array.data.data(), bytes.data() + offset + header_len, count * 4);
+  view.data = bytes.substr(offset + header_len);
+  return view;
+}
+
+absl::StatusOr<NpyArray> ParseNpyF32(absl::string_view bytes) {
+  absl::StatusOr<NpyF32View> view = ParseNpyF32View(bytes);
+  if (!view.ok()) return view.status();
+  NpyArray array;
+  array.shape = std::move(view->shape);
+  array.data.resize(view->data.size() / 4);
+  if (!view->data.empty()) std::memcpy(array.data.data(), view->data.data(), view->data.size());
   return array;
 }
 
@@ -113,7 +122,7 @@ absl::StatusOr<NpyArray> ReadNpyF32(const std::string& path) {
   return array;
 }
 
-std::string SerializeNpyF32(absl::Span<const float> data, absl::Span<const size_t> shape) {
+std::string NpyF32Header(absl::Span<const size_t> shape) {
   std::string dims = absl::StrJoin(shape, ", ");
   if (shape.size() == 1) dims += ",";
   std::string dict =
@@ -128,13 +137,21 @@ std::string SerializeNpyF32(absl::Span<const float> data, absl::Span<const size_
   out.push_back(static_cast<char>(dict.size() & 0xff));
   out.push_back(static_cast<char>(dict.size() >> 8));
   out += dict;
+  return out;
+}
+
+std::string SerializeNpyF32(absl::Span<const float> data, absl::Span<const size_t> shape) {
+  std::string out = NpyF32Header(shape);
   out.append(reinterpret_cast<const char*>(data.data()), data.size() * 4);
   return out;
 }
 
 absl::Status WriteNpyF32(const std::string& path, absl::Span<const float> data,
                          absl::Span<const size_t> shape) {
-  return WriteFileAtomically(path, SerializeNpyF32(data, shape));
+  const std::string header = NpyF32Header(shape);
+  const absl::string_view parts[] = {
+      header, absl::string_view(reinterpret_cast<const char*>(data.data()), data.size() * 4)};
+  return WriteFileAtomically(path, parts);
 }
 
 }  // namespace gcomp

@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
   const double cp_s = TimeShell(absl::StrCat("cp -r '", set, "' '", copy, "'"));
   const double cp_sync_s = TimeShell(absl::StrCat("rm -rf '", copy, "' && cp -r '", set, "' '", copy,
                                                   "' && sync -f '", copy, "'"));
-  (void)std::system(absl::StrCat("rm -rf '", copy, "'").c_str());
+  TimeShell(absl::StrCat("rm -rf '", copy, "'"));
 
   const double gb = 1e9;
   std::printf("%-44s %10s %10s\n", "what", "seconds", "GB/s");

@@ -12,6 +12,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -20,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/files.h"
+#include "base/mapped_file.h"
 #include "base/npy.h"
 #include "base/thread_pool.h"
 #include "codec/cli/gcz.h"
@@ -37,11 +40,26 @@ absl::Status Annotate(const absl::Status& st, const std::string& path) {
 
 absl::Status Compress(const std::string& in_path, const std::string& out_path,
                       const CompressOptions& options) {
-  absl::StatusOr<NpyArray> array = ReadNpyF32(in_path);
-  if (!array.ok()) return array.status();
-  const size_t n = array->data.size();
-  std::vector<uint8_t> values(n * codec::DTypeBytes(options.dtype));
-  codec::FromF32(options.dtype, array->data.data(), n, values.data());
+  absl::StatusOr<MappedFile> file = MappedFile::Open(in_path);
+  if (!file.ok()) return file.status();
+  absl::StatusOr<NpyF32View> array = ParseNpyF32View(file->bytes());
+  if (!array.ok()) return Annotate(array.status(), in_path);
+  const size_t n = array->data.size() / 4;
+  // f32 is encoded straight from the file's bytes; a copy is made only where the data is
+  // not 4-byte aligned (NumPy aligns it to 16 or 64) or another dtype is asked for.
+  const void* data = array->data.data();
+  std::vector<float> aligned;
+  if (reinterpret_cast<uintptr_t>(data) % alignof(float) != 0) {
+    aligned.resize(n);
+    if (n > 0) std::memcpy(aligned.data(), data, n * 4);
+    data = aligned.data();
+  }
+  std::vector<uint8_t> converted;
+  if (options.dtype != DType::kF32) {
+    converted.resize(n * codec::DTypeBytes(options.dtype));
+    codec::FromF32(options.dtype, static_cast<const float*>(data), n, converted.data());
+    data = converted.data();
+  }
   GczHeader header;
   header.dtype = options.dtype;
   header.shape.assign(array->shape.begin(), array->shape.end());
@@ -50,18 +68,17 @@ absl::Status Compress(const std::string& in_path, const std::string& out_path,
   codec::BufferOptions buffer;
   buffer.policy = options.policy;
   buffer.threads = options.threads;
-  if (absl::Status st = codec::EncodeBuffer(options.dtype, values.data(), n, buffer, &out);
-      !st.ok()) {
+  if (absl::Status st = codec::EncodeBuffer(options.dtype, data, n, buffer, &out); !st.ok()) {
     return st;
   }
   return WriteFileAtomically(out_path, out);
 }
 
 absl::Status Decompress(const std::string& in_path, const std::string& out_path, int threads) {
-  absl::StatusOr<std::string> file = ReadFile(in_path);
+  absl::StatusOr<MappedFile> file = MappedFile::Open(in_path);
   if (!file.ok()) return file.status();
   absl::string_view frame;
-  absl::StatusOr<GczHeader> header = ParseGcz(*file, &frame);
+  absl::StatusOr<GczHeader> header = ParseGcz(file->bytes(), &frame);
   if (!header.ok()) return Annotate(header.status(), in_path);
   absl::StatusOr<codec::FrameInfo> info = codec::InspectFrame(codec::AsBytes(frame));
   if (!info.ok()) return Annotate(info.status(), in_path);
@@ -71,23 +88,53 @@ absl::Status Decompress(const std::string& in_path, const std::string& out_path,
     return absl::DataLossError(
         absl::StrCat(in_path, ": header shape/dtype does not match the frame"));
   }
-  std::vector<uint8_t> values(count * codec::DTypeBytes(header->dtype));
-  if (absl::Status st =
-          codec::DecodeBuffer(codec::AsBytes(frame), header->dtype, values.data(), count, threads);
-      !st.ok()) {
-    return Annotate(st, in_path);
-  }
-  std::vector<float> f32(count);
-  codec::ToF32(header->dtype, values.data(), count, f32.data());
   std::vector<size_t> shape(header->shape.begin(), header->shape.end());
-  return WriteFileAtomically(out_path, SerializeNpyF32(f32, shape));
+  absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(out_path);
+  if (!writer.ok()) return writer.status();
+  if (absl::Status st = writer->Append(NpyF32Header(shape)); !st.ok()) return st;
+  // A window of blocks at a time (two per thread) is decoded into buffers that are reused
+  // and written out: one buffer of the whole output would be zero-filled or fault page by
+  // page, which costs more than decoding it.
+  const DType dtype = header->dtype;
+  const size_t per = info->block_elements, elem = codec::DTypeBytes(dtype);
+  const size_t workers = static_cast<size_t>(std::max(threads, 1));
+  const size_t window = 2 * workers;
+  const size_t window_elements = std::min<size_t>(count, window * per);
+  std::vector<float> f32(window_elements);
+  std::vector<uint8_t> narrow(dtype == DType::kF32 ? 0 : window_elements * elem);
+  std::vector<absl::Status> status(window);
+  ThreadPool pool(static_cast<int>(workers) - 1);
+  for (size_t first = 0; first < info->blocks.size(); first += window) {
+    const size_t blocks = std::min(window, info->blocks.size() - first);
+    pool.ParallelFor(blocks, [&](size_t j) {
+      const size_t b = first + j, lo = j * per, m = std::min<size_t>(per, count - b * per);
+      void* target = narrow.empty() ? static_cast<void*>(f32.data() + lo) : narrow.data() + lo * elem;
+      status[j] = codec::DecodeBlock(info->blocks[b], dtype, target, m);
+      if (status[j].ok() && !narrow.empty()) {
+        codec::ToF32(dtype, narrow.data() + lo * elem, m, f32.data() + lo);
+      }
+    });
+    for (size_t j = 0; j < blocks; ++j) {
+      if (!status[j].ok()) {
+        return absl::Status(status[j].code(), absl::StrCat(in_path, ": block ", first + j, ": ",
+                                                           status[j].message()));
+      }
+    }
+    const size_t elements = std::min<size_t>(blocks * per, count - first * per);
+    if (absl::Status st = writer->Append(absl::string_view(
+            reinterpret_cast<const char*>(f32.data()), elements * sizeof(float)));
+        !st.ok()) {
+      return st;
+    }
+  }
+  return writer->Commit();
 }
 
 absl::Status Inspect(const std::string& in_path, std::ostream& out) {
-  absl::StatusOr<std::string> file = ReadFile(in_path);
+  absl::StatusOr<MappedFile> file = MappedFile::Open(in_path);
   if (!file.ok()) return file.status();
   absl::string_view frame;
-  absl::StatusOr<GczHeader> header = ParseGcz(*file, &frame);
+  absl::StatusOr<GczHeader> header = ParseGcz(file->bytes(), &frame);
   if (!header.ok()) return Annotate(header.status(), in_path);
   absl::StatusOr<codec::FrameInfo> info = codec::InspectFrame(codec::AsBytes(frame));
   if (!info.ok()) return Annotate(info.status(), in_path);
@@ -127,13 +174,13 @@ absl::Status Inspect(const std::string& in_path, std::ostream& out) {
   out << absl::StrFormat(R"(  "blocks": %d,)", info->blocks.size()) << "\n";
   out << absl::StrFormat(R"(  "stored_blocks": %d,)", stored) << "\n";
   out << "  \"policy\": " << policy << ",\n";
-  out << absl::StrFormat(R"(  "bytes": %d,)", file->size()) << "\n";
+  out << absl::StrFormat(R"(  "bytes": %d,)", file->bytes().size()) << "\n";
   out << absl::StrFormat(
              R"(  "ratio": %.4f,)",
-             file->size() ? n * codec::DTypeBytes(info->dtype) * 1.0 / file->size() : 0.0)
+             file->bytes().size() ? n * codec::DTypeBytes(info->dtype) * 1.0 / file->bytes().size() : 0.0)
       << "\n";
   out << "  \"sections\": {\n";
-  out << "    " << section("file_and_frame_headers", frame_overhead + (file->size() - frame.size()))
+  out << "    " << section("file_and_frame_headers", frame_overhead + (file->bytes().size() - frame.size()))
       << ",\n";
   out << "    " << section("block_headers", header_bytes) << ",\n";
   out << "    " << section("zero_map", zero_map) << ",\n";
