@@ -105,7 +105,7 @@ def _train(progress):
 
 def test_training_shows_progress_only_when_asked_and_keeps_its_result_line():
     keys = {"mode", "steps", "train_loss", "test_accuracy", "raw_bytes", "wire_bytes",
-            "ratio", "seconds"}
+            "ratio", "seconds", "transport"}
     shown = _train("always")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "\rstep 1/2  - steps/s" in shown.stderr, shown.stderr

@@ -11,7 +11,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 import gcomp  # noqa: E402
 
-KEYS = {"mode", "steps", "train_loss", "raw_bytes", "wire_bytes", "ratio", "seconds"}
+KEYS = {"mode", "steps", "train_loss", "raw_bytes", "wire_bytes", "ratio", "seconds",
+        "transport"}
 
 
 def train(script, mode, steps=4, extra=()):
@@ -37,6 +38,9 @@ def test_digits_every_mode_prints_the_result_line(digits_runs):
         assert r["mode"] == mode and r["steps"] == 4
         assert 0.0 <= r["test_accuracy"] <= 1.0
         assert r["raw_bytes"] > 0 and r["wire_bytes"] > 0
+        sys.path.insert(0, HERE)
+        import common
+        assert r["transport"] == ("ps" if common.ps_available() is None else "gloo")
 
 
 def test_digits_lossless_matches_none_exactly(digits_runs):
@@ -56,3 +60,40 @@ def test_text_near_lossless_runs():
     r = train("train_text.py", "near-lossless", steps=2, extra=["--batch", "4"])
     assert set(r) == KEYS | {"test_loss"}
     assert r["test_loss"] > 0 and r["ratio"] > 2.0
+
+
+def copy_without_build(tmp_path):
+    """The examples and the gcomp package in a tree with no bazel-bin: no extension."""
+    import shutil
+    root = tmp_path / "checkout"
+    shutil.copytree(HERE, root / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(os.path.dirname(HERE), "python", "gcomp"),
+                    root / "python" / "gcomp", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return root / "examples" / "train_digits.py", env
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--mode", "near-lossless"], "error: --mode near-lossless needs the _gcomp extension"),
+    (["--mode", "none", "--transport", "ps"], "error: --transport ps cannot run: the _gcomp"),
+])
+def test_example_without_the_extension_fails_at_once_naming_the_fix(tmp_path, flags, expected):
+    script, env = copy_without_build(tmp_path)
+    out = subprocess.run([sys.executable, str(script), "--workers", "2", "--steps", "1"] + flags,
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith(expected), out.stderr
+    assert "bazel build //python:_gcomp.so" in lines[-1]
+    assert "Traceback" not in out.stderr
+
+
+def test_example_auto_without_the_extension_names_gloo(tmp_path):
+    script, env = copy_without_build(tmp_path)
+    out = subprocess.run([sys.executable, str(script), "--mode", "none", "--workers", "2",
+                          "--steps", "2", "--batch", "32"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["transport"] == "gloo" and r["mode"] == "none" and r["ratio"] == 1.0
+    assert "using the gloo transport" in out.stderr

@@ -40,7 +40,8 @@ class Transport:
         self.wire_bytes = 0
 
     def push_pull(self, key, step, tensor):
-        """Replaces `tensor` (flat, contiguous, CPU) with the mean over workers."""
+        """Replaces `tensor` (flat, contiguous, CPU; float32, bfloat16 or float16) with the
+        mean over workers."""
         raise NotImplementedError
 
     def quantize(self, tensor):
@@ -78,8 +79,11 @@ class GlooTransport(Transport):
         raw = tensor.numel() * tensor.element_size()
         self.raw_bytes += 2 * raw
         if self.policy is None:
-            parts = [torch.empty_like(tensor) for _ in range(self.world)]
-            dist.all_gather(parts, tensor, group=self.group)
+            # Gloo (torch 1.13) moves neither bfloat16 nor int16: the bits travel as bytes.
+            wire = tensor.view(torch.uint8) if tensor.dtype == torch.bfloat16 else tensor
+            parts = [torch.empty_like(wire) for _ in range(self.world)]
+            dist.all_gather(parts, wire, group=self.group)
+            parts = [p.view(tensor.dtype) for p in parts]
             self.wire_bytes += 2 * raw
         else:
             frame = codec.encode(tensor, self.policy, self.block_bytes)
@@ -89,10 +93,13 @@ class GlooTransport(Transport):
                 codec.decode(f, part)
                 parts.append(part)
             self.wire_bytes += len(frame)
-        total = parts[0].clone()
+        # Summed in float32 in worker order and rounded once to the tensor's dtype, as the
+        # shards do.
+        total = parts[0].float()
         for p in parts[1:]:
-            total += p
+            total += p.float()
         total /= self.world
+        total = total.to(tensor.dtype)
         if self.policy is None:
             tensor.copy_(total)
         else:
@@ -135,14 +142,16 @@ class ClientTransport(Transport):
         return st["wire_bytes_sent"] + st["wire_bytes_received"]
 
     def push_pull(self, key, step, tensor):
+        # float32, bfloat16 and float16 tensors are declared with their dtype: the shards
+        # aggregate each in its own format and the codec compresses it as such.
+        buf, dtype = codec._as_buffer(tensor, writable=True)
         n = tensor.numel()
         if key not in self._declared:
-            self.client.declare(key, n, "f32")
-            self._declared[key] = n
-        elif self._declared[key] != n:
-            raise ValueError("key %r was declared with %d elements, got %d"
-                             % (key, self._declared[key], n))
-        buf, _ = codec._as_buffer(tensor, writable=True)
+            self.client.declare(key, n, dtype)
+            self._declared[key] = (n, dtype)
+        elif self._declared[key] != (n, dtype):
+            raise ValueError("key %r was declared as %d elements of %s, got %d of %s"
+                             % (key, *self._declared[key], n, dtype))
         self.client.push_pull(key, step, buf)
 
     def quantize(self, tensor):

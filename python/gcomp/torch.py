@@ -9,7 +9,8 @@ Without DDP (after loss.backward(), before optimizer.step()):
     sync.sync()
 
 Both replace all-reduce with push-pull of each gradient bucket to the shards; the result is
-the mean gradient over workers. With error_feedback=True the quantization residual of what
+the mean gradient over workers. Gradients may be float32, bfloat16 or float16 CPU tensors;
+each key is declared with its dtype and compressed in it. With error_feedback=True the quantization residual of what
 was pushed stays on the worker and is added to the next step's gradient.
 """
 import concurrent.futures
@@ -52,7 +53,8 @@ class PSHookState:
                 flat.add_(residual)
             pushed = self.transport.quantize(flat)
             if pushed is not flat:
-                self._residuals[key] = flat - pushed
+                # Kept in float32: a bfloat16 difference would round most of it away.
+                self._residuals[key] = flat.float() - pushed.float()
         self.transport.push_pull(key, step, flat)
 
     def submit(self, key, flat):
@@ -81,10 +83,23 @@ def ps_hook(state, bucket):
     iteration, and a rebuilt bucket is a new tensor for the shards.
     """
     buf = bucket.buffer()
-    if buf.dtype != torch.float32 or buf.device.type != "cpu":
-        raise TypeError("ps_hook handles float32 CPU buckets, got %s on %s" % (buf.dtype, buf.device))
+    check_tensor(buf, "ps_hook")
     key = "ddp/bucket%d/%d" % (bucket.index(), buf.numel())
     return state.submit(key, buf)
+
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_tensor(t, who):
+    """TypeError naming what is wrong with a gradient the transports cannot take."""
+    if t.device.type != "cpu":
+        raise TypeError("%s: %s gradients are not supported by this build of gcomp (CPU "
+                        "tensors only: the extension's CUDA path is not built); move the "
+                        "model to the CPU or use DDP's default all-reduce" % (who, t.device.type))
+    if t.dtype not in DTYPES:
+        raise TypeError("%s: %s gradients are not supported (float32, bfloat16 or float16)"
+                        % (who, t.dtype))
 
 
 class GradientSync:
@@ -95,16 +110,20 @@ class GradientSync:
                  prefix="grads"):
         self.state = PSHookState(transport, error_feedback)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.buckets = []
-        current, size = [], 0
         for p in self.params:
-            current.append(p)
-            size += p.numel() * p.element_size()
-            if size >= bucket_bytes:
-                self.buckets.append(current)
-                current, size = [], 0
-        if current:
-            self.buckets.append(current)
+            check_tensor(p, "GradientSync")
+        # A bucket holds parameters of one dtype (each key is declared with its dtype);
+        # buckets of a dtype follow the order of the model's parameters.
+        self.buckets = []
+        open_buckets = {}  # dtype -> [params, bytes]
+        for p in self.params:
+            current = open_buckets.setdefault(p.dtype, [[], 0])
+            current[0].append(p)
+            current[1] += p.numel() * p.element_size()
+            if current[1] >= bucket_bytes:
+                self.buckets.append(current[0])
+                del open_buckets[p.dtype]
+        self.buckets.extend(params for params, _ in open_buckets.values())
         self.prefix = prefix
 
     def sync(self):

@@ -3,9 +3,11 @@ gradient every rank ends up with is the mean of the ranks' gradients (exactly fo
 and "lossless", within the codec's bound for "near-lossless")."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,7 +16,7 @@ import gcomp
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_ranks(mode, tmp_path, world=2, cluster_config=None):
+def run_ranks(mode, tmp_path, world=2, cluster_config=None, dtype="f32"):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -24,17 +26,22 @@ def run_ranks(mode, tmp_path, world=2, cluster_config=None):
         outs.append(out)
         procs.append(subprocess.Popen(
             [sys.executable, os.path.join(HERE, "hook_worker.py"), "--rank", str(r),
-             "--world", str(world), "--port", str(port), "--mode", mode, "--out", out]
+             "--world", str(world), "--port", str(port), "--mode", mode, "--out", out,
+             "--dtype", dtype]
             + (["--cluster-config", cluster_config] if cluster_config else []),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for p in procs:
         try:
             log, _ = p.communicate(timeout=120)
         except subprocess.TimeoutExpired:
+            # Every rank prints its threads' Python stacks (hook_worker registers SIGUSR1).
+            for q in procs:
+                q.send_signal(signal.SIGUSR1)
+            time.sleep(2)
             for q in procs:
                 q.kill()
-            log, _ = p.communicate()
-            pytest.fail("rank did not finish within 120 s:\n" + log)
+            logs = ["rank %d:\n%s" % (r, q.communicate()[0]) for r, q in enumerate(procs)]
+            pytest.fail("rank did not finish within 120 s:\n" + "\n".join(logs))
         assert p.returncode == 0, log
     return [json.load(open(o)) for o in outs]
 
@@ -92,3 +99,51 @@ def test_hook_through_the_shards(mode, tmp_path):
             assert r["ddp_wire_bytes"] == r["ddp_raw_bytes"]
         else:
             assert r["ddp_wire_bytes"] < r["ddp_raw_bytes"]
+
+
+# One rounding of the float32 mean to the dtype: at most half a unit in the last place,
+# relative (bfloat16 keeps 8 significant bits, float16 11), plus float16's subnormal step.
+ROUNDING = {"bf16": (2.0 ** -8, 0.0), "f16": (2.0 ** -11, 2.0 ** -24)}
+
+
+def half_precision_bound(dtype, mode, m, error_feedback):
+    rel, floor = ROUNDING[dtype]
+    bound = rel * m + floor
+    if mode == "near-lossless":
+        # Up and down each lose at most 2^-8 of the block maximum (rel_bits = 7), and with
+        # error feedback the residual of the step before is in this step's push too.
+        bound += (4 if error_feedback else 2) * 2.0 ** -8 * m
+    return bound
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("mode", ["none", "lossless", "near-lossless"])
+@pytest.mark.parametrize("where", ["gloo", "shards"])
+def test_half_precision_gradients(where, mode, dtype, tmp_path):
+    """bfloat16 (DDP hook and GradientSync on a bf16 model) and float16 (GradientSync of
+    hand-set gradients) keys are declared, compressed and averaged in their dtype: every
+    rank gets the float32 mean of the ranks' gradients rounded once to the dtype."""
+    needs_codec(mode)
+    if where == "shards":
+        from gcomp import cluster
+        why = cluster.server_missing()
+        if why:
+            pytest.skip(why)
+        if not gcomp.have_extension() or not getattr(gcomp.extension(), "HAS_CLIENT", False):
+            pytest.skip(gcomp.extension_error() or "the extension has no worker Client")
+        with cluster.LocalCluster(shards=2, workers=2, mode=mode, workdir=str(tmp_path)) as c:
+            results = run_ranks(mode, tmp_path, cluster_config=c.config_path, dtype=dtype)
+    else:
+        results = run_ranks(mode, tmp_path, dtype=dtype)
+    for r in results:
+        if dtype == "bf16":
+            assert len(r["ddp_max_err"]) == 3 and r["ddp_keys"]
+            for err, m in zip(r["ddp_max_err"], r["ref_max_abs"]):
+                assert err <= half_precision_bound(dtype, mode, m, mode == "near-lossless")
+            ddp_ratio = r["ddp_raw_bytes"] / r["ddp_wire_bytes"]
+            assert ddp_ratio == 1.0 if mode == "none" else ddp_ratio > 1.0
+        assert len(r["sync_max_err"]) == 2 and r["sync_buckets"] >= 2
+        for err, m in zip(r["sync_max_err"], r["sync_ref_max_abs"]):
+            assert err <= half_precision_bound(dtype, mode, m, False)
+    # Every rank ends with the same mean.
+    assert results[0]["sync_max_err"] == results[1]["sync_max_err"]
