@@ -49,8 +49,8 @@ def extension_error():
     _load()
     if _EXT is not None:
         return None
-    return ("the _gcomp extension is not built (bazel build //python:_gcomp.so): %s"
-            % _EXT_ERROR)
+    return ("the _gcomp extension is not built (bazel build //python:_gcomp.so, or "
+            "python3 -m pip install ./python): %s" % _EXT_ERROR)
 
 
 def extension():

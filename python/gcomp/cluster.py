@@ -16,8 +16,14 @@ from gcomp import extension, repo_root
 
 
 def server_binary():
-    return os.environ.get("GCOMP_SERVER_BIN",
-                          os.path.join(repo_root(), "bazel-bin", "server", "gcomp_server"))
+    """GCOMP_SERVER_BIN, else the copy `pip install ./python` put in the package, else the
+    checkout's bazel-bin."""
+    if "GCOMP_SERVER_BIN" in os.environ:
+        return os.environ["GCOMP_SERVER_BIN"]
+    packaged = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "gcomp_server")
+    if os.access(packaged, os.X_OK):
+        return packaged
+    return os.path.join(repo_root(), "bazel-bin", "server", "gcomp_server")
 
 
 def server_missing():
