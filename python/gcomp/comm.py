@@ -60,7 +60,13 @@ class GlooTransport(Transport):
     def __init__(self, mode="none", policy=None, group=None, block_bytes=codec.DEFAULT_BLOCK_BYTES):
         super().__init__()
         self.policy = policy if policy is not None else policy_for(mode)
-        self.group = group
+        # A group of its own by default (made here, so every rank must construct its
+        # transport at the same point): DDP runs collectives of its own on the default
+        # group during backward (with find_unused_parameters, an all-reduce of which
+        # parameters were used) while this transport's run on the hook's thread. Sharing
+        # one group, the two orders could differ between ranks and every rank would wait
+        # forever.
+        self.group = group if group is not None else dist.new_group(backend="gloo")
         self.block_bytes = block_bytes
         self.world = dist.get_world_size(group)
 
