@@ -28,6 +28,12 @@ import progress_line  # noqa: E402
 
 MODES = ("none", "lossless", "near-lossless")
 
+# Named settings of near-lossless. "aggressive": 3 mantissa bits near each block's
+# maximum and an error floor of 2^-10 of it, |error| <= max(2^-4 |x|, 2^-10 M) per element
+# and direction each step, with error feedback, so what a step leaves out is pushed with
+# the next one instead of being lost (docs/BENCHMARKS.md, "Training", has its results).
+PRESETS = {"aggressive": {"rel_bits": 3, "abs_log2": -10, "error_feedback": True}}
+
 
 def parse_args(description, defaults):
     p = argparse.ArgumentParser(description=description)
@@ -44,6 +50,9 @@ def parse_args(description, defaults):
     p.add_argument("--abs-log2", type=int, default=defaults.get("abs_log2", -16),
                    help="near-lossless: log2 of the error floor relative to the block maximum")
     p.add_argument("--error-feedback", action="store_true")
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="near-lossless settings by name (sets --rel-bits, --abs-log2 and "
+                        "--error-feedback): aggressive = R 3, A -10, error feedback")
     p.add_argument("--transport", choices=("auto", "ps", "gloo"), default="auto",
                    help="ps: local cluster of gcomp_server shards; gloo: the same arithmetic "
                         "over a process group (no shards); auto: ps when built")
@@ -56,6 +65,12 @@ def parse_args(description, defaults):
     args = p.parse_args()
     if args.batch % args.workers:
         p.error("--batch must be a multiple of --workers")
+    if args.preset:
+        if args.mode != "near-lossless":
+            p.error("--preset %s is a near-lossless setting; use --mode near-lossless"
+                    % args.preset)
+        for key, value in PRESETS[args.preset].items():
+            setattr(args, key, value)
     return args
 
 

@@ -97,3 +97,17 @@ def test_example_auto_without_the_extension_names_gloo(tmp_path):
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["transport"] == "gloo" and r["mode"] == "none" and r["ratio"] == 1.0
     assert "using the gloo transport" in out.stderr
+
+
+def test_digits_aggressive_preset_compresses_more(digits_runs):
+    r = train("train_digits.py", "near-lossless", extra=["--batch", "32", "--preset", "aggressive"])
+    assert set(r) == KEYS | {"test_accuracy"} and r["mode"] == "near-lossless"
+    assert r["ratio"] > digits_runs["near-lossless"]["ratio"]
+
+
+def test_preset_is_refused_outside_near_lossless():
+    out = subprocess.run([sys.executable, os.path.join(HERE, "train_digits.py"), "--mode",
+                          "lossless", "--preset", "aggressive"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "--preset aggressive is a near-lossless setting" in out.stderr
