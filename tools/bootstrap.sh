@@ -11,6 +11,7 @@ PACKAGES=(
   libxxhash-dev libzstd-dev liblz4-dev libyaml-cpp-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-yaml
   python3-torch python3-sklearn python3-matplotlib
+  python3-venv python3-pip python3-setuptools python3-wheel pkg-config
   iproute2
   prometheus-cpp-dev prometheus openssl
   clang-14 libfuzzer-14-dev libclang-rt-14-dev cmake ninja-build dpkg-dev
