@@ -10,6 +10,7 @@
 #include "base/json.h"
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
+#include "cluster/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/aggregation.grpc.pb.h"
 
@@ -88,7 +89,7 @@ absl::StatusOr<ClusterStatus> CollectStatus(const proto::ClusterConfig& config,
     const grpc::Status& s = calls[i]->status;
     row.error = absl::OkStatus();
     if (!s.ok()) {
-      row.error = absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+      row.error = cluster::FromGrpc(s);
     } else if (row.stats.shard() != row.shard) {
       row.error = absl::FailedPreconditionError(
           absl::StrCat("the process at ", row.address, " is shard ", row.stats.shard(),

@@ -6,8 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cluster/credentials.h"
+#include "cluster/grpc_status.h"
 
 namespace gcomp::server {
+
+using cluster::ToGrpc;
 namespace {
 
 absl::Time DeadlineOf(const grpc::ServerContext* context) {
@@ -29,11 +32,6 @@ std::string HostOf(const std::string& address) {
 }
 
 }  // namespace
-
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 grpc::Status AggregationGrpcService::RegisterWorker(grpc::ServerContext* context,
                                                     const proto::RegisterWorkerRequest* request,

@@ -18,8 +18,6 @@
 
 namespace gcomp::server {
 
-grpc::Status ToGrpc(const absl::Status& status);
-
 class AggregationGrpcService final : public proto::Aggregation::Service {
  public:
   // `shard` is borrowed and must outlive this service. With a `token`, every call must

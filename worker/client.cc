@@ -14,6 +14,7 @@
 #include "proto/aggregation.grpc.pb.h"
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
+#include "cluster/grpc_status.h"
 #include "cluster/shard_map.h"
 #include "cluster/wire_block.h"
 #include "gpu/runtime.h"
@@ -24,11 +25,7 @@
 namespace gcomp::worker {
 namespace {
 
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view context) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(context, ": ", s.error_message()));
-}
+using cluster::FromGrpc;
 
 // Longest sleep between two retries of one call, and longest reconnect backoff.
 constexpr int64_t kMaxBackoffMs = 5000;

@@ -1,0 +1,22 @@
+// absl::Status <-> grpc::Status, the one place where both sides of the wire convert. The
+// numeric codes of the two are the same by design (both follow google.rpc.Code), so the
+// code passes through and the message is kept.
+#ifndef GCOMP_CLUSTER_GRPC_STATUS_H_
+#define GCOMP_CLUSTER_GRPC_STATUS_H_
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/support/status.h"
+
+namespace gcomp::cluster {
+
+// What a gRPC handler returns for `status`.
+grpc::Status ToGrpc(const absl::Status& status);
+
+// What a client makes of a call's status; a non-empty `context` (the call and the peer)
+// is put before the message: "PushPull to shard 1 (10.0.0.2:7070): ...".
+absl::Status FromGrpc(const grpc::Status& status, absl::string_view context = "");
+
+}  // namespace gcomp::cluster
+
+#endif  // GCOMP_CLUSTER_GRPC_STATUS_H_
