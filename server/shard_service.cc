@@ -144,15 +144,7 @@ std::string ShardService::WorkerName(uint32_t worker) const {
 
 absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
                                           proto::RegisterWorkerResponse* response) {
-  if (r.job() != config_.job()) {
-    return absl::NotFoundError(absl::StrCat("unknown job '", r.job(), "' (shard serves job '",
-                                            config_.job(), "')"));
-  }
-  if (r.shard_map_epoch() != config_.shard_map_epoch()) {
-    return absl::FailedPreconditionError(absl::StrCat("shard-map epoch ", r.shard_map_epoch(),
-                                                      " does not match the shard's epoch ",
-                                                      config_.shard_map_epoch()));
-  }
+  if (absl::Status s = CheckJobAndEpoch(r.job(), r.shard_map_epoch()); !s.ok()) return s;
   if (r.worker() >= config_.workers()) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", r.worker(), " out of range: job has ",
                                                    config_.workers(), " workers"));
@@ -178,14 +170,7 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
 
 absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
                                          proto::DeclareTensorResponse* response) {
-  if (r.job() != config_.job()) {
-    return absl::NotFoundError(absl::StrCat("unknown job '", r.job(), "'"));
-  }
-  if (r.shard_map_epoch() != config_.shard_map_epoch()) {
-    return absl::FailedPreconditionError(absl::StrCat("shard-map epoch ", r.shard_map_epoch(),
-                                                      " does not match the shard's epoch ",
-                                                      config_.shard_map_epoch()));
-  }
+  if (absl::Status s = CheckJobAndEpoch(r.job(), r.shard_map_epoch()); !s.ok()) return s;
   absl::Status key_ok = CheckKey(r.key());
   if (!key_ok.ok()) return key_ok;
   absl::StatusOr<codec::DType> dtype = cluster::FromProto(r.dtype());
@@ -333,9 +318,7 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
   return absl::OkStatus();
 }
 
-absl::StatusOr<ShardService::Tensor*> ShardService::FindTensor(const std::string& job,
-                                                               uint64_t epoch,
-                                                               const std::string& key) const {
+absl::Status ShardService::CheckJobAndEpoch(const std::string& job, uint64_t epoch) const {
   if (job != config_.job()) {
     return absl::NotFoundError(absl::StrCat("unknown job '", job, "' (shard serves job '",
                                             config_.job(), "')"));
@@ -345,6 +328,28 @@ absl::StatusOr<ShardService::Tensor*> ShardService::FindTensor(const std::string
                                                       " does not match the shard's epoch ",
                                                       config_.shard_map_epoch()));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepAccumulator*> ShardService::OwnedChunk(const Tensor& t, const std::string& key,
+                                                          uint32_t chunk) const {
+  if (chunk >= t.layout.num_chunks) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk, " out of range: '", key,
+                                                   "' has ", t.layout.num_chunks, " chunks"));
+  }
+  auto it = t.chunks.find(chunk);
+  if (it == t.chunks.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "chunk ", chunk, " of '", key, "' is owned by shard ", t.owner[chunk],
+        " under shard-map epoch ", config_.shard_map_epoch(), ", not shard ", options_.shard));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<ShardService::Tensor*> ShardService::FindTensor(const std::string& job,
+                                                               uint64_t epoch,
+                                                               const std::string& key) const {
+  if (absl::Status s = CheckJobAndEpoch(job, epoch); !s.ok()) return s;
   absl::Status key_ok = CheckKey(key);
   if (!key_ok.ok()) return key_ok;
   absl::MutexLock lock(&mu_);
@@ -390,17 +395,9 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
   if (a.step() < 0 || a.step() >= kMaxStep) {
     return absl::InvalidArgumentError(absl::StrCat("step ", a.step(), " out of range [0, 2^62)"));
   }
-  if (a.chunk() >= t->layout.num_chunks) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", a.chunk(), " out of range: '", a.key(),
-                                                   "' has ", t->layout.num_chunks, " chunks"));
-  }
-  auto it = t->chunks.find(a.chunk());
-  if (it == t->chunks.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "chunk ", a.chunk(), " of '", a.key(), "' is owned by shard ", t->owner[a.chunk()],
-        " under shard-map epoch ", config_.shard_map_epoch(), ", not shard ", options_.shard));
-  }
-  StepAccumulator* acc = it->second.get();
+  absl::StatusOr<StepAccumulator*> owned = OwnedChunk(*t, a.key(), a.chunk());
+  if (!owned.ok()) return owned.status();
+  StepAccumulator* acc = *owned;
   const size_t n = t->layout.size(a.chunk());
   if (request.dtype() != cluster::ToProto(t->dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("block dtype ", proto::DType_Name(request.dtype()),
@@ -470,16 +467,9 @@ absl::Status ShardService::Pull(const proto::PullRequest& r, proto::CompressedBl
   absl::StatusOr<Tensor*> found = FindTensor(r.job(), r.shard_map_epoch(), r.key());
   if (!found.ok()) return found.status();
   Tensor* t = *found;
-  if (r.chunk() >= t->layout.num_chunks) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", r.chunk(), " out of range: '", r.key(),
-                                                   "' has ", t->layout.num_chunks, " chunks"));
-  }
-  auto it = t->chunks.find(r.chunk());
-  if (it == t->chunks.end()) {
-    return absl::FailedPreconditionError(absl::StrCat("chunk ", r.chunk(), " of '", r.key(),
-                                                      "' is owned by shard ", t->owner[r.chunk()]));
-  }
-  absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> current = it->second->Current();
+  absl::StatusOr<StepAccumulator*> owned = OwnedChunk(*t, r.key(), r.chunk());
+  if (!owned.ok()) return owned.status();
+  absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> current = (*owned)->Current();
   if (!current.ok()) return current.status();
   *response = **current;
   bytes_out_ += response->data().size();

@@ -113,8 +113,15 @@ class ShardService {
   // Encodes and writes one shard file of the set (final or the periodic one of `step`).
   absl::Status WriteCheckpoint(bool final, int64_t step,
                                std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks);
+  // NotFound for another job, FailedPrecondition for another shard-map epoch.
+  absl::Status CheckJobAndEpoch(const std::string& job, uint64_t epoch) const;
+  // CheckJobAndEpoch, the key's limits, then the declared tensor (NotFound if none).
   absl::StatusOr<Tensor*> FindTensor(const std::string& job, uint64_t epoch,
                                      const std::string& key) const;
+  // The accumulator of `chunk` of `t`: InvalidArgument past the last chunk,
+  // FailedPrecondition naming the owner when another shard owns it.
+  absl::StatusOr<StepAccumulator*> OwnedChunk(const Tensor& t, const std::string& key,
+                                              uint32_t chunk) const;
   absl::Status PushPullImpl(const proto::CompressedBlock& request, absl::Time deadline,
                             proto::CompressedBlock* response);
   std::string WorkerName(uint32_t worker) const;
