@@ -317,17 +317,6 @@ bool ValidAddress(absl::string_view a) {
   return absl::SimpleAtoi(a.substr(colon + 1), &port) && port >= 1 && port <= 65535;
 }
 
-DirectionCodec ToDirection(const proto::CodecConfig& c) {
-  DirectionCodec d;
-  d.raw = c.mode() == "none";
-  if (!d.raw) {
-    d.policy.mode = *codec::ParseMode(c.mode());
-    d.policy.rel_bits = c.rel_bits();
-    d.policy.abs_log2 = c.abs_log2();
-  }
-  return d;
-}
-
 void EmitCodec(YAML::Emitter& out, const char* name, const proto::CodecConfig& c) {
   out << YAML::Key << name << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "mode" << YAML::Value << c.mode();
@@ -595,13 +584,6 @@ std::string ClusterConfigToYaml(const proto::ClusterConfig& c) {
   out << YAML::EndMap;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
-}
-
-DirectionCodec UplinkCodec(const proto::ClusterConfig& config) {
-  return ToDirection(config.uplink());
-}
-DirectionCodec DownlinkCodec(const proto::ClusterConfig& config) {
-  return ToDirection(config.downlink());
 }
 
 }  // namespace gcomp::cluster

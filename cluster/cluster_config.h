@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cluster/direction_codec.h"  // DirectionCodec, UplinkCodec: with the config
 #include "codec/codec.h"
 #include "proto/cluster_config.pb.h"
 
@@ -35,15 +36,6 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& config);
 
 // The YAML text of `config` (round-trips through ParseClusterConfig).
 std::string ClusterConfigToYaml(const proto::ClusterConfig& config);
-
-// The codec side of one direction: raw (mode "none") or GComp with a policy.
-struct DirectionCodec {
-  bool raw = false;
-  codec::Policy policy;
-};
-// Requires a validated config.
-DirectionCodec UplinkCodec(const proto::ClusterConfig& config);
-DirectionCodec DownlinkCodec(const proto::ClusterConfig& config);
 
 }  // namespace gcomp::cluster
 

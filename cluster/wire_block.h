@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "codec/codec.h"
 #include "proto/block.pb.h"
-#include "cluster/cluster_config.h"
+#include "cluster/direction_codec.h"
 
 namespace gcomp::cluster {
 

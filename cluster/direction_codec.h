@@ -1,0 +1,23 @@
+// What each direction of the wire carries, from a cluster config: raw elements (mode
+// "none") or GComp blocks with a policy. Apart from the config loader (cluster_config.h),
+// so that wire blocks and their users need neither yaml-cpp nor the parser.
+#ifndef GCOMP_CLUSTER_DIRECTION_CODEC_H_
+#define GCOMP_CLUSTER_DIRECTION_CODEC_H_
+
+#include "codec/codec.h"
+#include "proto/cluster_config.pb.h"
+
+namespace gcomp::cluster {
+
+struct DirectionCodec {
+  bool raw = false;
+  codec::Policy policy;
+};
+
+// Require a validated config (ValidateClusterConfig).
+DirectionCodec UplinkCodec(const proto::ClusterConfig& config);
+DirectionCodec DownlinkCodec(const proto::ClusterConfig& config);
+
+}  // namespace gcomp::cluster
+
+#endif  // GCOMP_CLUSTER_DIRECTION_CODEC_H_
