@@ -78,7 +78,9 @@ class DeviceBuffer {
 };
 
 // Largest |x| over the finite elements of `in_dev` (n floats), written to
-// `*out_dev` on `stream` without a host sync. Used to pick block exponent ranges.
+// `*out_dev` on `stream` without a host sync. A device-side check of a whole tensor's
+// range for callers and tests; the codec finds each block's largest exponent inside its
+// own encode kernel and does not use it.
 absl::Status MaxAbsFinite(const float* in_dev, size_t n, float* out_dev,
                           cudaStream_t stream);
 

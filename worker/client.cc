@@ -86,7 +86,7 @@ struct Client::Impl {
     return it->second;
   }
 
-  // One unary call with retries on UNAVAILABLE.
+  // One unary call, retried on UNAVAILABLE and CANCELLED.
   template <typename Call>
   grpc::Status WithRetries(Call&& call) {
     grpc::Status s;

@@ -10,9 +10,10 @@
 // Inside: the tensor is cut into chunks (ChunkLayout), each owned by one shard
 // (ShardMap, checked against the shard's epoch on every call); each chunk is encoded with
 // the uplink codec while earlier chunks are in flight (up to max_inflight_chunks at once,
-// spread over channels_per_shard channels per shard); UNAVAILABLE is retried with
-// exponential backoff (safe: pushes are idempotent on the shard); every call has the
-// config's rpc_timeout_ms deadline.
+// spread over channels_per_shard channels per shard); UNAVAILABLE (shard unreachable)
+// and CANCELLED (a draining shard dropped the call) are retried up to max_retries times
+// with exponential backoff from retry_backoff_ms, at most 5 s apart (safe: pushes are
+// idempotent on the shard); every call has the config's rpc_timeout_ms deadline.
 //
 // Thread-safe: operations on different tensors (or different steps) may run concurrently.
 // Errors keep the shard's status code and name the tensor, chunk, step and shard.
