@@ -106,6 +106,24 @@ struct Client::Impl {
   }
 
   absl::Status RunPushPull(const std::string& key, int64_t step, const void* input, void* output);
+
+  // Chunk c's current value from its shard (Pull, with retries).
+  absl::StatusOr<proto::CompressedBlock> PullChunk(const std::string& key, const TensorInfo& t,
+                                                   uint32_t c) {
+    proto::PullRequest req;
+    req.set_job(config.job());
+    req.set_key(key);
+    req.set_chunk(c);
+    req.set_shard_map_epoch(config.shard_map_epoch());
+    proto::CompressedBlock resp;
+    grpc::Status st = WithRetries([&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
+      return Stub(t.owner[c])->Pull(&ctx, req, &resp);
+    });
+    if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
+    return resp;
+  }
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -388,18 +406,9 @@ absl::Status Client::Pull(const std::string& key, void* output) {
   const bool on_device = gpu::IsDevicePointer(output);
   std::vector<proto::CompressedBlock> device_replies(on_device ? t.layout.num_chunks : 0);
   for (uint32_t c = 0; c < t.layout.num_chunks; ++c) {
-    proto::PullRequest req;
-    req.set_job(m.config.job());
-    req.set_key(key);
-    req.set_chunk(c);
-    req.set_shard_map_epoch(m.config.shard_map_epoch());
-    proto::CompressedBlock resp;
-    grpc::Status st = m.WithRetries([&] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(DeadlineIn(m.config.rpc_timeout_ms()));
-      return m.Stub(t.owner[c])->Pull(&ctx, req, &resp);
-    });
-    if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
+    absl::StatusOr<proto::CompressedBlock> pulled = m.PullChunk(key, t, c);
+    if (!pulled.ok()) return pulled.status();
+    proto::CompressedBlock& resp = *pulled;
     if (on_device) {
       if (absl::Status d = cluster::CheckWireBlock(resp, t.dtype, t.layout.size(c)); !d.ok()) {
         return d;
@@ -422,18 +431,9 @@ absl::StatusOr<int64_t> Client::ResumeStep(const std::string& key) {
   const TensorInfo& t = *found;
   int64_t oldest = std::numeric_limits<int64_t>::max();
   for (uint32_t c = 0; c < t.layout.num_chunks; ++c) {
-    proto::PullRequest req;
-    req.set_job(m.config.job());
-    req.set_key(key);
-    req.set_chunk(c);
-    req.set_shard_map_epoch(m.config.shard_map_epoch());
-    proto::CompressedBlock resp;
-    grpc::Status st = m.WithRetries([&] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(DeadlineIn(m.config.rpc_timeout_ms()));
-      return m.Stub(t.owner[c])->Pull(&ctx, req, &resp);
-    });
-    if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
+    absl::StatusOr<proto::CompressedBlock> pulled = m.PullChunk(key, t, c);
+    if (!pulled.ok()) return pulled.status();
+    proto::CompressedBlock& resp = *pulled;
     // A chunk's value carries its last completed step (-1: none yet).
     oldest = std::min(oldest, resp.address().step());
   }

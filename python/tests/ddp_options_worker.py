@@ -2,7 +2,6 @@
 setting, checked step by step against the mean of every rank's own gradients."""
 import argparse
 import faulthandler
-import json
 import os
 import signal
 import sys
@@ -16,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import gcomp.torch as gtorch  # noqa: E402
 from gcomp import comm  # noqa: E402
+from hook_worker import finish  # noqa: E402  (this folder is on sys.path: the script's own)
 
 
 class TwoHeads(nn.Module):
@@ -94,14 +94,7 @@ def main():
     state.close()
     result["keys"] = sorted(state._steps)
     result["rebuilt"] = getattr(ddp, "_has_rebuilt_buckets", None)  # torch 1.13's flag
-    with open(args.out, "w") as f:
-        json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    # As in hook_worker.py: torch 1.13's teardown of DDP's gloo group can block at exit.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish(result, args.out)
 
 
 if __name__ == "__main__":

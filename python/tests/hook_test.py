@@ -51,6 +51,17 @@ def needs_codec(mode):
         pytest.skip(gcomp.extension_error())
 
 
+def needs_shards():
+    """gcomp.cluster, once gcomp_server and the extension's worker Client are built."""
+    from gcomp import cluster
+    why = cluster.server_missing()
+    if why:
+        pytest.skip(why)
+    if not gcomp.have_extension() or not getattr(gcomp.extension(), "HAS_CLIENT", False):
+        pytest.skip(gcomp.extension_error() or "the extension has no worker Client")
+    return cluster
+
+
 @pytest.mark.parametrize("mode", ["none", "lossless"])
 def test_hook_gives_the_exact_mean(mode, tmp_path):
     needs_codec(mode)
@@ -81,12 +92,7 @@ def test_hook_near_lossless_within_bound_with_error_feedback(tmp_path):
 @pytest.mark.parametrize("mode", ["none", "lossless", "near-lossless"])
 def test_hook_through_the_shards(mode, tmp_path):
     """The same DDP job with the hook pushing to 2 real gcomp_server shards."""
-    from gcomp import cluster
-    why = cluster.server_missing()
-    if why:
-        pytest.skip(why)
-    if not gcomp.have_extension() or not getattr(gcomp.extension(), "HAS_CLIENT", False):
-        pytest.skip(gcomp.extension_error() or "the extension has no worker Client")
+    cluster = needs_shards()
     with cluster.LocalCluster(shards=2, workers=2, mode=mode, workdir=str(tmp_path)) as c:
         results = run_ranks(mode, tmp_path, cluster_config=c.config_path)
     for r in results:
@@ -125,12 +131,7 @@ def test_half_precision_gradients(where, mode, dtype, tmp_path):
     rank gets the float32 mean of the ranks' gradients rounded once to the dtype."""
     needs_codec(mode)
     if where == "shards":
-        from gcomp import cluster
-        why = cluster.server_missing()
-        if why:
-            pytest.skip(why)
-        if not gcomp.have_extension() or not getattr(gcomp.extension(), "HAS_CLIENT", False):
-            pytest.skip(gcomp.extension_error() or "the extension has no worker Client")
+        cluster = needs_shards()
         with cluster.LocalCluster(shards=2, workers=2, mode=mode, workdir=str(tmp_path)) as c:
             results = run_ranks(mode, tmp_path, cluster_config=c.config_path, dtype=dtype)
     else:
