@@ -15,6 +15,7 @@
 #include "python/bindings.h"
 #include "python/status.h"
 #include "cluster/cluster_config.h"
+#include "gpu/runtime.h"
 #include "worker/client.h"
 
 namespace py = pybind11;
@@ -66,6 +67,25 @@ class PyClient {
     {
       py::gil_scoped_release release;
       s = Get()->PushPull(key, step, in.data, out_ptr);
+    }
+    ThrowIfError(s);
+  }
+
+  // CUDA tensors (torch's data_ptr()): the Client encodes and decodes them with the GPU
+  // codec, without a host copy of the raw tensor. The caller has synchronized the stream
+  // that wrote `input`.
+  void PushPullDevice(const std::string& key, int64_t step, uintptr_t input, uintptr_t output,
+                      size_t bytes) {
+    void* in = reinterpret_cast<void*>(input);
+    void* out = reinterpret_cast<void*>(output);
+    if (!gpu::IsDevicePointer(in) || !gpu::IsDevicePointer(out)) {
+      throw py::value_error("push_pull_device of '" + key + "': the pointers are not CUDA memory");
+    }
+    CheckSize(key, bytes);
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = Get()->PushPull(key, step, in, out);
     }
     ThrowIfError(s);
   }
@@ -125,6 +145,14 @@ class PyClient {
 
 void BindClient(py::module_& m) {
   m.attr("HAS_CLIENT") = true;
+  m.def(
+      "cuda_status",
+      [] {
+        absl::Status s = gpu::AvailabilityStatus();
+        return s.ok() ? std::string() : std::string(s.message());
+      },
+      "Empty when the worker Client can push CUDA tensors here (a device and a driver), "
+      "else why not.");
   py::class_<PyClient>(m, "Client",
                        "A worker's connection to every shard of a gcomp-ps cluster.")
       .def(py::init<const std::string&, uint32_t, const std::vector<std::string>&,
@@ -142,6 +170,9 @@ void BindClient(py::module_& m) {
            py::arg("out") = py::none(),
            "Pushes this worker's contribution to `step` of `key` and writes the aggregated "
            "result into `out` (default: `data`, in place). Blocks; the GIL is released.")
+      .def("push_pull_device", &PyClient::PushPullDevice, py::arg("key"), py::arg("step"),
+           py::arg("input_ptr"), py::arg("output_ptr"), py::arg("bytes"),
+           "push_pull of CUDA memory (addresses as torch's data_ptr()), with the GPU codec.")
       .def("pull", &PyClient::Pull, py::arg("key"), py::arg("out"))
       .def("stats", &PyClient::Stats)
       .def("close", &PyClient::Close);

@@ -30,6 +30,13 @@ class Policy:
             raise ValueError("mode must be one of %s, got %r" % (MODES, self.mode))
 
 
+def _torch_dtypes():
+    torch = _torch()
+    if torch is None:
+        return {}
+    return {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
 def _torch():
     try:
         import torch
@@ -99,3 +106,6 @@ def roundtrip(x, policy=Policy(), block_bytes=DEFAULT_BLOCK_BYTES, out=None, thr
 
 def max_encoded_bytes(n, dtype="f32", block_bytes=DEFAULT_BLOCK_BYTES):
     return extension().max_encoded_bytes(n, dtype, block_bytes)
+
+
+TORCH_DTYPES = _torch_dtypes()  # torch dtype -> the codec's name ({} without torch)

@@ -35,6 +35,11 @@ class Transport:
     # Whether calls must be issued in the same order on every worker (collectives).
     ordered = False
 
+    def cuda_unsupported(self):
+        """None if push_pull takes CUDA tensors, else why not (one line naming the fix)."""
+        return ("%s moves CPU tensors only; use ClientTransport (the parameter server) for "
+                "CUDA gradients" % type(self).__name__)
+
     def __init__(self):
         self.raw_bytes = 0
         self.wire_bytes = 0
@@ -147,18 +152,48 @@ class ClientTransport(Transport):
         st = self._stats()
         return st["wire_bytes_sent"] + st["wire_bytes_received"]
 
+    def cuda_unsupported(self):
+        why = self.client_cuda_status()
+        if why:
+            return ("CUDA gradients need a usable CUDA device for the worker Client (%s); "
+                    "move the model to the CPU or fix the driver" % why)
+        return None
+
+    def client_cuda_status(self):
+        from gcomp import extension
+        return extension().cuda_status()
+
     def push_pull(self, key, step, tensor):
         # float32, bfloat16 and float16 tensors are declared with their dtype: the shards
         # aggregate each in its own format and the codec compresses it as such.
+        if tensor.device.type == "cuda":
+            self._push_pull_cuda(key, step, tensor)
+            return
         buf, dtype = codec._as_buffer(tensor, writable=True)
-        n = tensor.numel()
+        self._declare(key, tensor.numel(), dtype)
+        self.client.push_pull(key, step, buf)
+
+    def _push_pull_cuda(self, key, step, tensor):
+        """In place on the device: the Client encodes and decodes with the GPU codec."""
+        if not tensor.is_contiguous():
+            raise ValueError("key %r: CUDA tensor must be contiguous" % key)
+        dtype = codec.TORCH_DTYPES.get(tensor.dtype)
+        if dtype is None:
+            raise TypeError("key %r: unsupported tensor dtype %s" % (key, tensor.dtype))
+        self._declare(key, tensor.numel(), dtype)
+        # The gradient was written on torch's stream; the GPU codec reads it on its own.
+        torch.cuda.current_stream(tensor.device).synchronize()
+        with torch.cuda.device(tensor.device):
+            self.client.push_pull_device(key, step, tensor.data_ptr(), tensor.data_ptr(),
+                                         tensor.numel() * tensor.element_size())
+
+    def _declare(self, key, n, dtype):
         if key not in self._declared:
             self.client.declare(key, n, dtype)
             self._declared[key] = (n, dtype)
         elif self._declared[key] != (n, dtype):
             raise ValueError("key %r was declared as %d elements of %s, got %d of %s"
                              % (key, *self._declared[key], n, dtype))
-        self.client.push_pull(key, step, buf)
 
     def quantize(self, tensor):
         if self.policy is None or self.policy.mode == "lossless":

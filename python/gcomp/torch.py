@@ -9,8 +9,9 @@ Without DDP (after loss.backward(), before optimizer.step()):
     sync.sync()
 
 Both replace all-reduce with push-pull of each gradient bucket to the shards; the result is
-the mean gradient over workers. Gradients may be float32, bfloat16 or float16 CPU tensors;
-each key is declared with its dtype and compressed in it. With error_feedback=True the quantization residual of what
+the mean gradient over workers. Gradients may be float32, bfloat16 or float16 tensors, each
+key declared with its dtype and compressed in it; on the CPU, or on a CUDA device with
+ClientTransport, whose worker Client then encodes and decodes them with the GPU codec. With error_feedback=True the quantization residual of what
 was pushed stays on the worker and is added to the next step's gradient.
 """
 import concurrent.futures
@@ -53,8 +54,9 @@ class PSHookState:
                 flat.add_(residual)
             pushed = self.transport.quantize(flat)
             if pushed is not flat:
-                # Kept in float32: a bfloat16 difference would round most of it away.
-                self._residuals[key] = flat.float() - pushed.float()
+                # Kept in float32 (a bfloat16 difference would round most of it away), on
+                # the gradient's device (the codec's round trip runs on the CPU).
+                self._residuals[key] = flat.float() - pushed.to(flat.device).float()
         self.transport.push_pull(key, step, flat)
 
     def submit(self, key, flat):
@@ -83,7 +85,7 @@ def ps_hook(state, bucket):
     iteration, and a rebuilt bucket is a new tensor for the shards.
     """
     buf = bucket.buffer()
-    check_tensor(buf, "ps_hook")
+    check_tensor(buf, "ps_hook", state.transport)
     key = "ddp/bucket%d/%d" % (bucket.index(), buf.numel())
     return state.submit(key, buf)
 
@@ -91,12 +93,15 @@ def ps_hook(state, bucket):
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def check_tensor(t, who):
-    """TypeError naming what is wrong with a gradient the transports cannot take."""
-    if t.device.type != "cpu":
-        raise TypeError("%s: %s gradients are not supported by this build of gcomp (CPU "
-                        "tensors only: the extension's CUDA path is not built); move the "
-                        "model to the CPU or use DDP's default all-reduce" % (who, t.device.type))
+def check_tensor(t, who, transport):
+    """TypeError naming what is wrong with a gradient `transport` cannot take."""
+    if t.device.type == "cuda":
+        why = transport.cuda_unsupported()
+        if why:
+            raise TypeError("%s: %s" % (who, why))
+    elif t.device.type != "cpu":
+        raise TypeError("%s: %s gradients are not supported (CPU or CUDA tensors only)"
+                        % (who, t.device.type))
     if t.dtype not in DTYPES:
         raise TypeError("%s: %s gradients are not supported (float32, bfloat16 or float16)"
                         % (who, t.dtype))
@@ -111,7 +116,7 @@ class GradientSync:
         self.state = PSHookState(transport, error_feedback)
         self.params = [p for p in model.parameters() if p.requires_grad]
         for p in self.params:
-            check_tensor(p, "GradientSync")
+            check_tensor(p, "GradientSync", transport)
         # A bucket holds parameters of one dtype (each key is declared with its dtype);
         # buckets of a dtype follow the order of the model's parameters.
         self.buckets = []
