@@ -152,11 +152,11 @@ absl::Status MakeJobs(absl::Span<const Chunk> chunks, size_t eb, std::vector<Dev
 
 }  // namespace
 
-size_t MaxEncodedBytes(size_t elements, codec::DType dtype) {
+size_t BlockOutputBytes(size_t elements, codec::DType dtype) {
   return RoundUp8(codec::MaxBlockEncodedBytes(elements, dtype));
 }
 
-absl::Status EncodeBatch(codec::DType dtype, const codec::Policy& policy,
+absl::Status EncodeBatchAsync(codec::DType dtype, const codec::Policy& policy,
                          absl::Span<const EncodeChunk> chunks, uint32_t* out_bytes_dev,
                          cudaStream_t stream) {
   if (absl::Status s = codec::ValidatePolicy(policy); !s.ok()) return s;
@@ -284,7 +284,7 @@ absl::Status GatherDecodeStatus(const int32_t* status_dev, size_t num_chunks,
   return absl::OkStatus();
 }
 
-absl::Status DecodeBatch(codec::DType dtype, absl::Span<const DecodeChunk> chunks,
+absl::Status DecodeBatchAsync(codec::DType dtype, absl::Span<const DecodeChunk> chunks,
                          const uint32_t* in_bytes_dev, cudaStream_t stream) {
   if (absl::Status s = AvailabilityStatus(); !s.ok()) return s;
   if (chunks.empty()) return absl::OkStatus();
@@ -328,7 +328,7 @@ absl::StatusOr<std::string> HostEncodeTyped(int code, const void* data, size_t n
                                             const BlockPolicy& pol, WorkerOrder order) {
   std::vector<U> in(n);
   if (n > 0) std::memcpy(in.data(), data, n * sizeof(U));
-  const size_t cap = gpu::MaxEncodedBytes(n, static_cast<codec::DType>(code));
+  const size_t cap = gpu::BlockOutputBytes(n, static_cast<codec::DType>(code));
   std::vector<uint64_t> out(cap / 8 + 1, 0xA5A5A5A5A5A5A5A5ull);  // garbage: must be rewritten
   std::vector<uint8_t> syms(n + 8);
   std::vector<uint64_t> bitmap((n + 63) / 64 + 1);
@@ -339,7 +339,7 @@ absl::StatusOr<std::string> HostEncodeTyped(int code, const void* data, size_t n
   std::vector<int> ids;
   EncodeChunk<U>(MakeHostTeam(order, &ids), *sh, code, pol, job);
   if (size > cap) return absl::InternalError("host-run encoder wrote past its bound");
-  // The device writes whole words; none may land past the caller's MaxEncodedBytes.
+  // The device writes whole words; none may land past the caller's BlockOutputBytes.
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(out.data());
   for (size_t i = cap; i < out.size() * 8; ++i) {
     if (bytes[i] != 0xA5) return absl::InternalError("host-run encoder wrote past its bound");

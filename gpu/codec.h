@@ -8,7 +8,7 @@
 //
 // Requirements: every pointer in a chunk is device memory that stays valid until the stream
 // reaches the end of the call's work; inputs to encode and outputs of decode are aligned to the
-// element size; encode outputs are 8-byte aligned and hold MaxEncodedBytes(elements, dtype).
+// element size; encode outputs are 8-byte aligned and hold BlockOutputBytes(elements, dtype).
 // Blocks to decode may start at any byte. Thread-safe for calls on different streams.
 //
 // Limits: the encoder always writes its own (inline) code table, like codec::EncodeBlock
@@ -28,23 +28,22 @@
 
 namespace gcomp::gpu {
 
-// Bytes an encode output needs for `elements` elements: codec::MaxBlockEncodedBytes rounded up
-// to 8, because the encoder writes whole aligned 32-bit words. Usable without a device.
-// Call it qualified, gpu::MaxEncodedBytes: codec::MaxEncodedBytes (a frame bound) has the same
-// parameters and argument-dependent lookup finds both.
-size_t MaxEncodedBytes(size_t elements, codec::DType dtype);
+// Bytes the output of one block's encode needs for `elements` elements:
+// codec::MaxBlockEncodedBytes rounded up to 8, because the encoder writes whole aligned
+// 32-bit words. Usable without a device. (Not codec::MaxEncodedBytes, a frame's bound.)
+size_t BlockOutputBytes(size_t elements, codec::DType dtype);
 
 struct EncodeChunk {
   const void* in_dev = nullptr;  // `elements` elements of the batch's dtype
   uint32_t elements = 0;         // <= codec::kMaxBlockElements
-  void* out_dev = nullptr;       // MaxEncodedBytes(elements) bytes, 8-byte aligned
+  void* out_dev = nullptr;       // BlockOutputBytes(elements) bytes, 8-byte aligned
 };
 
 // Encodes chunks[i] into one block at chunks[i].out_dev and stores its byte size in
 // out_bytes_dev[i] (device memory, num chunks entries). Asynchronous on `stream`: it returns
 // after enqueuing. InvalidArgument for a bad policy, dtype or chunk; Unavailable without a
 // device; other CUDA errors as Internal/ResourceExhausted.
-absl::Status EncodeBatch(codec::DType dtype, const codec::Policy& policy,
+absl::Status EncodeBatchAsync(codec::DType dtype, const codec::Policy& policy,
                          absl::Span<const EncodeChunk> chunks, uint32_t* out_bytes_dev,
                          cudaStream_t stream);
 
@@ -55,7 +54,7 @@ struct DecodeChunk {
 };
 
 // Decodes block i into chunks[i].out_dev. in_bytes_dev[i] (device memory) is block i's size,
-// e.g. EncodeBatch's out_bytes_dev; it must not exceed the memory readable at chunks[i].in_dev
+// e.g. EncodeBatchAsync's out_bytes_dev; it must not exceed the memory readable at chunks[i].in_dev
 // (the bytes themselves are never trusted). Each block's result code goes to status_dev[i] (device
 // memory, 0 = OK); a bad block fails alone and its output is unspecified. Asynchronous.
 absl::Status DecodeBatchAsync(codec::DType dtype, absl::Span<const DecodeChunk> chunks,
@@ -69,7 +68,7 @@ absl::Status GatherDecodeStatus(const int32_t* status_dev, size_t num_chunks,
                                 cudaStream_t stream);
 
 // DecodeBatchAsync + GatherDecodeStatus with a status array of its own.
-absl::Status DecodeBatch(codec::DType dtype, absl::Span<const DecodeChunk> chunks,
+absl::Status DecodeBatchAsync(codec::DType dtype, absl::Span<const DecodeChunk> chunks,
                          const uint32_t* in_bytes_dev, cudaStream_t stream);
 
 // The absl::Status for a per-block result code (as written to status_dev).

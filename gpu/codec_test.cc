@@ -56,7 +56,7 @@ void GpuEncode(DType dtype, const codec::Policy& policy, const std::vector<Input
     in_off.push_back(in_total);
     in_total += (in.bytes.size() + 255) / 256 * 256;
     out_off.push_back(out_total);
-    out_total += (gpu::MaxEncodedBytes(in.elements, dtype) + 255) / 256 * 256;
+    out_total += (gpu::BlockOutputBytes(in.elements, dtype) + 255) / 256 * 256;
   }
   auto in_dev = DeviceBuffer::Allocate(in_total + 256);
   auto out_dev = DeviceBuffer::Allocate(out_total + 256);
@@ -72,7 +72,7 @@ void GpuEncode(DType dtype, const codec::Policy& policy, const std::vector<Input
     chunks.push_back({in_p, static_cast<uint32_t>(inputs[i].elements),
                       static_cast<uint8_t*>(out_dev->data()) + out_off[i]});
   }
-  absl::Status st = EncodeBatch(dtype, policy, chunks,
+  absl::Status st = EncodeBatchAsync(dtype, policy, chunks,
                                 static_cast<uint32_t*>(sizes_dev->data()), stream.get());
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_TRUE(stream.Synchronize().ok());
@@ -83,7 +83,7 @@ void GpuEncode(DType dtype, const codec::Policy& policy, const std::vector<Input
   ASSERT_CUDA(cudaMemcpy(out.data(), out_dev->data(), out_total, cudaMemcpyDeviceToHost));
   blocks->clear();
   for (size_t i = 0; i < inputs.size(); ++i) {
-    ASSERT_LE(sizes[i], gpu::MaxEncodedBytes(inputs[i].elements, dtype));
+    ASSERT_LE(sizes[i], gpu::BlockOutputBytes(inputs[i].elements, dtype));
     blocks->emplace_back(reinterpret_cast<const char*>(out.data() + out_off[i]), sizes[i]);
   }
 }
@@ -177,12 +177,12 @@ TEST(GpuCodec, WithoutDeviceAnswersUnavailable) {
   if (Available()) GTEST_SKIP() << "a device is present";
   alignas(8) uint32_t dummy[2] = {0, 0};
   EncodeChunk chunk{dummy, 1, dummy};
-  EXPECT_EQ(EncodeBatch(DType::kF32, codec::Policy(), {&chunk, 1}, dummy, nullptr).code(),
+  EXPECT_EQ(EncodeBatchAsync(DType::kF32, codec::Policy(), {&chunk, 1}, dummy, nullptr).code(),
             absl::StatusCode::kUnavailable);
   DecodeChunk dchunk{dummy, 1, dummy};
-  EXPECT_EQ(DecodeBatch(DType::kF32, {&dchunk, 1}, dummy, nullptr).code(),
+  EXPECT_EQ(DecodeBatchAsync(DType::kF32, {&dchunk, 1}, dummy, nullptr).code(),
             absl::StatusCode::kUnavailable);
-  EXPECT_EQ(gpu::MaxEncodedBytes(3, DType::kF16), 64u);
+  EXPECT_EQ(gpu::BlockOutputBytes(3, DType::kF16), 64u);
 }
 
 TEST(GpuCodec, GridIsByteIdenticalToCpu) {
@@ -264,7 +264,7 @@ TEST(GpuCodec, DamagedBlocksAreRejectedPerBlock) {
     DecodeChunk chunks[2] = {{in_dev->data(), static_cast<uint32_t>(n), out_dev->data()},
                              {in_dev->data(), static_cast<uint32_t>(n - 1),
                               static_cast<uint8_t*>(out_dev->data()) + n * 4}};
-    absl::Status st = DecodeBatch(dtype, chunks, static_cast<const uint32_t*>(sizes_dev->data()),
+    absl::Status st = DecodeBatchAsync(dtype, chunks, static_cast<const uint32_t*>(sizes_dev->data()),
                                   stream->get());
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_NE(st.message().find("block 1"), absl::string_view::npos) << st;

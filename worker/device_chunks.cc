@@ -40,7 +40,7 @@ absl::StatusOr<std::vector<std::string>> EncodeDeviceChunks(const cluster::Direc
   // One output area per chunk, 8-byte aligned as the GPU encoder requires.
   std::vector<size_t> offset(num + 1, 0);
   for (size_t c = 0; c < num; ++c) {
-    offset[c + 1] = offset[c] + RoundUp8(gpu::MaxEncodedBytes(layout.size(c), dtype));
+    offset[c + 1] = offset[c] + RoundUp8(gpu::BlockOutputBytes(layout.size(c), dtype));
   }
   absl::StatusOr<gpu::DeviceBuffer> blocks_dev = gpu::DeviceBuffer::Allocate(offset[num]);
   absl::StatusOr<gpu::DeviceBuffer> sizes_dev =
@@ -54,7 +54,7 @@ absl::StatusOr<std::vector<std::string>> EncodeDeviceChunks(const cluster::Direc
     chunks[c].out_dev = static_cast<char*>(blocks_dev->data()) + offset[c];
   }
   uint32_t* sizes = static_cast<uint32_t*>(sizes_dev->data());
-  if (absl::Status s = gpu::EncodeBatch(dtype, dc.policy, chunks, sizes, stream->get());
+  if (absl::Status s = gpu::EncodeBatchAsync(dtype, dc.policy, chunks, sizes, stream->get());
       !s.ok()) {
     return s;
   }
@@ -140,9 +140,9 @@ absl::Status DecodeDeviceChunks(codec::DType dtype,
       d.out_dev = out + layout.begin(c) * esize;
       chunks.push_back(d);
     }
-    absl::Status s = gpu::DecodeBatch(
+    absl::Status s = gpu::DecodeBatchAsync(
         dtype, chunks, static_cast<const uint32_t*>(sizes_dev->data()), stream->get());
-    if (!s.ok()) return s;  // DecodeBatch waits for the stream, so the buffers may go
+    if (!s.ok()) return s;  // DecodeBatchAsync waits for the stream, so the buffers may go
   }
   return stream->Synchronize();
 }

@@ -20,12 +20,12 @@ namespace gcomp::gpu::internal {
 // bytes must not depend on it; tests run all three to catch order dependencies (races).
 enum class WorkerOrder { kAscending, kDescending, kShuffled };
 
-// One block, as EncodeBatch would write it for this chunk.
+// One block, as EncodeBatchAsync would write it for this chunk.
 absl::StatusOr<std::string> HostEncodeBlock(codec::DType dtype, const void* data, size_t n,
                                             const codec::Policy& policy,
                                             WorkerOrder order = WorkerOrder::kAscending);
 
-// Decodes one block into out[0, n) as DecodeBatch would; the error is the one the device
+// Decodes one block into out[0, n) as DecodeBatchAsync would; the error is the one the device
 // would report for this block.
 absl::Status HostDecodeBlock(absl::Span<const uint8_t> block, codec::DType dtype, void* out,
                              size_t n, WorkerOrder order = WorkerOrder::kAscending);

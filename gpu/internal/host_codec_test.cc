@@ -64,7 +64,7 @@ TEST(HostCodec, GridBytesMatchCpuAndDecodeRoundTrips) {
           ASSERT_TRUE(gpu.ok()) << what << ": " << gpu.status();
           ASSERT_EQ(gpu->size(), cpu.size()) << what;
           ASSERT_TRUE(*gpu == cpu) << what << ": first difference at byte " << FirstDiff(*gpu, cpu);
-          ASSERT_LE(gpu->size(), gpu::MaxEncodedBytes(n, dtype));
+          ASSERT_LE(gpu->size(), gpu::BlockOutputBytes(n, dtype));
           // GPU decode of the (shared) bytes equals CPU decode.
           std::vector<uint8_t> want(in.size()), got(in.size(), 0xCD);
           ASSERT_TRUE(codec::DecodeBlock(codec::AsBytes(cpu), dtype, want.data(), n).ok());
