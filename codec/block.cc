@@ -18,7 +18,7 @@ namespace gcomp::codec {
 namespace {
 
 using internal::HuffmanCode;
-using internal::Layout;
+using internal::FloatBits;
 using internal::Load32;
 using internal::Load64;
 using internal::Store32;
@@ -143,7 +143,7 @@ void WriteHeader(const BlockInfo& b, uint8_t* h) {
 template <typename U>
 absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* data, size_t n,
                                                       const BlockEncodeOptions& opt) {
-  const Layout lay = internal::LayoutOf(dtype);
+  const FloatBits lay = internal::FloatBitsOf(dtype);
   const int M = lay.mant_bits;
   const Policy& pol = opt.policy;
 
@@ -279,7 +279,7 @@ absl::StatusOr<BlockInfo> ParseBlock(absl::Span<const uint8_t> blk) {
   }
   BlockInfo b;
   b.dtype = static_cast<DType>(h[internal::kOffDType]);
-  const Layout lay = internal::LayoutOf(b.dtype);
+  const FloatBits lay = internal::FloatBitsOf(b.dtype);
   if (h[internal::kOffMode] > 1) return absl::DataLossError("bad mode code");
   b.policy.mode = static_cast<Mode>(h[internal::kOffMode]);
   b.policy.rel_bits = h[internal::kOffRelBits];
@@ -377,7 +377,7 @@ absl::StatusOr<BlockInfo> ParseBlock(absl::Span<const uint8_t> blk) {
 template <typename U>
 absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
                          const BlockDecodeOptions& opt, void* out) {
-  const Layout lay = internal::LayoutOf(b.dtype);
+  const FloatBits lay = internal::FloatBitsOf(b.dtype);
   const size_t n = b.elements, nnz = b.nonzeros;
   const uint8_t* p = blk.data() + kBlockHeaderBytes;
   if (b.table == TableKind::kStored) {

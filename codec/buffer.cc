@@ -23,12 +23,12 @@ constexpr size_t kFrameFixedBytes = 24;  // before the block size table
 // Blocks are as equal as the element count allows, at most block_bytes each, and there is
 // an even number of them when there is more than one, so that 2 (or 4, for the common
 // counts) threads get the same amount of work.
-struct Layout {
+struct BlockSplit {
   size_t per = 1;
   size_t count = 0;
 };
-Layout FrameLayout(size_t n, DType dtype, size_t block_bytes) {
-  Layout l;
+BlockSplit SplitFrame(size_t n, DType dtype, size_t block_bytes) {
+  BlockSplit l;
   const size_t most = std::clamp<size_t>(block_bytes / DTypeBytes(dtype), 1, kMaxBlockElements);
   if (n == 0) {
     l.per = most;
@@ -56,7 +56,7 @@ void RunParallel(ThreadPool* pool, int threads, size_t n, const std::function<vo
 }  // namespace
 
 size_t MaxEncodedBytes(size_t n, DType dtype, size_t block_bytes) {
-  const size_t blocks = FrameLayout(n, dtype, block_bytes).count;
+  const size_t blocks = SplitFrame(n, dtype, block_bytes).count;
   return kFrameFixedBytes + blocks * (4 + kBlockHeaderBytes) + 8 + n * DTypeBytes(dtype);
 }
 
@@ -71,7 +71,7 @@ absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferO
   }
   if (absl::Status st = ValidatePolicy(options.policy); !st.ok()) return st;
   if (n > 0 && data == nullptr) return absl::InvalidArgumentError("null data");
-  const Layout layout = FrameLayout(n, dtype, options.block_bytes);
+  const BlockSplit layout = SplitFrame(n, dtype, options.block_bytes);
   const size_t per = layout.per, count = layout.count;
   if (count > UINT32_MAX) return absl::InvalidArgumentError("too many blocks");
   const size_t elem = DTypeBytes(dtype);

@@ -22,7 +22,7 @@ absl::StatusOr<CodeTable> CodeTable::Build(DType dtype, const void* data, size_t
   if (absl::Status st = EncodeBuffer(dtype, data, n, options, &frame); !st.ok()) return st;
   absl::StatusOr<FrameInfo> info = InspectFrame(AsBytes(frame));
   if (!info.ok()) return info.status();
-  const internal::Layout lay = internal::LayoutOf(dtype);
+  const internal::FloatBits lay = internal::FloatBitsOf(dtype);
   uint64_t freq[256] = {};
   std::vector<uint8_t> syms;
   for (absl::Span<const uint8_t> block : info->blocks) {
@@ -65,7 +65,7 @@ absl::StatusOr<CodeTable> CodeTable::Build(DType dtype, const void* data, size_t
 
 absl::StatusOr<CodeTable> CodeTable::Parse(DType dtype, absl::Span<const uint8_t> bytes) {
   internal::HuffmanCode code;
-  if (absl::Status st = internal::ParseTable(bytes, internal::LayoutOf(dtype).alphabet(), &code);
+  if (absl::Status st = internal::ParseTable(bytes, internal::FloatBitsOf(dtype).alphabet(), &code);
       !st.ok()) {
     return st;
   }

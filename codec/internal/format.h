@@ -36,7 +36,7 @@ enum HeaderOffset : size_t {
 };
 
 // Bit layout of a dtype: sign | exponent field (exp_bits) | mantissa (mant_bits).
-struct Layout {
+struct FloatBits {
   int total_bits;
   int exp_bits;
   int mant_bits;
@@ -44,7 +44,7 @@ struct Layout {
   int all_ones() const { return alphabet() - 1; }
 };
 
-inline Layout LayoutOf(DType dtype) {
+inline FloatBits FloatBitsOf(DType dtype) {
   switch (dtype) {
     case DType::kF32:
       return {32, 8, 23};
@@ -61,7 +61,7 @@ inline bool IsValidDType(uint8_t v) { return v >= 1 && v <= 3; }
 // Mantissa bits k kept for an element whose (rounded) exponent field is `sym`.
 // Subnormals (field 0), the largest finite field and non-finite values keep every bit, which
 // also means rounding can never carry a finite value into Inf.
-inline int MantissaWidth(const Layout& lay, Mode mode, int rel_bits, int abs_log2, int emax,
+inline int MantissaWidth(const FloatBits& lay, Mode mode, int rel_bits, int abs_log2, int emax,
                          int sym) {
   if (mode == Mode::kLossless || sym == 0 || sym >= lay.all_ones() - 1) return lay.mant_bits;
   const int d = emax - sym;

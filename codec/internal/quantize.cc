@@ -13,7 +13,7 @@
 
 namespace gcomp::codec::internal {
 
-QuantParams MakeQuantParams(const Layout& lay, const Policy& policy, int emax) {
+QuantParams MakeQuantParams(const FloatBits& lay, const Policy& policy, int emax) {
   QuantParams q;
   q.mant_bits = lay.mant_bits;
   q.top = lay.total_bits - 1;
@@ -841,7 +841,7 @@ absl::Status JoinAvx2(const uint8_t* syms, size_t nnz, const uint8_t* plane, siz
 }  // namespace
 
 int MaxFiniteExponentScalar(DType dtype, const void* in, size_t n) {
-  const Layout lay = LayoutOf(dtype);
+  const FloatBits lay = FloatBitsOf(dtype);
   const uint32_t mag_mask = (uint32_t{1} << (lay.total_bits - 1)) - 1;
   const uint32_t inf = static_cast<uint32_t>(lay.all_ones()) << lay.mant_bits;
   const uint32_t mag = dtype == DType::kF32
@@ -853,7 +853,7 @@ int MaxFiniteExponentScalar(DType dtype, const void* in, size_t n) {
 int MaxFiniteExponent(DType dtype, const void* in, size_t n) {
 #if defined(__x86_64__)
   if (MaxVectorLevel() >= VectorLevel::kAvx2) {
-    const Layout lay = LayoutOf(dtype);
+    const FloatBits lay = FloatBitsOf(dtype);
     const uint32_t mag_mask = (uint32_t{1} << (lay.total_bits - 1)) - 1;
     const uint32_t inf = static_cast<uint32_t>(lay.all_ones()) << lay.mant_bits;
     const uint32_t mag = dtype == DType::kF32

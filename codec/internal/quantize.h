@@ -34,7 +34,7 @@ struct QuantParams {
   int special_above;    // s > special_above (largest finite field, Inf/NaN) keeps W bits
 };
 
-QuantParams MakeQuantParams(const Layout& lay, const Policy& policy, int emax);
+QuantParams MakeQuantParams(const FloatBits& lay, const Policy& policy, int emax);
 
 // Mantissa width of symbol s; equals MantissaWidth() in format.h for every s.
 inline int WidthOf(const QuantParams& q, int s) {

@@ -33,7 +33,7 @@ std::vector<Policy> Policies() {
 
 TEST(Quantize, ClosedFormWidthEqualsFormatDefinition) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    const Layout lay = LayoutOf(dtype);
+    const FloatBits lay = FloatBitsOf(dtype);
     for (const Policy& p : Policies()) {
       for (int emax = 0; emax < lay.all_ones(); ++emax) {
         const QuantParams q = MakeQuantParams(lay, p, emax);
@@ -53,7 +53,7 @@ TEST(Quantize, VectorSplitEqualsScalarSplit) {
   if (MaxVectorLevel() < VectorLevel::kAvx2)
     GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    const Layout lay = LayoutOf(dtype);
+    const FloatBits lay = FloatBitsOf(dtype);
     for (Pattern pattern : {Pattern::kZeros, Pattern::kConstant, Pattern::kRandomBits,
                             Pattern::kGradientLike, Pattern::kSpecials, Pattern::kBoundaries}) {
       const std::vector<uint8_t> values = MakeValues(dtype, pattern, 4096, 7);
@@ -106,7 +106,7 @@ TEST(Quantize, VectorJoinEqualsScalarJoin) {
   if (MaxVectorLevel() < VectorLevel::kAvx2)
     GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    const Layout lay = LayoutOf(dtype);
+    const FloatBits lay = FloatBitsOf(dtype);
     const size_t width = DTypeBytes(dtype);
     for (Pattern pattern : {Pattern::kZeros, Pattern::kConstant, Pattern::kRandomBits,
                             Pattern::kGradientLike, Pattern::kSpecials, Pattern::kBoundaries}) {

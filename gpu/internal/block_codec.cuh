@@ -131,7 +131,7 @@ GCOMP_HD uint64_t LoadLE64(const uint8_t* p) {
   return uint64_t{LoadLE32(p)} | uint64_t{LoadLE32(p + 4)} << 32;
 }
 
-struct Layout {
+struct FloatBits {
   int total_bits;
   int exp_bits;
   int mant_bits;
@@ -139,7 +139,7 @@ struct Layout {
   GCOMP_HD int all_ones() const { return (1 << exp_bits) - 1; }
   GCOMP_HD int elem_bytes() const { return total_bits / 8; }
 };
-GCOMP_HD Layout LayoutOfCode(int dtype_code) {
+GCOMP_HD FloatBits FloatBitsOfCode(int dtype_code) {
   if (dtype_code == 2) return {16, 8, 7};
   if (dtype_code == 3) return {16, 5, 10};
   return {32, 8, 23};
@@ -152,7 +152,7 @@ struct BlockPolicy {
 };
 
 // Mantissa bits kept for symbol s (docs/FORMAT.md, "the mantissa widths").
-GCOMP_HD int MantissaWidth(const Layout& lay, const BlockPolicy& p, int emax, int s) {
+GCOMP_HD int MantissaWidth(const FloatBits& lay, const BlockPolicy& p, int emax, int s) {
   if (p.mode == 0 || s == 0 || s >= lay.all_ones() - 1) return lay.mant_bits;
   int k = -p.abs_log2 - 1 - (emax - s);
   k = k < 0 ? 0 : (k > p.rel_bits ? p.rel_bits : k);
@@ -568,7 +568,7 @@ struct EncodeJob {
 template <typename U, class Team>
 GCOMP_HD void EncodeChunk(const Team& team, EncodeShared& sh, int dtype_code,
                           const BlockPolicy pol, const EncodeJob<U>& job) {
-  const Layout lay = LayoutOfCode(dtype_code);
+  const FloatBits lay = FloatBitsOfCode(dtype_code);
   const int M = lay.mant_bits;
   const int top = lay.total_bits - 1;
   const uint32_t mag_mask = (1u << top) - 1;
@@ -969,7 +969,7 @@ GCOMP_HD int32_t ParseHeader(const uint8_t* h, uint32_t size, DecodeShared& sh) 
   if (h[fmt::kOffVersion] != fmt::kBlockVersion) return kBlockBadVersion;
   const int dt = h[fmt::kOffDType];
   if (dt < 1 || dt > 3) return kBlockBadDType;
-  const Layout lay = LayoutOfCode(dt);
+  const FloatBits lay = FloatBitsOfCode(dt);
   if (h[fmt::kOffMode] > 1) return kBlockBadPolicy;
   sh.pol.mode = h[fmt::kOffMode];
   sh.pol.rel_bits = h[fmt::kOffRelBits];
@@ -1087,7 +1087,7 @@ GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
     });
     return;
   }
-  const Layout lay = LayoutOfCode(dtype_code);
+  const FloatBits lay = FloatBitsOfCode(dtype_code);
   const uint32_t n = sh.n, nnz = sh.nnz;
   const uint8_t* const plane = blk + kHeaderBytes;
   if (sh.table_kind == 3 || nnz == 0) {  // stored, or no nonzeros
