@@ -118,7 +118,9 @@ TEST(StepAccumulator, StepsOutsideTheRangeAreRefusedWithoutChange) {
 }
 
 TEST(StepAccumulator, TimeoutNamesMissingWorkersForEveryWaiter) {
-  auto acc = Make(3, 1, absl::Milliseconds(100));
+  // Long enough for the second push to arrive within it even under TSan on a loaded
+  // machine (100 ms was not: worker 1's push came after the step had failed).
+  auto acc = Make(3, 1, absl::Seconds(1));
   absl::Status s0, s1;
   std::thread t0([&] { s0 = acc->Push(0, 0, {1}, absl::InfiniteFuture()).status(); });
   std::thread t1([&] { s1 = acc->Push(1, 0, {1}, absl::InfiniteFuture()).status(); });

@@ -1,13 +1,15 @@
 // Guards the ThreadSanitizer set-up (tools/build_tsan_absl.sh, docs/BUILDING.md) rather
-// than gcomp code: threads calling absl::Now() at once meet on Abseil's time SpinLock, whose
-// TSan annotations are split between inline code in the caller and SpinLock::SlowLock.
-// With Debian's uninstrumented libabsl_time beside the instrumented libabsl_base, TSan
-// aborted on its own CHECK within a second here (and, rarely, in service_test). In the
-// g++ suite this is a plain, quick concurrency smoke test.
+// than gcomp code: threads meeting on one of Abseil's SpinLocks, whose TSan annotations are
+// split between inline code in the caller and SpinLock::SlowLock. With an uninstrumented
+// Debian library as the caller (libabsl_time for absl::Now(); libabsl_random_internal_pool_urbg,
+// which gRPC's BackOff reaches when it seeds a BitGen) beside the instrumented libabsl_base,
+// TSan aborted on its own CHECK within a second here, and now and then in service_test. In
+// the g++ suite these are plain, quick concurrency smoke tests.
 #include <atomic>
 #include <thread>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
@@ -33,6 +35,25 @@ TEST(TsanSetup, ThreadsCallingNowAtOnceDoNotAbort) {
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(backwards.load(), 0);
+}
+
+TEST(TsanSetup, ThreadsSeedingRandomGeneratorsAtOnceDoNotAbort) {
+  // More threads than Abseil's random pool has entries (8), so entries are shared.
+  constexpr int kThreads = 24;
+  constexpr int kGenerators = 20000;
+  std::atomic<int> out_of_range{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&out_of_range] {
+      for (int k = 0; k < kGenerators; ++k) {
+        absl::BitGen gen;
+        const int v = absl::Uniform(gen, 0, 10);
+        if (v < 0 || v >= 10) out_of_range.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(out_of_range.load(), 0);
 }
 
 }  // namespace

@@ -18,11 +18,14 @@ PREFIX=/opt/gcomp-ps/absl-tsan    # .bazelrc (build:tsan) names this path
 # (its lazily made arena must be seen made) and the deadlock detector. The rest of Abseil
 # (Status, Cord, strings) stays Debian's build: gRPC hands those objects between its
 # threads through its own uninstrumented code, so instrumenting them would only produce
-# reports TSan cannot order. `time` is here for its SpinLock: absl::Now() takes it through
-# the inline SpinLockHolder, whose TSan annotations exist only in an instrumented caller;
-# Debian's uninstrumented copy meeting the instrumented SpinLock::SlowLock (when two threads
-# call Now() at once) failed TSan's own CHECK "ignore_sync > 0" and aborted the test.
-LIBS=(synchronization graphcycles_internal base spinlock_wait malloc_internal time)
+# reports TSan cannot order. Every other Abseil library that takes a SpinLock is here too
+# (those whose Debian build imports SpinLock::SlowLock: time, random_internal_pool_urbg,
+# cordz_handle, cordz_info, symbolize): the lock's TSan annotations open in the inline
+# SpinLockHolder of the caller and close in the instrumented SlowLock, so an uninstrumented
+# caller meeting a contended lock (two threads in absl::Now(), or in gRPC's BackOff seeding
+# absl's random pool) failed TSan's own CHECK "ignore_sync > 0" and aborted the test.
+LIBS=(synchronization graphcycles_internal base spinlock_wait malloc_internal time
+      random_internal_pool_urbg cordz_handle cordz_info symbolize)
 JOBS="${GCOMP_TSAN_JOBS:-$(nproc)}"
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
