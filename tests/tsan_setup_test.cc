@@ -17,23 +17,27 @@
 namespace gcomp {
 namespace {
 
+// Runs `body` on `threads` threads at once and joins them.
+template <typename Body>
+void OnThreads(int threads, const Body& body) {
+  std::vector<std::thread> running;
+  for (int i = 0; i < threads; ++i) running.emplace_back(body);
+  for (std::thread& t : running) t.join();
+}
+
 TEST(TsanSetup, ThreadsCallingNowAtOnceDoNotAbort) {
   constexpr int kThreads = 8;
   constexpr int kCalls = 200000;
   std::atomic<int> backwards{0};
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kThreads; ++i) {
-    threads.emplace_back([&backwards] {
-      absl::Time last = absl::InfinitePast();
-      for (int k = 0; k < kCalls; ++k) {
-        const absl::Time now = absl::Now();
-        // absl::Now() may step back a little when the clock is adjusted, never by seconds.
-        if (now < last - absl::Seconds(1)) backwards.fetch_add(1);
-        last = now;
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  OnThreads(kThreads, [&backwards] {
+    absl::Time last = absl::InfinitePast();
+    for (int k = 0; k < kCalls; ++k) {
+      const absl::Time now = absl::Now();
+      // absl::Now() may step back a little when the clock is adjusted, never by seconds.
+      if (now < last - absl::Seconds(1)) backwards.fetch_add(1);
+      last = now;
+    }
+  });
   EXPECT_EQ(backwards.load(), 0);
 }
 
@@ -42,17 +46,13 @@ TEST(TsanSetup, ThreadsSeedingRandomGeneratorsAtOnceDoNotAbort) {
   constexpr int kThreads = 24;
   constexpr int kGenerators = 20000;
   std::atomic<int> out_of_range{0};
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kThreads; ++i) {
-    threads.emplace_back([&out_of_range] {
-      for (int k = 0; k < kGenerators; ++k) {
-        absl::BitGen gen;
-        const int v = absl::Uniform(gen, 0, 10);
-        if (v < 0 || v >= 10) out_of_range.fetch_add(1);
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  OnThreads(kThreads, [&out_of_range] {
+    for (int k = 0; k < kGenerators; ++k) {
+      absl::BitGen gen;
+      const int v = absl::Uniform(gen, 0, 10);
+      if (v < 0 || v >= 10) out_of_range.fetch_add(1);
+    }
+  });
   EXPECT_EQ(out_of_range.load(), 0);
 }
 

@@ -45,6 +45,9 @@ def _torch():
         return None
 
 
+TORCH_DTYPES = _torch_dtypes()  # torch dtype -> the codec's name ({} without torch)
+
+
 def _as_buffer(x, writable=False):
     """(numpy view, dtype name) of an array or tensor, without a copy.
 
@@ -56,14 +59,13 @@ def _as_buffer(x, writable=False):
             if writable:
                 raise ValueError("output tensor must be a contiguous CPU tensor")
             x = x.detach().to("cpu").contiguous()
-        x = x.detach()
-        if x.dtype == torch.float32:
-            return x.view(-1).numpy(), "f32"
-        if x.dtype == torch.float16:
-            return x.view(-1).numpy(), "f16"
-        if x.dtype == torch.bfloat16:
-            return x.view(-1).view(torch.int16).numpy(), "bf16"
-        raise TypeError("unsupported tensor dtype %s" % x.dtype)
+        name = TORCH_DTYPES.get(x.dtype)
+        if name is None:
+            raise TypeError("unsupported tensor dtype %s" % x.dtype)
+        flat = x.detach().view(-1)
+        if name == "bf16":
+            flat = flat.view(torch.int16)  # numpy has no bfloat16
+        return flat.numpy(), name
     a = np.asarray(x)
     if not a.flags.c_contiguous:
         if writable:
@@ -107,5 +109,3 @@ def roundtrip(x, policy=Policy(), block_bytes=DEFAULT_BLOCK_BYTES, out=None, thr
 def max_encoded_bytes(n, dtype="f32", block_bytes=DEFAULT_BLOCK_BYTES):
     return extension().max_encoded_bytes(n, dtype, block_bytes)
 
-
-TORCH_DTYPES = _torch_dtypes()  # torch dtype -> the codec's name ({} without torch)

@@ -153,15 +153,12 @@ class ClientTransport(Transport):
         return st["wire_bytes_sent"] + st["wire_bytes_received"]
 
     def cuda_unsupported(self):
-        why = self.client_cuda_status()
+        from gcomp import extension
+        why = extension().cuda_status()
         if why:
             return ("CUDA gradients need a usable CUDA device for the worker Client (%s); "
                     "move the model to the CPU or fix the driver" % why)
         return None
-
-    def client_cuda_status(self):
-        from gcomp import extension
-        return extension().cuda_status()
 
     def push_pull(self, key, step, tensor):
         # float32, bfloat16 and float16 tensors are declared with their dtype: the shards

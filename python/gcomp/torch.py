@@ -19,6 +19,8 @@ import threading
 
 import torch
 
+from gcomp import codec
+
 
 class PSHookState:
     """State of `ps_hook`: the transport, per-key step counters and residuals.
@@ -90,9 +92,6 @@ def ps_hook(state, bucket):
     return state.submit(key, buf)
 
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 def check_tensor(t, who, transport):
     """TypeError naming what is wrong with a gradient `transport` cannot take."""
     if t.device.type == "cuda":
@@ -102,7 +101,7 @@ def check_tensor(t, who, transport):
     elif t.device.type != "cpu":
         raise TypeError("%s: %s gradients are not supported (CPU or CUDA tensors only)"
                         % (who, t.device.type))
-    if t.dtype not in DTYPES:
+    if t.dtype not in codec.TORCH_DTYPES:
         raise TypeError("%s: %s gradients are not supported (float32, bfloat16 or float16)"
                         % (who, t.dtype))
 
