@@ -2,6 +2,7 @@
 //
 //   gcomp_admin status --config cluster.yaml [--set k=v,...] [--json] [--timeout_ms 3000]
 //   gcomp_admin checkpoint --dir DIR   (or --config with checkpoint.dir)
+//   gcomp_admin reshard --config new.yaml [--at_step N] [--deadline_ms MS]
 //
 // Exit status: 0 success; 1 the command ran and found a problem (e.g. a shard is down);
 // 2 usage or configuration errors (unknown subcommand, bad flag, unreadable config or
@@ -20,6 +21,7 @@
 #include "server/checkpoint.h"
 #include "base/logging.h"
 #include "cluster/cluster_config.h"
+#include "cluster/reshard_coordinator.h"
 
 ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
 ABSL_FLAG(std::vector<std::string>, set, {},
@@ -27,6 +29,11 @@ ABSL_FLAG(std::vector<std::string>, set, {},
 ABSL_FLAG(bool, json, false, "status: one JSON object instead of the table.");
 ABSL_FLAG(int64_t, timeout_ms, 3000, "status: deadline of each shard's answer.");
 ABSL_FLAG(std::string, dir, "", "checkpoint: the checkpoint directory (default: the config's checkpoint.dir).");
+ABSL_FLAG(int64_t, at_step, 0, "reshard: switch at this step or later (0: as soon as possible).");
+ABSL_FLAG(int64_t, deadline_ms, 60000,
+          "reshard: how long added shards may take to come up and each shard to prepare.");
+ABSL_FLAG(int64_t, finish_timeout_ms, 600000,
+          "reshard: how long the switch and the chunk moves may take once committed.");
 ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error|off");
 ABSL_FLAG(std::string, log_format, "text", gcomp::kLogFormatHelp);
 
@@ -93,6 +100,38 @@ int Checkpoint(const std::vector<char*>& args) {
   return usable ? 0 : kExitProblem;
 }
 
+// Moves the running job to the map in --config (docs/SERVICE.md, "Re-sharding"); prints
+// one JSON line with the switch step and what moved.
+int Reshard(const std::vector<char*>& args) {
+  if (args.size() > 2) {
+    std::fprintf(stderr, "gcomp_admin reshard: unexpected argument '%s'\n", args[2]);
+    return kExitUsage;
+  }
+  absl::StatusOr<gcomp::proto::ClusterConfig> config = LoadConfig();
+  if (!config.ok()) {
+    std::fprintf(stderr, "gcomp_admin reshard: %s\n", config.status().ToString().c_str());
+    return kExitUsage;
+  }
+  if (absl::GetFlag(FLAGS_at_step) < 0 || absl::GetFlag(FLAGS_deadline_ms) < 1 ||
+      absl::GetFlag(FLAGS_finish_timeout_ms) < 1) {
+    std::fprintf(stderr, "gcomp_admin reshard: --at_step must be >= 0, --deadline_ms and "
+                         "--finish_timeout_ms >= 1\n");
+    return kExitUsage;
+  }
+  gcomp::cluster::ReshardOptions options;
+  options.at_step = absl::GetFlag(FLAGS_at_step);
+  options.deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));
+  options.finish_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_finish_timeout_ms));
+  absl::StatusOr<gcomp::cluster::ReshardResult> result = gcomp::cluster::RunReshard(*config, options);
+  if (!result.ok()) {
+    std::fprintf(stderr, "gcomp_admin reshard: %s\n", result.status().ToString().c_str());
+    return result.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitProblem;
+  }
+  std::printf("%s\n", result->ToJson().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 struct Subcommand {
   const char* name;
   const char* summary;
@@ -105,6 +144,9 @@ constexpr Subcommand kSubcommands[] = {
     {"checkpoint", "the checkpoint sets in --dir (or the config's checkpoint.dir) and what the "
                    "newest usable one holds; exit 1 if none is usable",
      Checkpoint},
+    {"reshard", "move the running job to the shard map in --config (raise shard_map_epoch; start "
+                "added shards with the new config first); prints what moved as JSON",
+     Reshard},
 };
 
 std::string Usage() {
@@ -116,7 +158,9 @@ std::string Usage() {
                   "flags: --json, --timeout_ms N (status); --log_level, --log_format; "
                   "--helpfull lists all\n"
                   "checkpoint: --dir DIR\n"
-                  "exit: 0 ok, 1 a shard is down (status) or no usable checkpoint (checkpoint), "
+                  "reshard: --at_step N, --deadline_ms MS, --finish_timeout_ms MS\n"
+                  "exit: 0 ok, 1 a shard is down (status), no usable checkpoint (checkpoint) or "
+                  "the re-shard failed (reshard), "
                   "2 usage or config error\n");
   return usage;
 }

@@ -26,7 +26,7 @@ class StatusTest : public ::testing::Test {
     absl::StatusOr<proto::ClusterConfig> config = cluster::ParseClusterConfig("job: ops\n", overrides);
     ASSERT_TRUE(config.ok()) << config.status();
     for (uint32_t k = 0; k < 2; ++k) {
-      auto server = server::ShardServer::Start(*config, {k, 1}, "127.0.0.1:0");
+      auto server = server::ShardServer::Start(*config, {k, 1, {}}, "127.0.0.1:0");
       ASSERT_TRUE(server.ok()) << server.status();
       servers_.push_back(*std::move(server));
     }

@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
   const gcomp::proto::ClusterConfig config = config_for(S);
   std::vector<std::unique_ptr<ShardService>> shards;
   for (int k = 0; k < S; ++k) {
-    shards.push_back(*ShardService::Create(config, gcomp::server::ShardOptions{static_cast<uint32_t>(k), 4}));
+    shards.push_back(*ShardService::Create(config, gcomp::server::ShardOptions{static_cast<uint32_t>(k), 4, {}}));
   }
   uint64_t elements = 0;
   const size_t chunk_elements = config.chunk_bytes() / 4;
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
   start = absl::Now();
   std::vector<std::unique_ptr<ShardService>> restored;
   for (int k = 0; k < S2; ++k) {
-    auto s = ShardService::Create(config2, gcomp::server::ShardOptions{static_cast<uint32_t>(k), 4});
+    auto s = ShardService::Create(config2, gcomp::server::ShardOptions{static_cast<uint32_t>(k), 4, {}});
     if (!s.ok()) {
       std::fprintf(stderr, "%s\n", s.status().ToString().c_str());
       return 1;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "yaml-cpp/yaml.h"
 
 namespace gcomp::cluster {
@@ -378,6 +379,14 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
                                      c.shards(i), "'"));
     }
   }
+  for (int i = 0; i < c.shards_size(); ++i) {
+    for (int j = 0; j < i; ++j) {
+      if (c.shards(i) == c.shards(j)) {
+        return FieldError(absl::StrCat("shards[", i, "]"),
+                          absl::StrCat("'", c.shards(i), "' is listed twice (also shards[", j, "])"));
+      }
+    }
+  }
   if (c.shard_map_epoch() < 1) return FieldError("shard_map_epoch", "must be at least 1");
   if (c.chunk_bytes() < 4 || c.chunk_bytes() > (uint64_t{1} << 28)) {
     return FieldError("chunk_bytes",
@@ -584,6 +593,32 @@ std::string ClusterConfigToYaml(const proto::ClusterConfig& c) {
   out << YAML::EndMap;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
+}
+
+absl::Status ValidateReshard(const proto::ClusterConfig& from, const proto::ClusterConfig& to) {
+  if (absl::Status s = ValidateClusterConfig(to); !s.ok()) return s;
+  if (to.shard_map_epoch() <= from.shard_map_epoch()) {
+    return FieldError("shard_map_epoch",
+                      absl::StrCat("a re-shard must raise it above the running epoch ",
+                                   from.shard_map_epoch(), ", got ", to.shard_map_epoch()));
+  }
+  // Everything but the map must stay: workers, chunking, codecs and optimizers are part of
+  // every chunk's state and every worker's view.
+  proto::ClusterConfig a = from, b = to;
+  for (proto::ClusterConfig* c : {&a, &b}) {
+    c->clear_shards();
+    c->clear_shard_map_epoch();
+  }
+  google::protobuf::util::MessageDifferencer differ;
+  std::string diff;
+  differ.ReportDifferencesToString(&diff);
+  if (!differ.Compare(a, b)) {
+    const std::string first = diff.substr(0, diff.find('\n'));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a re-shard may change only `shards` and `shard_map_epoch`; the new config differs in ",
+        first));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace gcomp::cluster

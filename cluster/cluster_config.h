@@ -37,6 +37,11 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& config);
 // The YAML text of `config` (round-trips through ParseClusterConfig).
 std::string ClusterConfigToYaml(const proto::ClusterConfig& config);
 
+// A re-shard from `from` to `to` (docs/SERVICE.md, "Re-sharding"): `to` valid, its epoch
+// higher, and nothing but `shards` and `shard_map_epoch` changed. InvalidArgument naming
+// the field otherwise.
+absl::Status ValidateReshard(const proto::ClusterConfig& from, const proto::ClusterConfig& to);
+
 }  // namespace gcomp::cluster
 
 #endif  // GCOMP_CLUSTER_CLUSTER_CONFIG_H_

@@ -66,7 +66,7 @@ void CheckReply(const proto::CompressedBlock& reply, absl::string_view call) {
 
 void RunSession(const FuzzSession& session) {
   absl::StatusOr<std::unique_ptr<server::ShardService>> shard =
-      server::ShardService::Create(SessionConfig(session), server::ShardOptions{0, 1});
+      server::ShardService::Create(SessionConfig(session), server::ShardOptions{0, 1, {}});
   Check(shard.ok(), absl::StrCat("ShardService::Create: ", shard.status().ToString()));
   server::ShardService& service = **shard;
   uint64_t accepted_pushes = 0;

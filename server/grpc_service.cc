@@ -80,6 +80,117 @@ grpc::Status AggregationGrpcService::Stats(grpc::ServerContext* context, const p
   return grpc::Status::OK;
 }
 
+grpc::Status ReshardingGrpcService::Prepare(grpc::ServerContext* context,
+                                            const proto::PrepareReshardRequest* request,
+                                            proto::PrepareReshardResponse* response) {
+  if (grpc::Status s = Authorize(token_, context, "Resharding.Prepare"); !s.ok()) return s;
+  absl::StatusOr<proto::PrepareReshardResponse> r = shard_->PrepareReshard(*request);
+  if (!r.ok()) return ToGrpc(r.status());
+  *response = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status ReshardingGrpcService::Commit(grpc::ServerContext* context,
+                                           const proto::CommitReshardRequest* request,
+                                           proto::CommitReshardResponse*) {
+  if (grpc::Status s = Authorize(token_, context, "Resharding.Commit"); !s.ok()) return s;
+  return ToGrpc(shard_->CommitReshard(request->next_epoch(), request->switch_step()));
+}
+
+grpc::Status ReshardingGrpcService::Abort(grpc::ServerContext* context,
+                                          const proto::AbortReshardRequest* request,
+                                          proto::AbortReshardResponse*) {
+  if (grpc::Status s = Authorize(token_, context, "Resharding.Abort"); !s.ok()) return s;
+  return ToGrpc(shard_->AbortReshard(request->next_epoch(), request->reason()));
+}
+
+grpc::Status ReshardingGrpcService::Transfer(grpc::ServerContext* context,
+                                             const proto::TransferRequest* request,
+                                             proto::TransferResponse*) {
+  if (grpc::Status s = Authorize(token_, context, "Resharding.Transfer"); !s.ok()) return s;
+  return ToGrpc(shard_->AcceptTransfer(*request, DeadlineOf(context)));
+}
+
+grpc::Status ReshardingGrpcService::GetConfig(grpc::ServerContext* context,
+                                              const proto::GetConfigRequest*,
+                                              proto::ClusterConfig* response) {
+  if (grpc::Status s = Authorize(token_, context, "Resharding.GetConfig"); !s.ok()) return s;
+  *response = shard_->CurrentConfig();
+  // File paths of this process mean nothing to the caller.
+  response->mutable_security()->clear_token_file();
+  response->mutable_security()->clear_key_file();
+  return grpc::Status::OK;
+}
+
+grpc::Status ReshardingGrpcService::ReshardStatus(grpc::ServerContext* context,
+                                                  const proto::ReshardStatusRequest*,
+                                                  proto::ReshardStatusResponse* response) {
+  if (grpc::Status s = Authorize(token_, context, "Resharding.ReshardStatus"); !s.ok()) return s;
+  shard_->ReshardStatus(response);
+  return grpc::Status::OK;
+}
+
+namespace {
+
+// Sends moved chunk state to peer shards, one channel per address, retrying UNAVAILABLE
+// (a peer still switching, or restarting) for up to a minute.
+class PeerTransport {
+ public:
+  static absl::StatusOr<std::shared_ptr<PeerTransport>> Create(const proto::ClusterConfig& config) {
+    absl::StatusOr<cluster::ClientSecurity> security = cluster::MakeClientSecurity(config);
+    if (!security.ok()) return security.status();
+    auto t = std::shared_ptr<PeerTransport>(new PeerTransport(*std::move(security)));
+    t->max_message_bytes_ = static_cast<int>(config.max_message_bytes() != 0
+                                                 ? config.max_message_bytes()
+                                                 : 2 * config.chunk_bytes() + (1 << 20));
+    return t;
+  }
+
+  absl::Status Send(const std::string& address, const proto::TransferRequest& request) {
+    proto::Resharding::Stub* stub = StubFor(address);
+    constexpr absl::Duration kBudget = absl::Seconds(60);
+    const absl::Time give_up = absl::Now() + kBudget;
+    absl::Duration backoff = absl::Milliseconds(20);
+    while (true) {
+      grpc::ClientContext ctx;
+      ctx.set_wait_for_ready(true);
+      ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(20))));
+      proto::TransferResponse response;
+      grpc::Status st = stub->Transfer(&ctx, request, &response);
+      if (st.ok()) return absl::OkStatus();
+      const bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                         st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+      if (!retry || absl::Now() + backoff >= give_up) {
+        return cluster::FromGrpc(st, absl::StrCat("sending moved chunks to ", address));
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
+  }
+
+ private:
+  explicit PeerTransport(cluster::ClientSecurity security) : security_(std::move(security)) {}
+
+  proto::Resharding::Stub* StubFor(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<proto::Resharding::Stub>& stub = stubs_[address];
+    if (stub == nullptr) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(max_message_bytes_);
+      args.SetMaxSendMessageSize(max_message_bytes_);
+      stub = proto::Resharding::NewStub(security_.NewChannel(address, args));
+    }
+    return stub.get();
+  }
+
+  const cluster::ClientSecurity security_;
+  int max_message_bytes_ = 0;
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<proto::Resharding::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
 grpc::Status AdminGrpcService::Ping(grpc::ServerContext* context, const proto::PingRequest*,
                                     proto::PingResponse* response) {
   if (grpc::Status s = Authorize(token_, context, "Admin.Ping"); !s.ok()) return s;
@@ -91,19 +202,28 @@ grpc::Status AdminGrpcService::Ping(grpc::ServerContext* context, const proto::P
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::ClusterConfig& config,
                                                                 const ShardOptions& options,
                                                                 const std::string& listen_address) {
-  absl::StatusOr<std::unique_ptr<ShardService>> service = ShardService::Create(config, options);
+  absl::StatusOr<std::shared_ptr<PeerTransport>> peers = PeerTransport::Create(config);
+  if (!peers.ok()) return peers.status();
+  ShardOptions with_peers = options;
+  with_peers.send_transfer = [peers = *peers](const std::string& address,
+                                              const proto::TransferRequest& request) {
+    return peers->Send(address, request);
+  };
+  absl::StatusOr<std::unique_ptr<ShardService>> service = ShardService::Create(config, with_peers);
   if (!service.ok()) return service.status();
   absl::StatusOr<cluster::ServerSecurity> security = cluster::MakeServerSecurity(config);
   if (!security.ok()) return security.status();
   std::unique_ptr<ShardServer> s(new ShardServer());
   s->service_ = *std::move(service);
   s->grpc_service_ = std::make_unique<AggregationGrpcService>(s->service_.get(), security->token);
+  s->reshard_service_ = std::make_unique<ReshardingGrpcService>(s->service_.get(), security->token);
   s->admin_service_ = std::make_unique<AdminGrpcService>(
       absl::StrCat("gcomp_server shard ", options.shard), absl::Now(), security->token);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen_address, security->credentials, &s->port_);
   builder.RegisterService(s->grpc_service_.get());
+  builder.RegisterService(s->reshard_service_.get());
   builder.RegisterService(s->admin_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes()));

@@ -13,6 +13,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/aggregation.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
+#include "proto/reshard.grpc.pb.h"
 #include "server/call_limiter.h"
 #include "server/shard_service.h"
 
@@ -43,6 +44,33 @@ class AggregationGrpcService final : public proto::Aggregation::Service {
   ShardService* shard_;
   const std::shared_ptr<cluster::JobToken> token_;  // null: calls are not checked
   CallLimiter limiter_;  // every call but Stats holds a slot while it runs
+};
+
+// Resharding: the coordinator's and the peer shards' side of a live re-shard.
+class ReshardingGrpcService final : public proto::Resharding::Service {
+ public:
+  // `shard` is borrowed and must outlive this service.
+  explicit ReshardingGrpcService(ShardService* shard,
+                                 std::shared_ptr<cluster::JobToken> token = nullptr)
+      : shard_(shard), token_(std::move(token)) {}
+
+  grpc::Status Prepare(grpc::ServerContext* context, const proto::PrepareReshardRequest* request,
+                       proto::PrepareReshardResponse* response) override;
+  grpc::Status Commit(grpc::ServerContext* context, const proto::CommitReshardRequest* request,
+                      proto::CommitReshardResponse* response) override;
+  grpc::Status Abort(grpc::ServerContext* context, const proto::AbortReshardRequest* request,
+                     proto::AbortReshardResponse* response) override;
+  grpc::Status Transfer(grpc::ServerContext* context, const proto::TransferRequest* request,
+                        proto::TransferResponse* response) override;
+  grpc::Status GetConfig(grpc::ServerContext* context, const proto::GetConfigRequest* request,
+                         proto::ClusterConfig* response) override;
+  grpc::Status ReshardStatus(grpc::ServerContext* context,
+                             const proto::ReshardStatusRequest* request,
+                             proto::ReshardStatusResponse* response) override;
+
+ private:
+  ShardService* shard_;
+  const std::shared_ptr<cluster::JobToken> token_;
 };
 
 // Admin.Ping: who answered and for how long it has been up.
@@ -90,6 +118,7 @@ class ShardServer {
   ShardServer() = default;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<AggregationGrpcService> grpc_service_;
+  std::unique_ptr<ReshardingGrpcService> reshard_service_;
   std::unique_ptr<AdminGrpcService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -56,7 +56,7 @@ class Job {
   Job(const proto::ClusterConfig& config) : config_(config) {
     for (int k = 0; k < config.shards_size(); ++k) {
       absl::StatusOr<std::unique_ptr<ShardService>> s =
-          ShardService::Create(config, ShardOptions{static_cast<uint32_t>(k), 2});
+          ShardService::Create(config, ShardOptions{static_cast<uint32_t>(k), 2, {}});
       if (!s.ok()) {
         status_ = s.status();
         return;

@@ -12,13 +12,17 @@
 //   DataLoss            checksum mismatch or corrupt codec block
 //   DeadlineExceeded    the step timed out; the message names the missing workers
 //   AlreadyExists       a tensor re-declared with a different dtype, size or optimizer
-//   Unavailable         the shard is shutting down
+//   Unavailable         the shard is shutting down, or filling after a re-shard (retry)
+//   Aborted             the shard-map epoch of the call was replaced by a re-shard: fetch
+//                       the new config (CurrentConfig) and resend under it
 #ifndef GCOMP_SERVER_SHARD_SERVICE_H_
 #define GCOMP_SERVER_SHARD_SERVICE_H_
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <set>
 #include <map>
 #include <memory>
 #include <string>
@@ -35,6 +39,7 @@
 #include "base/thread_pool.h"
 #include "proto/aggregation.pb.h"
 #include "proto/cluster_config.pb.h"
+#include "proto/reshard.pb.h"
 #include "cluster/cluster_config.h"
 #include "cluster/shard_map.h"
 #include "server/admission.h"
@@ -47,6 +52,11 @@ struct ShardOptions {
   uint32_t shard = 0;
   // Threads that decode and convert pushed blocks.
   int decode_threads = 4;
+  // Sends one message of moved chunk state to the shard at `address` (a re-shard's
+  // Transfer; the gRPC server sets it, tests call a peer directly). Unset: a re-shard that
+  // must move chunks to another shard fails its transfer (logged).
+  std::function<absl::Status(const std::string& address, const proto::TransferRequest&)>
+      send_transfer;
 };
 
 class ShardService {
@@ -80,6 +90,27 @@ class ShardService {
   // Ends every wait and refuses later calls with Unavailable.
   void Shutdown();
 
+  // Live re-sharding (docs/SERVICE.md, "Re-sharding"), driven by a coordinator over the
+  // Resharding service. Prepare freezes the old map (old-map pushes of steps past the
+  // highest one started here wait) or, on a shard only in the new map, arms the wait for
+  // the moved state; InvalidArgument for a config that is no valid successor. Commit fixes
+  // the switch step T: old-map pushes of step >= T get Aborted; once every chunk here has
+  // completed T - 1 (or after step_timeout_ms: pushes of an unfinished step are resent),
+  // the shard switches to the new map, sends the chunks it loses to their new owners and,
+  // when every old shard's share has arrived, serves the new map. Abort (before Commit)
+  // drops the prepared re-shard, as does a Commit that does not come within the prepare
+  // timeout.
+  absl::StatusOr<proto::PrepareReshardResponse> PrepareReshard(
+      const proto::PrepareReshardRequest& request);
+  absl::Status CommitReshard(uint64_t next_epoch, int64_t switch_step);
+  absl::Status AbortReshard(uint64_t next_epoch, const std::string& reason);
+  // One message of moved state from an old shard; waits (until `deadline`) for this shard
+  // to switch. FailedPrecondition when no re-shard to that epoch is under way.
+  absl::Status AcceptTransfer(const proto::TransferRequest& request, absl::Time deadline);
+  // The config of the map this shard serves, or the committed next one.
+  proto::ClusterConfig CurrentConfig() const;
+  void ReshardStatus(proto::ReshardStatusResponse* response) const;
+
   // Writes the checkpoint set "final" (every chunk at its last completed step) into
   // `checkpoint.dir`; call after Shutdown (SIGTERM). FailedPrecondition without a dir.
   absl::Status WriteFinalCheckpoint();
@@ -89,7 +120,8 @@ class ShardService {
   const std::string& restored_from() const { return restored_from_; }
   int64_t restored_step() const { return restored_step_; }
 
-  uint32_t shard() const { return options_.shard; }
+  // This shard's index in the map it serves (changes with a re-shard).
+  uint32_t shard() const { return shard_index_.load(); }
   AdmissionUsage admission_usage() const { return admission_->usage(); }
   // The shard's Prometheus metrics (served on /metrics by gcomp_server).
   ShardMetrics* metrics() const { return metrics_.get(); }
@@ -98,8 +130,13 @@ class ShardService {
  private:
   struct Tensor;
 
+  // Re-sharding's phases; a shard that has never been re-sharded is kServing.
+  enum class Phase { kServing, kPrepared, kCommitted, kFilling, kDrained };
+
   // Snapshots of one step boundary, gathered chunk by chunk until every owned chunk is in.
   struct PendingCheckpoint {
+    uint32_t shard = 0, shards = 1;  // the map the step ran under
+    uint64_t epoch = 1;
     std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks;
     uint64_t reserved_bytes = 0;
     bool refused = false;  // a snapshot did not fit the memory budget: the step is skipped
@@ -111,17 +148,45 @@ class ShardService {
   void OnSnapshot(const std::string& key, uint32_t chunk, ChunkSnapshot snapshot);
   void CheckpointLoop();
   // Encodes and writes one shard file of the set (final or the periodic one of `step`).
-  absl::Status WriteCheckpoint(bool final, int64_t step,
+  absl::Status WriteCheckpoint(bool final, int64_t step, uint32_t shard, uint32_t shards,
+                               uint64_t epoch,
                                std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks);
-  // NotFound for another job, FailedPrecondition for another shard-map epoch.
-  absl::Status CheckJobAndEpoch(const std::string& job, uint64_t epoch) const;
+  // NotFound for another job, FailedPrecondition for another shard-map epoch, Aborted for
+  // one a re-shard replaced. A call of the new map while the shard is still switching or
+  // filling waits for it (until `deadline`; then Unavailable, which clients retry).
+  absl::Status CheckJobAndEpoch(const std::string& job, uint64_t epoch,
+                                absl::Time deadline = absl::Now() + absl::Seconds(10)) const;
+  absl::Status CheckEpochLocked(uint64_t epoch, absl::Time deadline) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The accumulator of one owned chunk, with its step reply, data and checkpoint hooks.
+  std::shared_ptr<StepAccumulator> MakeAccumulator(const Tensor& t, uint32_t chunk);
+  // Declares `r` (already checked) unless already declared; the tensor.
+  absl::StatusOr<Tensor*> DeclareLocked(const proto::DeclareTensorRequest& r, codec::DType dtype,
+                                        const cluster::OptimizerOptions& opt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Old-map pushes while a re-shard is prepared or committed: waits while `step` is past
+  // the frozen step; Aborted once it is at or past the switch step or the map changed.
+  absl::Status WaitWhileFrozen(uint64_t epoch, int64_t step, absl::Time deadline) const;
+  // Waits on mu_ until `ready` or `deadline`; whether `ready`.
+  bool AwaitLocked(const std::function<bool()>& ready, absl::Time deadline) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a prepared re-shard whose Commit did not come in time.
+  void ExpirePrepareLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The committed re-shard: waits for the switch step, switches, sends moved chunks.
+  void RunSwitch();
+  absl::Status SendMoved(const proto::ClusterConfig& next,
+                         std::map<uint32_t, std::vector<proto::ChunkState>> moved,
+                         const std::vector<proto::TensorDeclaration>& declarations,
+                         uint32_t from_shard);
+  std::string SupersededMessage(uint64_t epoch) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // CheckJobAndEpoch, the key's limits, then the declared tensor (NotFound if none).
   absl::StatusOr<Tensor*> FindTensor(const std::string& job, uint64_t epoch,
                                      const std::string& key) const;
   // The accumulator of `chunk` of `t`: InvalidArgument past the last chunk,
   // FailedPrecondition naming the owner when another shard owns it.
-  absl::StatusOr<StepAccumulator*> OwnedChunk(const Tensor& t, const std::string& key,
-                                              uint32_t chunk) const;
+  absl::StatusOr<std::shared_ptr<StepAccumulator>> OwnedChunk(const Tensor& t,
+                                                              const std::string& key,
+                                                              uint32_t chunk) const;
   absl::Status PushPullImpl(const proto::CompressedBlock& request, absl::Time deadline,
                             proto::CompressedBlock* response);
   std::string WorkerName(uint32_t worker) const;
@@ -133,10 +198,11 @@ class ShardService {
   uint64_t OwnedChunkBytes(const cluster::ChunkLayout& layout, codec::DType dtype,
                            const cluster::OptimizerOptions& optimizer, uint32_t chunk) const;
 
-  // Constant after construction.
+  // Constant after construction; a re-shard changes only `shards` and `shard_map_epoch`,
+  // which live in map_config_ (config_ keeps the ones the shard started with).
   const proto::ClusterConfig config_;
   const ShardOptions options_;
-  const cluster::ShardMap shard_map_;
+  const std::string self_address_;  // this process's address in every map
   const cluster::DirectionCodec downlink_;
   std::unique_ptr<ThreadPool> pool_;
   // Thread-safe; both outlive every accumulator (declared before tensors_).
@@ -146,6 +212,32 @@ class ShardService {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // The map served now.
+  proto::ClusterConfig map_config_ ABSL_GUARDED_BY(mu_);
+  cluster::ShardMap shard_map_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> epoch_;         // map_config_'s, for readers without mu_
+  std::atomic<uint32_t> shard_index_;   // this shard's index in it
+  std::atomic<uint32_t> map_shards_;    // and its number of shards
+
+  // Re-sharding.
+  mutable Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kServing;
+  proto::ClusterConfig next_config_ ABSL_GUARDED_BY(mu_);  // prepared or committed
+  mutable int64_t freeze_after_ ABSL_GUARDED_BY(mu_) = kMaxStep;  // old-map pushes past it wait
+  int64_t switch_step_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Time prepare_deadline_ ABSL_GUARDED_BY(mu_);
+  uint64_t left_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // the newest epoch a re-shard replaced
+  mutable bool joining_ ABSL_GUARDED_BY(mu_) = false;  // prepared, only in the new map
+  uint32_t joining_old_shards_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t fill_expected_ ABSL_GUARDED_BY(mu_) = 0;  // old shards whose share is awaited
+  std::set<uint32_t> fill_done_ ABSL_GUARDED_BY(mu_);
+  // Moved chunks arrive in parts (one state array each); merged here until complete.
+  std::map<std::pair<std::string, uint32_t>, proto::ChunkState> partial_ ABSL_GUARDED_BY(mu_);
+  absl::Time switched_at_ ABSL_GUARDED_BY(mu_);
+  bool moves_sent_ ABSL_GUARDED_BY(mu_) = true;  // this shard's share of the last re-shard
+  double pause_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t chunks_sent_ ABSL_GUARDED_BY(mu_) = 0, bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t chunks_received_ ABSL_GUARDED_BY(mu_) = 0, chunks_kept_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread switch_thread_;
 
   // Periodic checkpoints; taken inside accumulator locks (never the other way round).
   mutable absl::Mutex ckpt_mu_;

@@ -214,7 +214,7 @@ TEST(ShardService, MissingWorkerIsNamedAfterStepTimeout) {
 
 TEST(ShardService, ChunkOfAnotherShardIsFailedPrecondition) {
   auto config = Config(1, 3);
-  auto shard = *ShardService::Create(config, ShardOptions{0, 1});
+  auto shard = *ShardService::Create(config, ShardOptions{0, 1, {}});
   proto::DeclareTensorRequest d;
   d.set_job("j");
   d.set_key("big");

@@ -255,6 +255,11 @@ ChunkSnapshot StepAccumulator::Snapshot() const {
   return SnapshotLocked();
 }
 
+StepProgress StepAccumulator::Progress() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return StepProgress{started_, current_step_, completed_step_, arrived_count_ > 0};
+}
+
 absl::Status StepAccumulator::Restore(ChunkSnapshot snap) {
   if (snap.current_step < 0 || snap.current_step >= kMaxStep) {
     return absl::InvalidArgumentError(absl::StrCat("restored step ", snap.current_step, " for ",

@@ -60,6 +60,14 @@ struct ChunkSnapshot {
   std::shared_ptr<const proto::CompressedBlock> cached_result;
 };
 
+// Where a chunk's steps stand, without copying its state.
+struct StepProgress {
+  bool started = false;
+  int64_t current_step = 0;     // the step in progress, or the next one
+  int64_t completed_step = -1;  // -1: none
+  bool pending = false;         // contributions of current_step have arrived
+};
+
 struct StepAccumulatorOptions {
   uint32_t workers = 1;
   absl::Duration step_timeout = absl::Seconds(10);
@@ -126,6 +134,7 @@ class StepAccumulator {
 
   // The state as of the last completed step (a copy; steps continue).
   ChunkSnapshot Snapshot() const;
+  StepProgress Progress() const;
   // Replaces the state with `snapshot` (a restored checkpoint or a moved chunk). Only
   // before any push: FailedPrecondition otherwise; InvalidArgument (nothing changed) when
   // the snapshot is inconsistent (steps, sizes, a completed step without its result).

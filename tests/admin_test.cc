@@ -21,7 +21,7 @@ class AdminTest : public ::testing::Test {
     absl::StatusOr<proto::ClusterConfig> config =
         cluster::ParseClusterConfig("job: admin\n", {"shards=127.0.0.1:1,127.0.0.1:2"});
     ASSERT_TRUE(config.ok()) << config.status();
-    auto server = server::ShardServer::Start(*config, {1, 1}, "127.0.0.1:0");
+    auto server = server::ShardServer::Start(*config, {1, 1, {}}, "127.0.0.1:0");
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),

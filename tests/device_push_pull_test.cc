@@ -40,7 +40,7 @@ void RunMode(const std::string& mode) {
   config.clear_shards();
   std::vector<std::unique_ptr<server::ShardServer>> shards;
   for (uint32_t k = 0; k < 2; ++k) {
-    auto s = server::ShardServer::Start(*parsed, {k, 2}, "127.0.0.1:0");
+    auto s = server::ShardServer::Start(*parsed, {k, 2, {}}, "127.0.0.1:0");
     ASSERT_TRUE(s.ok()) << s.status();
     config.add_shards(absl::StrCat("127.0.0.1:", (*s)->port()));
     shards.push_back(*std::move(s));
@@ -86,7 +86,7 @@ TEST(DevicePushPull, MixedHostAndDeviceBuffersAreRejected) {
   absl::StatusOr<proto::ClusterConfig> config = cluster::ParseClusterConfig(
       "job: device\n", {"workers=1", "shards=127.0.0.1:1"});
   ASSERT_TRUE(config.ok());
-  auto s = server::ShardServer::Start(*config, {0, 1}, "127.0.0.1:0");
+  auto s = server::ShardServer::Start(*config, {0, 1, {}}, "127.0.0.1:0");
   ASSERT_TRUE(s.ok());
   proto::ClusterConfig real = *config;
   real.clear_shards();

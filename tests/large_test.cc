@@ -27,7 +27,7 @@ TEST(Large, SixtyFourMebibyteTensor) {
   proto::ClusterConfig client_config = config;
   client_config.clear_shards();
   for (uint32_t k = 0; k < 2; ++k) {
-    shards.push_back(*server::ShardServer::Start(config, {k, 2}, "127.0.0.1:0"));
+    shards.push_back(*server::ShardServer::Start(config, {k, 2, {}}, "127.0.0.1:0"));
     client_config.add_shards(absl::StrCat("127.0.0.1:", shards.back()->port()));
   }
   std::vector<std::vector<float>> in(2, std::vector<float>(n)), out(2, std::vector<float>(n));

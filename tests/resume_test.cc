@@ -43,7 +43,7 @@ std::unique_ptr<Cluster> Start(int shards, const std::string& dir, int every_ste
   c->config = *config;
   c->config.clear_shards();
   for (int k = 0; k < shards; ++k) {
-    auto s = server::ShardServer::Start(*config, {static_cast<uint32_t>(k), 2}, "127.0.0.1:0");
+    auto s = server::ShardServer::Start(*config, {static_cast<uint32_t>(k), 2, {}}, "127.0.0.1:0");
     EXPECT_TRUE(s.ok()) << s.status();
     if (!s.ok()) return nullptr;
     c->config.add_shards(absl::StrCat("127.0.0.1:", (*s)->port()));

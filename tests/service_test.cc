@@ -50,7 +50,7 @@ std::unique_ptr<Cluster> StartCluster(int shards, int workers, const std::string
   c->config = *config;
   c->config.clear_shards();
   for (int k = 0; k < shards; ++k) {
-    auto s = server::ShardServer::Start(*config, {static_cast<uint32_t>(k), 2}, "127.0.0.1:0");
+    auto s = server::ShardServer::Start(*config, {static_cast<uint32_t>(k), 2, {}}, "127.0.0.1:0");
     EXPECT_TRUE(s.ok()) << s.status();
     c->config.add_shards(absl::StrCat("127.0.0.1:", (*s)->port()));
     c->shards.push_back(*std::move(s));

@@ -79,7 +79,7 @@ class TlsTest : public ::testing::Test {
     sec->set_token_file(Copy(TestCert("token"), dir_ + "/token"));
     sec->set_health_port(FreePort());
     ASSERT_TRUE(cluster::ValidateClusterConfig(config_).ok());
-    auto server = server::ShardServer::Start(config_, {0, 1}, "127.0.0.1:0");
+    auto server = server::ShardServer::Start(config_, {0, 1, {}}, "127.0.0.1:0");
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     address_ = absl::StrCat("127.0.0.1:", server_->port());
@@ -417,7 +417,7 @@ TEST(InsecureWithToken, TheTokenIsStillChecked) {
   absl::StatusOr<proto::ClusterConfig> config = cluster::ParseClusterConfig(
       "job: tls\n", {"workers=1", "shards=127.0.0.1:1", "security.token_file=" + token_file});
   ASSERT_TRUE(config.ok()) << config.status();
-  auto server = server::ShardServer::Start(*config, {0, 1}, "127.0.0.1:0");
+  auto server = server::ShardServer::Start(*config, {0, 1, {}}, "127.0.0.1:0");
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_EQ((*server)->health_port(), 0);
   const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
@@ -441,7 +441,7 @@ TEST(ServerSecurityErrors, AMissingCertificateFileFailsStart) {
                      "security.cert_file=" + TestCertsDir() + "/nope.pem",
                      "security.key_file=" + TestCert("server.key")});
   ASSERT_TRUE(config.ok()) << config.status();
-  auto server = server::ShardServer::Start(*config, {0, 1}, "127.0.0.1:0");
+  auto server = server::ShardServer::Start(*config, {0, 1, {}}, "127.0.0.1:0");
   EXPECT_EQ(server.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(server.status().message()), HasSubstr("security.cert_file"));
 }

@@ -21,7 +21,7 @@ TEST(WorkerMetrics, ServedCountersMatchClientStats) {
   absl::StatusOr<proto::ClusterConfig> config =
       cluster::ParseClusterConfig("job: m\nworkers: 1\nshards: [127.0.0.1:1]\nchunk_bytes: 4096\n");
   ASSERT_TRUE(config.ok()) << config.status();
-  auto shard = server::ShardServer::Start(*config, {0, 1}, "127.0.0.1:0");
+  auto shard = server::ShardServer::Start(*config, {0, 1, {}}, "127.0.0.1:0");
   ASSERT_TRUE(shard.ok()) << shard.status();
   config->set_shards(0, absl::StrCat("127.0.0.1:", (*shard)->port()));
   worker::ClientOptions options;

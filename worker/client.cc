@@ -4,14 +4,17 @@
 #include <condition_variable>
 #include <deque>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/aggregation.grpc.pb.h"
+#include "proto/reshard.grpc.pb.h"
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
 #include "cluster/grpc_status.h"
@@ -37,25 +40,50 @@ std::chrono::system_clock::time_point DeadlineIn(uint32_t ms) {
 struct TensorInfo {
   codec::DType dtype = codec::DType::kF32;
   cluster::ChunkLayout layout;
-  std::vector<uint32_t> owner;
+};
+
+// A call a re-shard answered ABORTED is resent under the new map at most this many times
+// (each time after a switch to a newer epoch).
+constexpr int kMaxMapSwitches = 8;
+
+// The shard map a call runs under: its config (shards, epoch) and stubs. Replaced, never
+// changed, when a re-shard moves the job to a new map (docs/SERVICE.md, "Re-sharding").
+struct MapState {
+  proto::ClusterConfig config;
+  cluster::ShardMap map{1, 1};
+  // stubs[shard][channel] and one Resharding stub per shard.
+  std::vector<std::vector<std::unique_ptr<proto::Aggregation::Stub>>> stubs;
+  std::vector<std::unique_ptr<proto::Resharding::Stub>> reshard;
+
+  uint64_t epoch() const { return config.shard_map_epoch(); }
+  std::vector<uint32_t> Owners(const std::string& key, const TensorInfo& t) const {
+    return map.Assign(key, t.layout);
+  }
 };
 
 }  // namespace
 
 struct Client::Impl {
+  // Fields other than `shards` and `shard_map_epoch` never change; those two live in the
+  // current MapState.
   proto::ClusterConfig config;
   ClientOptions options;
   cluster::DirectionCodec uplink;
-  cluster::ShardMap shard_map{1, 1};
-  // stubs[shard][channel]; constant after Connect.
-  std::vector<std::vector<std::unique_ptr<proto::Aggregation::Stub>>> stubs;
+  std::unique_ptr<cluster::ClientSecurity> security;
   std::atomic<uint64_t> next_channel{0};
+
+  mutable absl::Mutex map_mu;
+  std::shared_ptr<const MapState> map ABSL_GUARDED_BY(map_mu);
+  // Channels by address, reused by later maps.
+  std::map<std::string, std::vector<std::shared_ptr<grpc::Channel>>> channels ABSL_GUARDED_BY(map_mu);
+  absl::Mutex switch_mu;  // one map switch at a time
 
   mutable absl::Mutex mu;
   absl::flat_hash_map<std::string, TensorInfo> tensors ABSL_GUARDED_BY(mu);
 
   std::atomic<uint64_t> raw_sent{0}, raw_received{0}, wire_sent{0}, wire_received{0};
   std::atomic<uint64_t> chunks{0}, retries{0};
+  std::atomic<uint64_t> map_switches{0};
 
   ClientStats Stats() const {
     ClientStats s;
@@ -65,6 +93,7 @@ struct Client::Impl {
     s.wire_bytes_received = wire_received;
     s.chunks = chunks;
     s.retries = retries;
+    s.map_switches = map_switches;
     return s;
   }
   // Null without ClientOptions::metrics_address. The exposer is declared last so that it
@@ -72,10 +101,27 @@ struct Client::Impl {
   std::shared_ptr<ClientMetrics> metrics;
   std::unique_ptr<MetricsExposer> metrics_exposer;
 
-  proto::Aggregation::Stub* Stub(uint32_t shard) {
-    auto& v = stubs[shard];
+  std::shared_ptr<const MapState> Map() const {
+    absl::MutexLock lock(&map_mu);
+    return map;
+  }
+
+  proto::Aggregation::Stub* Stub(const MapState& m, uint32_t shard) {
+    auto& v = m.stubs[shard];
     return v[next_channel.fetch_add(1, std::memory_order_relaxed) % v.size()].get();
   }
+
+  // A MapState for `config` (its shards and epoch), with channels reused by address.
+  std::shared_ptr<MapState> BuildMap(const proto::ClusterConfig& config);
+  // Registers this worker with every shard of `m`.
+  absl::Status RegisterAll(const MapState& m, bool wait_for_ready);
+  // Declares `key` on every shard of `m`; `initial` as in Client::Declare.
+  absl::Status DeclareOn(const MapState& m, const std::string& key, const TensorInfo& t,
+                         size_t elements, const void* initial);
+  // After shard `shard` of `seen` answered ABORTED: fetches the new config from it and
+  // moves this client to that map (registered, every tensor declared), unless another
+  // call already did.
+  absl::Status SwitchMap(const MapState& seen, uint32_t shard);
 
   absl::StatusOr<TensorInfo> Find(const std::string& key) const {
     absl::MutexLock lock(&mu);
@@ -110,21 +156,116 @@ struct Client::Impl {
   // Chunk c's current value from its shard (Pull, with retries).
   absl::StatusOr<proto::CompressedBlock> PullChunk(const std::string& key, const TensorInfo& t,
                                                    uint32_t c) {
-    proto::PullRequest req;
-    req.set_job(config.job());
-    req.set_key(key);
-    req.set_chunk(c);
-    req.set_shard_map_epoch(config.shard_map_epoch());
-    proto::CompressedBlock resp;
-    grpc::Status st = WithRetries([&] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
-      return Stub(t.owner[c])->Pull(&ctx, req, &resp);
-    });
-    if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
-    return resp;
+    for (int switches = 0;; ++switches) {
+      std::shared_ptr<const MapState> m = Map();
+      const uint32_t shard = m->Owners(key, t)[c];
+      proto::PullRequest req;
+      req.set_job(config.job());
+      req.set_key(key);
+      req.set_chunk(c);
+      req.set_shard_map_epoch(m->epoch());
+      proto::CompressedBlock resp;
+      grpc::Status st = WithRetries([&] {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
+        return Stub(*m, shard)->Pull(&ctx, req, &resp);
+      });
+      if (st.error_code() == grpc::StatusCode::ABORTED && switches < kMaxMapSwitches) {
+        if (absl::Status s = SwitchMap(*m, shard); !s.ok()) return s;
+        continue;
+      }
+      if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
+      return resp;
+    }
   }
 };
+
+std::shared_ptr<MapState> Client::Impl::BuildMap(const proto::ClusterConfig& cfg) {
+  auto m = std::make_shared<MapState>();
+  m->config = cfg;
+  m->map = cluster::ShardMap(cfg.shards_size(), cfg.shard_map_epoch());
+  absl::MutexLock lock(&map_mu);
+  for (int s = 0; s < cfg.shards_size(); ++s) {
+    std::vector<std::shared_ptr<grpc::Channel>>& chans = channels[cfg.shards(s)];
+    for (uint32_t c = chans.size(); c < cfg.channels_per_shard(); ++c) {
+      grpc::ChannelArguments args;
+      args.SetInt("gcomp.channel_index", static_cast<int>(c));  // distinct connections
+      // Reconnect on the retry schedule: gRPC's default first reconnect waits about 1 s,
+      // longer than a short retry budget, so a shard that comes back would be missed.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(cfg.retry_backoff_ms()));
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(kMaxBackoffMs));
+      args.SetMaxReceiveMessageSize(static_cast<int>(cfg.max_message_bytes()));
+      args.SetMaxSendMessageSize(static_cast<int>(cfg.max_message_bytes()));
+      chans.push_back(security->NewChannel(cfg.shards(s), args));
+    }
+    m->stubs.emplace_back();
+    for (const auto& channel : chans) m->stubs.back().push_back(proto::Aggregation::NewStub(channel));
+    m->reshard.push_back(proto::Resharding::NewStub(chans[0]));
+  }
+  return m;
+}
+
+absl::Status Client::Impl::RegisterAll(const MapState& m, bool wait_for_ready) {
+  proto::RegisterWorkerRequest req;
+  req.set_job(config.job());
+  req.set_worker(options.worker);
+  req.set_name(options.name);
+  req.set_shard_map_epoch(m.epoch());
+  for (int s = 0; s < m.config.shards_size(); ++s) {
+    for (const auto& stub : m.stubs[s]) {
+      proto::RegisterWorkerResponse resp;
+      grpc::Status st = WithRetries([&] {
+        grpc::ClientContext ctx;
+        ctx.set_wait_for_ready(wait_for_ready);
+        ctx.set_deadline(DeadlineIn(wait_for_ready ? config.connect_timeout_ms() : config.rpc_timeout_ms()));
+        return stub->RegisterWorker(&ctx, req, &resp);
+      });
+      if (!st.ok()) {
+        return FromGrpc(st, absl::StrCat("registering with shard ", s, " (", m.config.shards(s), ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::Impl::SwitchMap(const MapState& seen, uint32_t shard) {
+  absl::MutexLock switching(&switch_mu);
+  if (Map()->epoch() > seen.epoch()) return absl::OkStatus();  // another call switched
+  proto::ClusterConfig next;
+  grpc::Status st = WithRetries([&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
+    return seen.reshard[shard]->GetConfig(&ctx, proto::GetConfigRequest(), &next);
+  });
+  const std::string from = absl::StrCat("shard ", shard, " (", seen.config.shards(shard), ")");
+  if (!st.ok()) return FromGrpc(st, absl::StrCat("fetching the new shard map from ", from));
+  if (next.job() != config.job() || next.shard_map_epoch() <= seen.epoch()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        from, " answered that shard-map epoch ", seen.epoch(), " was replaced, but serves job '",
+        next.job(), "' epoch ", next.shard_map_epoch()));
+  }
+  // The worker keeps its own settings; only the map comes from the shard.
+  proto::ClusterConfig cfg = seen.config;
+  *cfg.mutable_shards() = next.shards();
+  cfg.set_shard_map_epoch(next.shard_map_epoch());
+  if (absl::Status s = cluster::ValidateReshard(seen.config, cfg); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("new shard map from ", from, ": ", s.message()));
+  }
+  std::shared_ptr<MapState> m = BuildMap(cfg);
+  if (absl::Status s = RegisterAll(*m, /*wait_for_ready=*/true); !s.ok()) return s;
+  absl::flat_hash_map<std::string, TensorInfo> declared;
+  {
+    absl::MutexLock lock(&mu);
+    declared = tensors;
+  }
+  for (const auto& [key, t] : declared) {
+    if (absl::Status s = DeclareOn(*m, key, t, t.layout.elements, nullptr); !s.ok()) return s;
+  }
+  absl::MutexLock lock(&map_mu);
+  map = std::move(m);
+  ++map_switches;
+  return absl::OkStatus();
+}
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
@@ -146,10 +287,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
   impl->options = options;
   if (impl->options.name.empty()) impl->options.name = absl::StrCat("worker-", options.worker);
   impl->uplink = cluster::UplinkCodec(config);
-  impl->shard_map = cluster::ShardMap(config.shards_size(), config.shard_map_epoch());
   // TLS or plaintext and the job token, as the config's `security` says.
   absl::StatusOr<cluster::ClientSecurity> security = cluster::MakeClientSecurity(config);
   if (!security.ok()) return security.status();
+  impl->security = std::make_unique<cluster::ClientSecurity>(*std::move(security));
   if (!options.metrics_address.empty()) {
     Impl* raw = impl.get();
     impl->metrics = std::make_shared<ClientMetrics>(config.job(), options.worker,
@@ -159,38 +300,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
     if (!exposer.ok()) return exposer.status();
     impl->metrics_exposer = *std::move(exposer);
   }
-  for (int s = 0; s < config.shards_size(); ++s) {
-    impl->stubs.emplace_back();
-    for (uint32_t c = 0; c < config.channels_per_shard(); ++c) {
-      grpc::ChannelArguments args;
-      args.SetInt("gcomp.channel_index", static_cast<int>(c));  // distinct connections
-      // Reconnect on the retry schedule: gRPC's default first reconnect waits about 1 s,
-      // longer than a short retry budget, so a shard that comes back would be missed.
-      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(config.retry_backoff_ms()));
-      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(kMaxBackoffMs));
-      args.SetMaxReceiveMessageSize(static_cast<int>(impl->config.max_message_bytes()));
-      args.SetMaxSendMessageSize(static_cast<int>(impl->config.max_message_bytes()));
-      auto channel = security->NewChannel(config.shards(s), args);
-      impl->stubs.back().push_back(proto::Aggregation::NewStub(channel));
-    }
+  std::shared_ptr<MapState> m = impl->BuildMap(impl->config);
+  {
+    absl::MutexLock lock(&impl->map_mu);
+    impl->map = m;
   }
-  for (int s = 0; s < config.shards_size(); ++s) {
-    proto::RegisterWorkerRequest req;
-    req.set_job(config.job());
-    req.set_worker(options.worker);
-    req.set_name(impl->options.name);
-    req.set_shard_map_epoch(config.shard_map_epoch());
-    for (uint32_t c = 0; c < config.channels_per_shard(); ++c) {
-      grpc::ClientContext ctx;
-      ctx.set_wait_for_ready(true);
-      ctx.set_deadline(DeadlineIn(config.connect_timeout_ms()));
-      proto::RegisterWorkerResponse resp;
-      grpc::Status st = impl->stubs[s][c]->RegisterWorker(&ctx, req, &resp);
-      if (!st.ok()) {
-        return FromGrpc(st, absl::StrCat("registering with shard ", s, " (", config.shards(s), ")"));
-      }
-    }
-  }
+  if (absl::Status s = impl->RegisterAll(*m, /*wait_for_ready=*/true); !s.ok()) return s;
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -200,47 +315,65 @@ absl::Status Client::Declare(const std::string& key, codec::DType dtype, size_t 
   TensorInfo t;
   t.dtype = dtype;
   t.layout = cluster::ChunkLayout(elements, codec::DTypeBytes(dtype), m.config.chunk_bytes());
-  t.owner = m.shard_map.Assign(key, t.layout);
-  const size_t esize = codec::DTypeBytes(dtype);
-  const uint64_t batch_bytes = m.config.max_message_bytes() / 2;
-  for (int s = 0; s < m.config.shards_size(); ++s) {
-    // One request without values, then the owned chunks' initial values in batches.
-    std::vector<proto::DeclareTensorRequest> requests(1);
-    uint64_t bytes = 0;
-    if (initial != nullptr) {
-      for (uint32_t c = 0; c < t.layout.num_chunks; ++c) {
-        if (t.owner[c] != static_cast<uint32_t>(s)) continue;
-        const size_t n = t.layout.size(c);
-        if (bytes + n * esize > batch_bytes && requests.back().initial_size() > 0) {
-          requests.emplace_back();
-          bytes = 0;
-        }
-        proto::ChunkValue* v = requests.back().add_initial();
-        v->set_chunk(c);
-        v->set_data(static_cast<const char*>(initial) + t.layout.begin(c) * esize, n * esize);
-        bytes += n * esize;
-      }
-    }
-    for (proto::DeclareTensorRequest& req : requests) {
-      req.set_job(m.config.job());
-      req.set_key(key);
-      req.set_dtype(cluster::ToProto(dtype));
-      req.set_elements(elements);
-      req.set_shard_map_epoch(m.config.shard_map_epoch());
-      proto::DeclareTensorResponse resp;
-      grpc::Status st = m.WithRetries([&] {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(DeadlineIn(m.config.rpc_timeout_ms()));
-        return m.Stub(s)->DeclareTensor(&ctx, req, &resp);
-      });
-      if (!st.ok()) {
-        return FromGrpc(st, absl::StrCat("declaring '", key, "' on shard ", s));
-      }
-    }
-  }
+  if (absl::Status s = m.DeclareOn(*m.Map(), key, t, elements, initial); !s.ok()) return s;
   absl::MutexLock lock(&m.mu);
   m.tensors[key] = std::move(t);
   return absl::OkStatus();
+}
+
+absl::Status Client::Impl::DeclareOn(const MapState& seen, const std::string& key,
+                                     const TensorInfo& t, size_t elements, const void* initial) {
+  const MapState* m = &seen;
+  std::shared_ptr<const MapState> newer;
+  for (int switches = 0;; ++switches) {
+    const std::vector<uint32_t> owner = m->Owners(key, t);
+    const size_t esize = codec::DTypeBytes(t.dtype);
+    const uint64_t batch_bytes = config.max_message_bytes() / 2;
+    bool aborted = false;
+    for (int s = 0; s < m->config.shards_size() && !aborted; ++s) {
+      // One request without values, then the owned chunks' initial values in batches.
+      std::vector<proto::DeclareTensorRequest> requests(1);
+      uint64_t bytes = 0;
+      if (initial != nullptr) {
+        for (uint32_t c = 0; c < t.layout.num_chunks; ++c) {
+          if (owner[c] != static_cast<uint32_t>(s)) continue;
+          const size_t n = t.layout.size(c);
+          if (bytes + n * esize > batch_bytes && requests.back().initial_size() > 0) {
+            requests.emplace_back();
+            bytes = 0;
+          }
+          proto::ChunkValue* v = requests.back().add_initial();
+          v->set_chunk(c);
+          v->set_data(static_cast<const char*>(initial) + t.layout.begin(c) * esize, n * esize);
+          bytes += n * esize;
+        }
+      }
+      for (proto::DeclareTensorRequest& req : requests) {
+        req.set_job(config.job());
+        req.set_key(key);
+        req.set_dtype(cluster::ToProto(t.dtype));
+        req.set_elements(elements);
+        req.set_shard_map_epoch(m->epoch());
+        proto::DeclareTensorResponse resp;
+        grpc::Status st = WithRetries([&] {
+          grpc::ClientContext ctx;
+          ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
+          return Stub(*m, s)->DeclareTensor(&ctx, req, &resp);
+        });
+        if (st.error_code() == grpc::StatusCode::ABORTED && switches < kMaxMapSwitches) {
+          if (absl::Status sw = SwitchMap(*m, s); !sw.ok()) return sw;
+          aborted = true;
+          break;
+        }
+        if (!st.ok()) {
+          return FromGrpc(st, absl::StrCat("declaring '", key, "' on shard ", s));
+        }
+      }
+    }
+    if (!aborted) return absl::OkStatus();
+    newer = Map();  // declare again, all of it, under the new map
+    m = newer.get();
+  }
 }
 
 absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, const void* input,
@@ -250,6 +383,20 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
   const TensorInfo& t = *found;
   const size_t esize = codec::DTypeBytes(t.dtype);
   const size_t num_chunks = t.layout.num_chunks;
+  // The map and owners the chunks go to; replaced (under map_mu) if a re-shard moves the
+  // job while this call runs.
+  absl::Mutex owners_mu;
+  std::shared_ptr<const MapState> map_now = Map();
+  std::vector<uint32_t> owners = map_now->Owners(key, t);
+  auto current = [&](uint32_t chunk) {
+    absl::MutexLock lock(&owners_mu);
+    std::shared_ptr<const MapState> latest = Map();
+    if (latest != map_now) {
+      map_now = latest;
+      owners = latest->Owners(key, t);
+    }
+    return std::make_pair(map_now, owners[chunk]);
+  };
   const size_t senders = std::min<size_t>(config.max_inflight_chunks(), num_chunks);
 
   // Device tensors: every chunk is encoded up front in one GPU batch, and the replies are
@@ -297,16 +444,29 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
         qcv.notify_all();
       }
       const uint32_t chunk = req->address().chunk();
-      const uint32_t shard = t.owner[chunk];
       proto::CompressedBlock resp;
-      grpc::Status st = WithRetries([&] {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
-        return Stub(shard)->PushPull(&ctx, *req, &resp);
-      });
+      grpc::Status st;
+      std::shared_ptr<const MapState> m;
+      uint32_t shard = 0;
+      for (int switches = 0;; ++switches) {
+        std::tie(m, shard) = current(chunk);
+        req->mutable_address()->set_shard_map_epoch(m->epoch());
+        st = WithRetries([&] {
+          grpc::ClientContext ctx;
+          ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
+          return Stub(*m, shard)->PushPull(&ctx, *req, &resp);
+        });
+        // A re-shard replaced the map: move to the new one and resend (pushes are
+        // idempotent, and the chunk's state, cached result included, moved with it).
+        if (st.error_code() != grpc::StatusCode::ABORTED || switches >= kMaxMapSwitches) break;
+        if (absl::Status s = SwitchMap(*m, shard); !s.ok()) {
+          fail(s);
+          return;
+        }
+      }
       const std::string where = absl::StrCat("push-pull of '", key, "' chunk ", chunk, " step ",
                                              step, " on shard ", shard, " (",
-                                             config.shards(shard), ")");
+                                             m->config.shards(shard), ")");
       if (!st.ok()) {
         fail(FromGrpc(st, where));
         return;
@@ -358,7 +518,6 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
     a->set_chunk(c);
     a->set_step(step);
     a->set_worker(options.worker);
-    a->set_shard_map_epoch(config.shard_map_epoch());
     raw_sent += n * esize;
     wire_sent += req->data().size();
     std::unique_lock<std::mutex> lock(qmu);

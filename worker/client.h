@@ -13,7 +13,9 @@
 // spread over channels_per_shard channels per shard); UNAVAILABLE (shard unreachable)
 // and CANCELLED (a draining shard dropped the call) are retried up to max_retries times
 // with exponential backoff from retry_backoff_ms, at most 5 s apart (safe: pushes are
-// idempotent on the shard); every call has the config's rpc_timeout_ms deadline.
+// idempotent on the shard); every call has the config's rpc_timeout_ms deadline. A call
+// a shard answers ABORTED (a live re-shard replaced the map) fetches the new map from that
+// shard, registers and declares every tensor there, and is resent under it.
 //
 // Thread-safe: operations on different tensors (or different steps) may run concurrently.
 // Errors keep the shard's status code and name the tensor, chunk, step and shard.
@@ -56,6 +58,8 @@ struct ClientStats {
   uint64_t wire_bytes_received = 0;
   uint64_t chunks = 0;
   uint64_t retries = 0;
+  // Moves to a new shard map after a live re-shard (docs/SERVICE.md, "Re-sharding").
+  uint64_t map_switches = 0;
 };
 
 class Client {
@@ -94,6 +98,7 @@ class Client {
   ClientStats stats() const;
   // The port /metrics is served on; 0 without ClientOptions::metrics_address.
   int metrics_port() const;
+  // The config given to Connect (a re-shard changes the map inside; see stats()).
   const proto::ClusterConfig& config() const;
   uint32_t worker() const;
 

@@ -1,0 +1,277 @@
+// Live re-sharding over real gRPC on loopback: in-process shards (ShardServer), Clients
+// training in threads, and the coordinator (cluster/reshard_coordinator.h) moving the job
+// between maps while they run.
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "cluster/cluster_config.h"
+#include "cluster/reshard_coordinator.h"
+#include "proto/reshard.grpc.pb.h"
+#include "server/grpc_service.h"
+#include "tests/synthetic_gradient.h"
+#include "worker/client.h"
+
+namespace gcomp {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A loopback port nothing listens on right now.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+constexpr int kWorkers = 3;
+constexpr int kSteps = 12;
+const std::vector<std::pair<std::string, size_t>> kTensors = {{"w1", 5000}, {"w2", 777}, {"b", 3}};
+
+// The config of a map of `addresses` at `epoch`.
+proto::ClusterConfig Config(const std::vector<std::string>& addresses, uint64_t epoch,
+                            const std::string& optimizer) {
+  absl::StatusOr<proto::ClusterConfig> c = cluster::ParseClusterConfig(
+      "job: reshard\n", {absl::StrCat("workers=", kWorkers), "uplink.mode=lossless",
+                         "downlink.mode=lossless", "chunk_bytes=2048", "optimizer.name=" + optimizer,
+                         "step_timeout_ms=10000", "rpc_timeout_ms=20000",
+                         "shards=" + absl::StrJoin(addresses, ","),
+                         absl::StrCat("shard_map_epoch=", epoch)});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+std::unique_ptr<server::ShardServer> StartShard(const proto::ClusterConfig& config, uint32_t k) {
+  auto s = server::ShardServer::Start(config, {k, 2, {}}, config.shards(k));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *std::move(s) : nullptr;
+}
+
+// Worker w's gradient of `key` at `step`.
+std::vector<float> Gradient(size_t n, int w, int step, size_t salt) {
+  return testing::SyntheticGradient(n, static_cast<uint32_t>(1000 * step + 10 * w + salt + 1));
+}
+
+// Trains kSteps steps with kWorkers clients; `between(step)` runs on worker 0's thread
+// after it finished `step`. Returns every worker's final values, tensor by tensor.
+std::vector<std::vector<std::vector<float>>> Train(const proto::ClusterConfig& config,
+                                                   const std::function<void(int)>& between,
+                                                   uint64_t* map_switches) {
+  std::vector<std::vector<std::vector<float>>> finals(kWorkers);
+  std::vector<std::thread> threads;
+  std::atomic<uint64_t> switches{0};
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      worker::ClientOptions options;
+      options.worker = w;
+      auto client = worker::Client::Connect(config, options);
+      ASSERT_TRUE(client.ok()) << client.status();
+      for (size_t i = 0; i < kTensors.size(); ++i) {
+        const auto& [key, n] = kTensors[i];
+        std::vector<float> initial = testing::SyntheticGradient(n, 77 + i);
+        ASSERT_TRUE((*client)->Declare(key, codec::DType::kF32, n, initial.data()).ok());
+      }
+      std::vector<std::vector<float>> out(kTensors.size());
+      for (int step = 0; step < kSteps; ++step) {
+        for (size_t i = 0; i < kTensors.size(); ++i) {
+          const auto& [key, n] = kTensors[i];
+          std::vector<float> g = Gradient(n, w, step, i);
+          out[i].resize(n);
+          absl::Status s = (*client)->PushPull(key, step, g.data(), out[i].data());
+          ASSERT_TRUE(s.ok()) << "worker " << w << " step " << step << ": " << s;
+        }
+        if (w == 0 && between) between(step);
+      }
+      finals[w] = out;
+      switches += (*client)->stats().map_switches;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (map_switches != nullptr) *map_switches = switches;
+  return finals;
+}
+
+class Reshard : public ::testing::TestWithParam<std::string> {};
+
+// 2 -> 3 shards at step 4 and 3 -> 2 at step 8 while 3 workers train: every worker ends
+// with values bit-identical to the same run on 2 fixed shards.
+TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
+  const std::string optimizer = GetParam();
+  std::vector<std::vector<std::vector<float>>> fixed;
+  {
+    const proto::ClusterConfig c = Config({absl::StrCat("127.0.0.1:", FreePort()),
+                                           absl::StrCat("127.0.0.1:", FreePort())}, 1, optimizer);
+    auto s0 = StartShard(c, 0), s1 = StartShard(c, 1);
+    fixed = Train(c, nullptr, nullptr);
+  }
+  const std::string a = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string b = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string extra = absl::StrCat("127.0.0.1:", FreePort());
+  const proto::ClusterConfig two = Config({a, b}, 1, optimizer);
+  const proto::ClusterConfig three = Config({a, b, extra}, 2, optimizer);
+  const proto::ClusterConfig back = Config({a, b}, 3, optimizer);
+  auto s0 = StartShard(two, 0), s1 = StartShard(two, 1);
+  std::unique_ptr<server::ShardServer> s2;
+  std::vector<cluster::ReshardResult> results;
+  auto between = [&](int step) {
+    cluster::ReshardOptions o;
+    if (step == 1) {
+      s2 = StartShard(three, 2);  // the added shard starts with the new config
+      o.at_step = 4;
+      absl::StatusOr<cluster::ReshardResult> r = cluster::RunReshard(three, o);
+      ASSERT_TRUE(r.ok()) << r.status();
+      results.push_back(*r);
+    } else if (step == 5) {
+      o.at_step = 8;
+      absl::StatusOr<cluster::ReshardResult> r = cluster::RunReshard(back, o);
+      ASSERT_TRUE(r.ok()) << r.status();
+      results.push_back(*r);
+    }
+  };
+  // The coordinator runs beside the workers (a re-shard blocks until it is done, and the
+  // switch waits for the workers to reach it).
+  uint64_t switches = 0;
+  std::vector<std::vector<std::vector<float>>> moved;
+  std::thread trainer([&] { moved = Train(two, nullptr, &switches); });
+  // Drive the re-shards from here at the right moments: at_step fixes the switch steps.
+  between(1);
+  between(5);
+  trainer.join();
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].switch_step, 4);
+  EXPECT_EQ(results[1].switch_step, 8);
+  EXPECT_EQ(results[0].to_shards, 3u);
+  EXPECT_EQ(results[1].removed, std::vector<std::string>{extra});
+  for (const cluster::ReshardResult& r : results) {
+    EXPECT_GT(r.chunks_moved, 0u) << r.ToJson();
+    EXPECT_LT(r.chunks_moved, r.chunks_total) << r.ToJson();
+    EXPECT_GT(r.bytes_moved, 0u) << r.ToJson();
+  }
+  EXPECT_GE(switches, 2u * kWorkers);
+  for (int w = 0; w < kWorkers; ++w) {
+    for (size_t i = 0; i < kTensors.size(); ++i) {
+      ASSERT_EQ(moved[w][i].size(), fixed[w][i].size());
+      EXPECT_EQ(std::memcmp(moved[w][i].data(), fixed[w][i].data(), fixed[w][i].size() * 4), 0)
+          << "worker " << w << " tensor " << kTensors[i].first << " differs from the fixed run";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, Reshard, ::testing::Values("momentum", "adam"));
+
+TEST(ReshardErrors, BadConfigsAreRejectedAndTheJobGoesOn) {
+  const std::string a = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string b = absl::StrCat("127.0.0.1:", FreePort());
+  const proto::ClusterConfig two = Config({a, b}, 5, "sgd");
+  auto s0 = StartShard(two, 0), s1 = StartShard(two, 1);
+  cluster::ReshardOptions o;
+  o.deadline = absl::Seconds(1);
+
+  proto::ClusterConfig lower = Config({a}, 4, "sgd");
+  absl::StatusOr<cluster::ReshardResult> r = cluster::RunReshard(lower, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("shard_map_epoch"));
+
+  proto::ClusterConfig same = Config({a}, 5, "sgd");
+  r = cluster::RunReshard(same, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("older shard-map epoch"));
+
+  proto::ClusterConfig workers = Config({a}, 6, "sgd");
+  workers.set_workers(kWorkers + 1);
+  r = cluster::RunReshard(workers, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("workers"));
+
+  proto::ClusterConfig dup = Config({a, b}, 6, "sgd");
+  dup.add_shards(a);
+  r = cluster::RunReshard(dup, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("listed twice"));
+
+  const std::string never = absl::StrCat("127.0.0.1:", FreePort());
+  r = cluster::RunReshard(Config({a, b, never}, 6, "sgd"), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(never));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("nothing changed"));
+
+  // Still on epoch 5 with both shards: a step goes through.
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      worker::ClientOptions options;
+      options.worker = w;
+      auto client = worker::Client::Connect(two, options);
+      ASSERT_TRUE(client.ok()) << client.status();
+      ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, 1000).ok());
+      std::vector<float> g(1000, 1.0f), out(1000);
+      EXPECT_TRUE((*client)->PushPull("t", 0, g.data(), out.data()).ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// A Prepare without a Commit (a coordinator that died) is dropped after its timeout: the
+// frozen step then goes through on the old map.
+TEST(ReshardErrors, PrepareWithoutCommitExpires) {
+  const std::string a = absl::StrCat("127.0.0.1:", FreePort());
+  const proto::ClusterConfig one = Config({a}, 1, "none");
+  auto s0 = StartShard(one, 0);
+  auto stub = proto::Resharding::NewStub(grpc::CreateChannel(a, grpc::InsecureChannelCredentials()));
+  proto::PrepareReshardRequest prepare;
+  *prepare.mutable_next() = Config({a, absl::StrCat("127.0.0.1:", FreePort())}, 2, "none");
+  prepare.set_at_step(1);
+  prepare.set_prepare_timeout_ms(500);
+  prepare.set_old_shards(1);
+  grpc::ClientContext ctx;
+  proto::PrepareReshardResponse resp;
+  ASSERT_TRUE(stub->Prepare(&ctx, prepare, &resp).ok());
+  EXPECT_EQ(resp.highest_step(), 0);
+  std::vector<std::thread> threads;
+  const absl::Time start = absl::Now();
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      worker::ClientOptions options;
+      options.worker = w;
+      auto client = worker::Client::Connect(one, options);
+      ASSERT_TRUE(client.ok()) << client.status();
+      ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, 10).ok());
+      std::vector<float> g(10, 1.0f), out(10);
+      for (int step = 0; step < 2; ++step) {
+        absl::Status s = (*client)->PushPull("t", step, g.data(), out.data());
+        EXPECT_TRUE(s.ok()) << s;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(400)) << "step 1 did not wait for the freeze";
+  grpc::ClientContext ctx2;
+  proto::ReshardStatusResponse st;
+  ASSERT_TRUE(stub->ReshardStatus(&ctx2, proto::ReshardStatusRequest(), &st).ok());
+  EXPECT_EQ(st.state(), "serving");
+  EXPECT_EQ(st.shard_map_epoch(), 1u);
+}
+
+}  // namespace
+}  // namespace gcomp
