@@ -2,20 +2,29 @@
 // Serves shard K of the cluster described by FILE until SIGTERM or SIGINT, then shuts
 // down gracefully (waiting steps end with UNAVAILABLE, in-flight calls drain), then, with
 // `checkpoint.dir` configured, writes the final checkpoint.
+//
+// The config file is watched (--config_poll_ms): when it changes to a higher
+// shard_map_epoch (e.g. a Kubernetes ConfigMap edited to add or remove shards), shard 0 of
+// the running map coordinates the live re-shard (docs/SERVICE.md, "Re-sharding").
 #include <signal.h>
 
+#include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/logging.h"
 #include "base/malloc_tuning.h"
 #include "base/metrics_exposer.h"
 #include "prometheus/registry.h"
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
+#include "cluster/reshard_coordinator.h"
+#include "base/files.h"
 #include "server/grpc_service.h"
 
 ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
@@ -26,11 +35,91 @@ ABSL_FLAG(std::string, listen, "",
           "Listen address; default: the shard's address from the config.");
 ABSL_FLAG(int, decode_threads, 4, "Threads that decode and sum pushed blocks.");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "How long in-flight calls may drain on SIGTERM.");
+ABSL_FLAG(int, config_poll_ms, 2000,
+          "How often the config file is re-read for a re-shard (0: never).");
+ABSL_FLAG(int, reshard_deadline_ms, 60000,
+          "File-triggered re-shard: how long added shards may take to come up.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|off");
 ABSL_FLAG(std::string, log_format, "text", gcomp::kLogFormatHelp);
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
           "Serve Prometheus metrics on http://ADDRESS/metrics (port 0 picks a free port, "
           "logged at start); 'none' turns them off.");
+
+namespace {
+
+// Re-reads `path` every `poll` until `stop`; a valid config of a higher epoch makes shard 0
+// of the running map run the re-shard. A file that does not load is logged once per
+// content and changes nothing; a failed re-shard is retried at most once a minute.
+// The watcher's hand-over with main at shutdown: main stops it, and joins it unless it is
+// inside a re-shard (which can take minutes); a detached watcher touches nothing after.
+struct WatchState {
+  absl::Mutex mu;
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  bool in_reshard ABSL_GUARDED_BY(mu) = false;
+};
+
+void WatchConfig(const std::string& path, const std::vector<std::string>& overrides,
+                 gcomp::server::ShardService* service, absl::Duration poll,
+                 absl::Duration deadline, WatchState* state) {
+  std::string last_content;
+  absl::Time last_attempt = absl::InfinitePast();
+  while (true) {
+    {
+      absl::MutexLock lock(&state->mu);
+      auto stopped = [state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) { return state->stop; };
+      if (state->mu.AwaitWithTimeout(absl::Condition(&stopped), poll)) return;
+    }
+    absl::StatusOr<std::string> content = gcomp::ReadFile(path);
+    if (!content.ok()) continue;  // mid-swap, or gone: try again next time
+    const bool changed = *content != last_content;
+    last_content = *content;
+    absl::StatusOr<gcomp::proto::ClusterConfig> next =
+        gcomp::cluster::LoadClusterConfig(path, overrides);
+    if (!next.ok()) {
+      if (changed) gcomp::log::Error("config file {} changed but is not valid, ignored: {}", path, next.status().ToString());
+      continue;
+    }
+    const gcomp::proto::ClusterConfig now = service->CurrentConfig();
+    if (next->shard_map_epoch() <= now.shard_map_epoch()) {
+      const bool same_shards = std::equal(next->shards().begin(), next->shards().end(),
+                                          now.shards().begin(), now.shards().end());
+      if (changed && !same_shards) {
+        gcomp::log::Error("config file {} lists other shards but shard_map_epoch {} is not above "
+                          "the running {}; ignored (raise it to re-shard)",
+                          path, next->shard_map_epoch(), now.shard_map_epoch());
+      }
+      continue;
+    }
+    if (service->shard() != 0) {
+      if (changed) gcomp::log::Info("config file now has epoch {}; shard 0 coordinates the re-shard", next->shard_map_epoch());
+      continue;
+    }
+    if (!changed && absl::Now() - last_attempt < absl::Minutes(1)) continue;
+    last_attempt = absl::Now();
+    gcomp::cluster::ReshardOptions options;
+    options.deadline = deadline;
+    gcomp::log::Info("config file {} now has epoch {} ({} shards): coordinating the re-shard",
+                     path, next->shard_map_epoch(), next->shards_size());
+    {
+      absl::MutexLock lock(&state->mu);
+      if (state->stop) return;
+      state->in_reshard = true;
+    }
+    absl::StatusOr<gcomp::cluster::ReshardResult> result = gcomp::cluster::RunReshard(*next, options);
+    {
+      absl::MutexLock lock(&state->mu);
+      state->in_reshard = false;
+      if (state->stop) return;
+    }
+    if (result.ok()) {
+      gcomp::log::Info("re-shard done: {}", result->ToJson());
+    } else {
+      gcomp::log::Error("re-shard to epoch {} failed: {}", next->shard_map_epoch(), result.status().ToString());
+    }
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   gcomp::TuneMallocForLargeBuffers();
@@ -100,8 +189,28 @@ int main(int argc, char** argv) {
     gcomp::log::Info("shard {}: metrics on http://{}/metrics (port {})", shard,
                      absl::GetFlag(FLAGS_metrics_address), metrics->port());
   }
+  auto* watch = new WatchState();  // leaked on purpose: a detached watcher may still read it
+  std::thread watcher;
+  if (absl::GetFlag(FLAGS_config_poll_ms) > 0) {
+    watcher = std::thread(WatchConfig, absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set),
+                          (*server)->service(), absl::Milliseconds(absl::GetFlag(FLAGS_config_poll_ms)),
+                          absl::Milliseconds(absl::GetFlag(FLAGS_reshard_deadline_ms)), watch);
+  }
   int sig = 0;
   sigwait(&signals, &sig);
+  if (watcher.joinable()) {
+    bool busy = false;
+    {
+      absl::MutexLock lock(&watch->mu);
+      watch->stop = true;
+      busy = watch->in_reshard;
+    }
+    if (busy) {
+      watcher.detach();
+    } else {
+      watcher.join();
+    }
+  }
   gcomp::log::Info("shard {}: signal {}, shutting down", shard, sig);
   (*server)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   int rc = 0;

@@ -952,6 +952,7 @@ absl::Status ShardService::CommitReshard(uint64_t next_epoch, int64_t switch_ste
     phase_ = Phase::kFilling;
     fill_expected_ = joining_old_shards_;
     fill_done_.clear();
+    transfer_seen_ = false;
     switch_step_ = switch_step;
     switched_at_ = absl::Now();
     log::Info("shard {}: joining epoch {} at step {}; waiting for {} old shards' chunks", shard(),
@@ -1015,26 +1016,40 @@ void ShardService::RunSwitch() {
     absl::MutexLock lock(&mu_);
     switch_step = switch_step_;
   }
-  // The agreed boundary: every chunk here has completed switch_step - 1. A chunk that does
-  // not get there within rpc_timeout_ms (a tensor not pushed every step, a lost worker)
-  // moves as it is: pushes of its unfinished step are answered Aborted and resent.
-  const absl::Time give_up = absl::Now() + absl::Milliseconds(config_.rpc_timeout_ms());
+  // The agreed boundary: every chunk here has completed switch_step - 1. If no chunk
+  // completes a step for rpc_timeout_ms (a tensor not pushed every step, a lost worker),
+  // the chunks move as they are: pushes of an unfinished step are answered Aborted and
+  // resent to the new owner, so nothing is lost either way.
+  const absl::Duration patience = absl::Milliseconds(config_.rpc_timeout_ms());
+  absl::Time give_up = absl::Now() + patience;
+  uint64_t completed_before = 0;
   while (true) {
+    // Before any push (a job that has not started, or a tensor not yet pushed) the
+    // boundary is still ahead, unless it is step 0.
     bool at_boundary = true;
+    bool any_chunk = false;
+    uint64_t completed = 0;
     {
       absl::MutexLock lock(&mu_);
       if (shutting_down_) return;
       for (const auto& [key, t] : tensors_) {
         for (const auto& [c, acc] : t->chunks) {
           const StepProgress p = acc->Progress();
-          if (p.started && (p.completed_step < switch_step - 1 || p.pending)) at_boundary = false;
+          completed += static_cast<uint64_t>(p.completed_step + 1);
+          any_chunk = true;
+          if (switch_step > 0 && (!p.started || p.completed_step < switch_step - 1 || p.pending)) {
+            at_boundary = false;
+          }
         }
       }
     }
+    if (switch_step > 0 && !any_chunk) at_boundary = false;
     if (at_boundary) break;
+    if (completed != completed_before) give_up = absl::Now() + patience;  // training moves on
+    completed_before = completed;
     if (absl::Now() >= give_up) {
-      log::Warn("shard {}: not every chunk completed step {} within {} ms; switching anyway",
-                shard(), switch_step - 1, config_.rpc_timeout_ms());
+      log::Warn("shard {}: no chunk completed a step for {} ms short of step {}; switching anyway",
+                shard(), config_.rpc_timeout_ms(), switch_step - 1);
       break;
     }
     absl::SleepFor(absl::Milliseconds(1));
@@ -1097,6 +1112,7 @@ void ShardService::RunSwitch() {
     left_epoch_ = epoch_.load();
     fill_expected_ = map_config_.shards_size();
     fill_done_ = {from_shard};
+    transfer_seen_ = true;
     map_config_ = next;
     shard_map_ = next_map;
     epoch_ = next.shard_map_epoch();
@@ -1212,6 +1228,12 @@ absl::Status ShardService::AcceptTransfer(const proto::TransferRequest& r, absl:
                                                               " under way on this shard"));
     }
     if (fill_done_.count(r.from_shard()) != 0) return absl::OkStatus();  // a resent message
+    if (!transfer_seen_) {
+      // A shard the re-shard adds switches when the first old shard does (its own Commit
+      // only armed it): its pause counts from here.
+      transfer_seen_ = true;
+      if (fill_done_.empty()) switched_at_ = absl::Now();
+    }
     if (phase_ == Phase::kServing) {
       return absl::FailedPreconditionError(absl::StrCat("epoch ", epoch, " is already filled"));
     }

@@ -233,7 +233,8 @@ class ShardService {
   // Moved chunks arrive in parts (one state array each); merged here until complete.
   std::map<std::pair<std::string, uint32_t>, proto::ChunkState> partial_ ABSL_GUARDED_BY(mu_);
   absl::Time switched_at_ ABSL_GUARDED_BY(mu_);
-  bool moves_sent_ ABSL_GUARDED_BY(mu_) = true;  // this shard's share of the last re-shard
+  bool moves_sent_ ABSL_GUARDED_BY(mu_) = true;
+  bool transfer_seen_ ABSL_GUARDED_BY(mu_) = false;  // this shard's share of the last re-shard
   double pause_ms_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunks_sent_ ABSL_GUARDED_BY(mu_) = 0, bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunks_received_ ABSL_GUARDED_BY(mu_) = 0, chunks_kept_ ABSL_GUARDED_BY(mu_) = 0;

@@ -5,6 +5,14 @@
 //   {"steps":..,"workers":..,"shards":..,"raw_bytes":..,"wire_bytes":..,"ratio":..,
 //    "max_abs_error":..,"bound_ok":..,"step_ms_p50":.., ...}
 // Exit status 0 iff every worker succeeded, results agree and bound_ok.
+//
+// With --reshard_at STEP:SHARDS,... the job moves between shard maps while it trains (live
+// re-sharding, docs/SERVICE.md): added shards start with the new config, the switch is
+// triggered through `gcomp_admin reshard --at_step STEP` (--reshard_trigger admin) or by
+// rewriting the shards' config file (file), removed shards are stopped once drained. The
+// launcher first runs the same job on fixed shards (a child launcher) and reports whether
+// every result matched it bit for bit: "identical_to_fixed", beside "reshards",
+// "chunks_moved" and "bytes_moved".
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -16,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <cstdio>
@@ -24,6 +33,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -34,6 +44,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "base/process_usage.h"
 #include "base/usage_trend.h"
@@ -59,6 +71,14 @@ ABSL_FLAG(std::string, server_prefix, "",
 ABSL_FLAG(int, base_port, 0, "First shard port; 0 picks free loopback ports.");
 ABSL_FLAG(std::string, server_bin, "", "gcomp_server path (default: from runfiles).");
 ABSL_FLAG(std::string, worker_bin, "", "gcomp_worker path (default: from runfiles).");
+ABSL_FLAG(std::string, admin_bin, "", "gcomp_admin path (default: from runfiles).");
+ABSL_FLAG(std::vector<std::string>, reshard_at, {},
+          "Re-shard while training: STEP:SHARDS,... (e.g. 4:3,8:2); shards are added or removed "
+          "at the end of the list.");
+ABSL_FLAG(std::string, reshard_trigger, "admin",
+          "admin: gcomp_admin reshard --at_step STEP; file: rewrite the watched config file.");
+ABSL_FLAG(std::string, checkpoint_dir, "", "Shards write checkpoints here (config checkpoint.dir).");
+ABSL_FLAG(int, checkpoint_every, 0, "With --checkpoint_dir: checkpoint.every_steps.");
 ABSL_FLAG(bool, verify_all, false,
           "Every worker checks its results against the reference (default: worker 0 only; "
           "the others are compared with it by digest).");
@@ -194,6 +214,12 @@ struct SoakTrack {
   std::vector<gcomp::ProcessUsage> samples;
 };
 
+// One --reshard_at entry.
+struct ReshardEvent {
+  int step = 0;
+  int shards = 0;
+};
+
 std::string Escape(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -225,8 +251,62 @@ int main(int argc, char** argv) {
     return 2;
   }
   const gcomp::ProgressMode progress_mode = *progress_mode_or;
+  std::vector<ReshardEvent> events;
+  for (const std::string& e : absl::GetFlag(FLAGS_reshard_at)) {
+    std::vector<std::string> parts = absl::StrSplit(e, ':');
+    ReshardEvent ev;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &ev.step) ||
+        !absl::SimpleAtoi(parts[1], &ev.shards) || ev.step < 1 || ev.step >= steps ||
+        ev.shards < 1 || (!events.empty() && ev.step <= events.back().step)) {
+      fprintf(stderr, "cluster: --reshard_at: expected STEP:SHARDS with 1 <= STEP < --steps, "
+                      "SHARDS >= 1, steps rising; got '%s'\n", e.c_str());
+      return 2;
+    }
+    events.push_back(ev);
+  }
+  const std::string trigger = absl::GetFlag(FLAGS_reshard_trigger);
+  if (trigger != "admin" && trigger != "file") {
+    fprintf(stderr, "cluster: --reshard_trigger must be admin or file, got '%s'\n", trigger.c_str());
+    return 2;
+  }
+  if (!events.empty() && absl::GetFlag(FLAGS_base_port) > 0) {
+    fprintf(stderr, "cluster: --reshard_at picks free ports; drop --base_port\n");
+    return 2;
+  }
+  // The same job on fixed shards first, by a child launcher, for identical_to_fixed.
+  std::string fixed_digest;
+  if (!events.empty()) {
+    std::vector<std::string> args;
+    for (int i = 0; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (absl::StartsWith(a, "--reshard_at") || absl::StartsWith(a, "--reshard_trigger") ||
+          absl::StartsWith(a, "--checkpoint_dir") || absl::StartsWith(a, "--label")) {
+        if (a.find('=') == std::string::npos) ++i;  // "--flag value"
+        continue;
+      }
+      args.push_back(a);
+    }
+    args.push_back("--label=fixed-shards baseline");
+    args.push_back("--progress=never");
+    char btmpl[] = "/tmp/gcomp_baseline_XXXXXX";
+    const std::string bdir = mkdtemp(btmpl);
+    pid_t child = Spawn(args, bdir + "/out.json", bdir + "/err.log");
+    int st = 0;
+    waitpid(child, &st, 0);
+    const std::string out = ReadFile(bdir + "/out.json");
+    fixed_digest = Field(out, "digest").value_or("");
+    if (fixed_digest.empty()) {
+      fprintf(stderr, "cluster: the fixed-shard baseline run failed:\n%s%s\n", out.c_str(),
+              ReadFile(bdir + "/err.log").c_str());
+      return 1;
+    }
+    if (system(absl::StrCat("rm -rf '", bdir, "'").c_str()) != 0) {
+      fprintf(stderr, "cluster: could not remove %s\n", bdir.c_str());
+    }
+  }
   const std::string server_bin = FindBinary(absl::GetFlag(FLAGS_server_bin), "server/gcomp_server", argv[0]);
   const std::string worker_bin = FindBinary(absl::GetFlag(FLAGS_worker_bin), "worker/gcomp_worker", argv[0]);
+  const std::string admin_bin = FindBinary(absl::GetFlag(FLAGS_admin_bin), "admin/gcomp_admin", argv[0]);
   char tmpl[] = "/tmp/gcomp_cluster_XXXXXX";
   const std::string dir = mkdtemp(tmpl);
 
@@ -237,10 +317,19 @@ int main(int argc, char** argv) {
   }
   const std::string mode = absl::GetFlag(FLAGS_mode);
   const std::string config_path = dir + "/cluster.yaml";
-  {
-    std::ofstream c(config_path);
-    c << "job: local\nworkers: " << W << "\nshards: [" << absl::StrJoin(shards, ", ") << "]\n"
+  // Written to a temporary name and renamed over `path`: a watcher never sees half a file.
+  auto write_config = [&](const std::string& path, const std::vector<std::string>& list,
+                          int epoch) {
+    const std::string tmp = path + ".tmp";
+    {
+    std::ofstream c(tmp);
+    c << "job: local\nworkers: " << W << "\nshards: [" << absl::StrJoin(list, ", ") << "]\n"
+      << "shard_map_epoch: " << epoch << "\n"
       << "chunk_bytes: " << absl::GetFlag(FLAGS_chunk_bytes) << "\n";
+    if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+      c << "checkpoint: {dir: " << absl::GetFlag(FLAGS_checkpoint_dir)
+        << ", every_steps: " << absl::GetFlag(FLAGS_checkpoint_every) << "}\n";
+    }
     for (const char* d : {"uplink", "downlink"}) {
       c << d << ": {mode: " << mode << ", rel_bits: " << absl::GetFlag(FLAGS_rel_bits)
         << ", abs_log2: " << absl::GetFlag(FLAGS_abs_log2) << "}\n";
@@ -250,25 +339,30 @@ int main(int argc, char** argv) {
       << "step_timeout_ms: " << absl::GetFlag(FLAGS_step_timeout_ms) << "\n"
       << "rpc_timeout_ms: " << absl::GetFlag(FLAGS_step_timeout_ms) * 2 + 5000 << "\n"
       << "connect_timeout_ms: 20000\n";
-  }
+    }
+    return rename(tmp.c_str(), path.c_str()) == 0;
+  };
+  write_config(config_path, shards, 1);
   std::vector<int> metrics_ports;
   for (int k = 0; k < S; ++k) {
     const int base = absl::GetFlag(FLAGS_metrics_base_port);
     metrics_ports.push_back(base > 0 ? base + k : FreePort());
   }
-  std::vector<pid_t> servers;
-  for (int k = 0; k < S; ++k) {
+  std::vector<pid_t> servers;  // index: position in `shards` (which grows with re-shards)
+  auto start_shard = [&](const std::string& config, int k, int metrics_port) {
     std::vector<std::string> args;
     for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_server_prefix), ' ', absl::SkipEmpty())) {
       args.emplace_back(p);
     }
-    args.insert(args.end(), {server_bin, "--config", config_path, "--shard", std::to_string(k),
+    args.insert(args.end(), {server_bin, "--config", config, "--shard", std::to_string(k),
                              absl::StrCat("--decode_threads=", absl::GetFlag(FLAGS_decode_threads)),
                              absl::StrCat("--metrics_address=", absl::GetFlag(FLAGS_host), ":",
-                                          metrics_ports[k])});
-    servers.push_back(Spawn(args, absl::StrCat(dir, "/shard", k, ".out"),
-                            absl::StrCat(dir, "/shard", k, ".log")));
-  }
+                                          metrics_port)});
+    if (!events.empty()) args.push_back("--config_poll_ms=200");
+    return Spawn(args, absl::StrCat(dir, "/shard", servers.size(), ".out"),
+                 absl::StrCat(dir, "/shard", servers.size(), ".log"));
+  };
+  for (int k = 0; k < S; ++k) servers.push_back(start_shard(config_path, k, metrics_ports[k]));
   std::vector<pid_t> workers;
   for (int w = 0; w < W; ++w) {
     std::vector<std::string> args = {worker_bin, "--config", config_path, "--worker",
@@ -296,7 +390,7 @@ int main(int argc, char** argv) {
   for (int k = 0; k < S; ++k) soak.push_back({absl::StrCat("shard-", k), servers[k], {}});
   for (int w = 0; w < W; ++w) soak.push_back({absl::StrCat("worker-", w), workers[w], {}});
   std::vector<int> status(W, -1);
-  int left = W;  // workers still running
+  std::atomic<int> left{W};  // workers still running (the re-shard thread reads it too)
   bool soak_started = false;
   absl::Time next_sample = absl::Now();
   // Samples every live process (after the soak's first step has been reached).
@@ -341,6 +435,90 @@ int main(int argc, char** argv) {
       }
     }
   };
+  // Re-shards, one after the other, beside the monitor loop below.
+  struct ReshardOutcome {
+    std::string json;  // the coordinator's line, or empty
+    std::string error;
+  };
+  std::vector<ReshardOutcome> reshards(events.size());
+  std::thread resharder([&] {
+    std::vector<std::string> current = shards;
+    for (size_t i = 0; i < events.size(); ++i) {
+      const ReshardEvent& ev = events[i];
+      const int epoch = static_cast<int>(i) + 2;
+      // The admin trigger fixes the switch step (--at_step), so it may come early; the file
+      // one switches at the first step boundary after shard 0 sees the file, so the file
+      // is rewritten one step before.
+      while (trigger == "file") {
+        const std::optional<Progress> p = ReadProgress(dir + "/worker0.progress");
+        if ((p && p->steps >= ev.step - 1) || ev.step <= 1) break;
+        if (left == 0) {
+          reshards[i].error = absl::StrCat("the workers ended before step ", ev.step - 1,
+                                           ", where re-shard ", i + 1, " was due");
+          return;
+        }
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      std::vector<std::string> next(current.begin(),
+                                    current.begin() + std::min<size_t>(current.size(), ev.shards));
+      while (static_cast<int>(next.size()) < ev.shards) {
+        next.push_back(absl::StrCat(absl::GetFlag(FLAGS_host), ":", FreePort()));
+      }
+      const std::string next_path =
+          trigger == "file" ? config_path : absl::StrCat(dir, "/cluster-epoch", epoch, ".yaml");
+      if (!write_config(next_path, next, epoch)) {
+        reshards[i].error = absl::StrCat("cannot write ", next_path);
+        return;
+      }
+      for (size_t k = current.size(); k < next.size(); ++k) {
+        servers.push_back(start_shard(next_path, static_cast<int>(k), FreePort()));
+      }
+      if (trigger == "admin") {
+        const std::string out = absl::StrCat(dir, "/reshard", i, ".json");
+        pid_t admin = Spawn({admin_bin, "reshard", "--config", next_path,
+                             absl::StrCat("--at_step=", ev.step), "--log_level=info"},
+                            out, absl::StrCat(dir, "/reshard", i, ".log"));
+        int st = 0;
+        waitpid(admin, &st, 0);
+        reshards[i].json = std::string(absl::StripAsciiWhitespace(ReadFile(out)));
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+          reshards[i].error = absl::StrCat("gcomp_admin reshard to epoch ", epoch, ": ",
+                                           std::string(absl::StripAsciiWhitespace(
+                                               ReadFile(absl::StrCat(dir, "/reshard", i, ".log")))));
+          return;
+        }
+      } else {
+        // Shard 0 of the running map coordinates and logs the outcome.
+        const std::string done = absl::StrCat("re-shard done: {\"from_epoch\":", epoch - 1);
+        const absl::Time give_up = absl::Now() + absl::Seconds(120);
+        while (reshards[i].json.empty() && absl::Now() < give_up) {
+          for (size_t k = 0; k < servers.size() && reshards[i].json.empty(); ++k) {
+            const std::string log = ReadFile(absl::StrCat(dir, "/shard", k, ".log"));
+            const size_t at = log.find(done);
+            if (at != std::string::npos) {
+              const size_t begin = at + std::string("re-shard done: ").size();
+              reshards[i].json = log.substr(begin, log.find('}', begin) - begin + 1);
+            }
+          }
+          absl::SleepFor(absl::Milliseconds(50));
+        }
+        if (reshards[i].json.empty()) {
+          reshards[i].error = absl::StrCat("the file-triggered re-shard to epoch ", epoch,
+                                           " did not finish within 120 s (see the shard logs)");
+          return;
+        }
+      }
+      // Removed shards are drained: stop them (their final checkpoint would hold nothing).
+      for (size_t k = next.size(); k < current.size(); ++k) {
+        for (size_t s = 0; s < shards.size(); ++s) {
+          if (shards[s] == current[k]) kill(servers[s], SIGTERM);
+        }
+      }
+      for (size_t k = current.size(); k < next.size(); ++k) shards.push_back(next[k]);
+      current = next;
+    }
+  });
+
   // Workers end on their own: every call has a deadline. The launcher adds a last guard.
   const absl::Time guard = absl::Now() + absl::Seconds(60 + steps * 60);
   gcomp::ProgressMeter meter(steps, absl::Now());
@@ -381,6 +559,7 @@ int main(int argc, char** argv) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   printer.Finish();
+  resharder.join();
   if (samples_out != nullptr) fclose(samples_out);
   if (absl::GetFlag(FLAGS_linger_ms) > 0) absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_linger_ms)));
   for (pid_t s : servers) kill(s, SIGTERM);
@@ -462,16 +641,47 @@ int main(int argc, char** argv) {
                                 soak_from, rss_growth, fd_growth, soak_ok ? "true" : "false",
                                 rss_peak_growth);
   }
-  const bool all_ok = ok && identical && bound_ok && soak_ok;
+  std::string reshard_json;
+  bool reshards_ok = true;
+  if (!events.empty()) {
+    double moved_chunks = 0, moved_bytes = 0;
+    std::vector<std::string> items;
+    for (size_t i = 0; i < events.size(); ++i) {
+      const ReshardOutcome& r = reshards[i];
+      if (r.json.empty() || !r.error.empty()) {
+        reshards_ok = false;
+        if (first_error.empty()) {
+          first_error = r.error.empty() ? absl::StrCat("re-shard ", i + 1, " did not run") : r.error;
+        }
+        continue;
+      }
+      moved_chunks += Num(r.json, "chunks_moved");
+      moved_bytes += Num(r.json, "bytes_moved");
+      items.push_back(r.json);
+    }
+    const bool same = digest == fixed_digest;
+    if (!same && first_error.empty()) {
+      first_error = absl::StrCat("results differ from the fixed-shard run (digest ", digest,
+                                 " vs ", fixed_digest, ")");
+    }
+    reshards_ok = reshards_ok && same;
+    reshard_json = absl::StrFormat(",\"reshards\":[%s],\"chunks_moved\":%.0f,\"bytes_moved\":%.0f,"
+                                   "\"identical_to_fixed\":%s",
+                                   absl::StrJoin(items, ","), moved_chunks, moved_bytes,
+                                   same ? "true" : "false");
+  }
+  const bool all_ok = ok && identical && bound_ok && soak_ok && reshards_ok;
   printf("{\"steps\":%d,\"workers\":%d,\"shards\":%d,\"raw_bytes\":%.0f,\"wire_bytes\":%.0f,"
          "\"ratio\":%.4f,\"max_abs_error\":%.9g,\"bound_ok\":%s,\"step_ms_p50\":%.3f,"
          "\"mode\":\"%s\",\"optimizer\":\"%s\",\"identical\":%s,\"ok\":%s,\"raw_gb_per_s\":%.4f,"
-         "\"label\":\"%s\",\"bound_checked\":%s%s,\"metrics_ports\":[%s],\"error\":\"%s\"}\n",
+         "\"label\":\"%s\",\"bound_checked\":%s%s%s,\"metrics_ports\":[%s],\"digest\":\"%s\","
+         "\"error\":\"%s\"}\n",
          done_steps, W, S, raw, wire, wire > 0 ? raw / wire : 0.0, max_err,
          bound_ok ? "true" : "false", p50, mode.c_str(), absl::GetFlag(FLAGS_optimizer).c_str(),
          identical ? "true" : "false", all_ok ? "true" : "false", gbps,
          Escape(absl::GetFlag(FLAGS_label)).c_str(), bound_checked ? "true" : "false",
-         soak_json.c_str(), absl::StrJoin(metrics_ports, ",").c_str(), Escape(first_error).c_str());
+         soak_json.c_str(), reshard_json.c_str(), absl::StrJoin(metrics_ports, ",").c_str(),
+         digest.c_str(), Escape(first_error).c_str());
   fflush(stdout);
   if (absl::GetFlag(FLAGS_keep_logs) || !all_ok) {
     fprintf(stderr, "cluster: logs in %s\n", dir.c_str());
