@@ -45,4 +45,13 @@ grep -q -- "--config is required" "$TMP/err" || fail "$(cat "$TMP/err")"
 grep -q "workers" "$TMP/err" || fail "$(cat "$TMP/err")"
 "$ADMIN" status --config "$TMP/c.yaml" --log_format=xml > /dev/null 2> "$TMP/err"; rc=$?
 [ "$rc" = 2 ] || fail "bad --log_format: exit $rc, want 2"
+"$ADMIN" reshard > /dev/null 2> "$TMP/err"; rc=$?
+[ "$rc" = 2 ] || fail "reshard without --config: exit $rc, want 2"
+grep -q -- "--config is required" "$TMP/err" || fail "$(cat "$TMP/err")"
+"$ADMIN" reshard --config "$TMP/c.yaml" --at_step=-1 > /dev/null 2> "$TMP/err"; rc=$?
+[ "$rc" = 2 ] || fail "reshard --at_step=-1: exit $rc, want 2"
+# No shard of the new map is up: refused (exit 1), naming why.
+"$ADMIN" reshard --config "$TMP/c.yaml" --set shard_map_epoch=2 --deadline_ms 500 > /dev/null 2> "$TMP/err"; rc=$?
+[ "$rc" = 1 ] || fail "reshard with no shard up: exit $rc, want 1"
+grep -q "older shard-map epoch" "$TMP/err" || fail "$(cat "$TMP/err")"
 echo PASS

@@ -196,5 +196,31 @@ TEST(ClusterConfig, CheckpointSection) {
   EXPECT_THAT(c.status().message(), HasSubstr("'checkpoint.every_steps': set without checkpoint.dir"));
 }
 
+TEST(ClusterConfig, DuplicateShardAddressIsNamed) {
+  absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood, {"shards=a:1,b:2,a:1"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("shards[2]"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("listed twice"));
+}
+
+TEST(ClusterConfig, ReshardMayChangeOnlyTheMap) {
+  absl::StatusOr<proto::ClusterConfig> from = ParseClusterConfig(kGood, {"shards=a:1,b:2"});
+  ASSERT_TRUE(from.ok()) << from.status();
+  proto::ClusterConfig to = *from;
+  to.add_shards("c:3");
+  to.set_shard_map_epoch(from->shard_map_epoch() + 1);
+  EXPECT_TRUE(ValidateReshard(*from, to).ok());
+  proto::ClusterConfig same_epoch = to;
+  same_epoch.set_shard_map_epoch(from->shard_map_epoch());
+  absl::Status s = ValidateReshard(*from, same_epoch);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shard_map_epoch"));
+  proto::ClusterConfig other_chunks = to;
+  other_chunks.set_chunk_bytes(from->chunk_bytes() * 2);
+  s = ValidateReshard(*from, other_chunks);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("chunk_bytes"));
+}
+
 }  // namespace
 }  // namespace gcomp::cluster

@@ -1,5 +1,6 @@
 #include "server/shard_service.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -829,6 +830,9 @@ int IndexOf(const proto::ClusterConfig& config, const std::string& address) {
 }
 
 constexpr uint32_t kDefaultPrepareTimeoutMs = 30000;
+// As many shards as a config may list in practice; bounds what a Prepare can make a shard
+// wait for.
+constexpr uint32_t kMaxOldShards = 65536;
 
 }  // namespace
 
@@ -899,7 +903,17 @@ absl::StatusOr<proto::PrepareReshardResponse> ShardService::PrepareReshard(
           "shard ", self_address_, " already serves epoch ", next.shard_map_epoch(),
           " with ", tensors_.size(), " tensors; a shard added by a re-shard must start empty"));
     }
-    if (r.old_shards() == 0) return absl::InvalidArgumentError("old_shards must be at least 1");
+    if (absl::Status s = cluster::ValidateClusterConfig(next); !s.ok()) return s;
+    if (!std::equal(next.shards().begin(), next.shards().end(), map_config_.shards().begin(),
+                    map_config_.shards().end())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the new config's shards differ from the ones this shard of epoch ",
+          next.shard_map_epoch(), " was started with"));
+    }
+    if (r.old_shards() == 0 || r.old_shards() > kMaxOldShards) {
+      return absl::InvalidArgumentError(absl::StrCat("old_shards must be in [1, ", kMaxOldShards,
+                                                     "], got ", r.old_shards()));
+    }
     next_config_ = next;
     joining_ = true;
     joining_old_shards_ = r.old_shards();
@@ -1264,6 +1278,7 @@ absl::Status ShardService::AcceptTransfer(const proto::TransferRequest& r, absl:
     }
     if (r.has_part()) {
       const proto::ChunkState& part = r.part();
+      if (absl::Status s = CheckKey(part.key()); !s.ok()) return s;
       proto::ChunkState& merged = partial_[{part.key(), part.chunk()}];
       if (part.has_value()) {
         // The first part: everything but the moments and the cached result.

@@ -139,7 +139,7 @@ std::vector<float> Mean(uint32_t workers) {
 // The shard is created before its port is known: its config names a placeholder address
 // (shards check only the job and epoch), the clients get the real one.
 std::unique_ptr<server::ShardService> NewShard(uint32_t workers, uint32_t max_retries) {
-  auto shard = server::ShardService::Create(Config(1, workers, max_retries), {0, 2});
+  auto shard = server::ShardService::Create(Config(1, workers, max_retries), {0, 2, {}});
   EXPECT_TRUE(shard.ok()) << shard.status();
   return *std::move(shard);
 }

@@ -25,6 +25,7 @@ TSAN_TARGETS=(
   //worker/...
   //cluster/...
   //tests:service_test
+  //tests:reshard_test
   //tests:retry_test
   //tests:admin_test
   //tests:large_test
