@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/aggregation.grpc.pb.h"
@@ -118,10 +119,23 @@ struct Client::Impl {
   // Declares `key` on every shard of `m`; `initial` as in Client::Declare.
   absl::Status DeclareOn(const MapState& m, const std::string& key, const TensorInfo& t,
                          size_t elements, const void* initial);
-  // After shard `shard` of `seen` answered ABORTED: fetches the new config from it and
-  // moves this client to that map (registered, every tensor declared), unless another
-  // call already did.
+  // After shard `shard` of `seen` answered ABORTED, or could not be reached: fetches the
+  // config from it, else from the other shards, and moves this client to a newer map
+  // (registered, every tensor declared), unless another call already did. NotFound when
+  // no shard knows a newer map.
   absl::Status SwitchMap(const MapState& seen, uint32_t shard);
+  // Whether a failed call should be resent under a newer map: ABORTED always (an error
+  // if none can be found), UNAVAILABLE when a shard knows one (a shard a re-shard
+  // removed may already be stopped). Fills *error when the call should fail.
+  bool ResendAfterSwitch(const grpc::Status& st, const MapState& seen, uint32_t shard,
+                         absl::Status* error) {
+    const bool aborted = st.error_code() == grpc::StatusCode::ABORTED;
+    if (!aborted && st.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+    absl::Status s = SwitchMap(seen, shard);
+    if (s.ok()) return true;
+    if (aborted || !absl::IsNotFound(s)) *error = s;
+    return false;
+  }
 
   absl::StatusOr<TensorInfo> Find(const std::string& key) const {
     absl::MutexLock lock(&mu);
@@ -132,12 +146,14 @@ struct Client::Impl {
     return it->second;
   }
 
-  // One unary call, retried on UNAVAILABLE and CANCELLED.
+  // One unary call, retried on UNAVAILABLE and CANCELLED; with `map`, not once this client
+  // has moved past it (the shard may be one a re-shard removed and stopped).
   template <typename Call>
-  grpc::Status WithRetries(Call&& call) {
+  grpc::Status WithRetries(Call&& call, const MapState* map = nullptr) {
     grpc::Status s;
     for (uint32_t attempt = 0;; ++attempt) {
       s = call();
+      if (map != nullptr && !s.ok() && Map()->epoch() > map->epoch()) return s;
       // UNAVAILABLE: the shard could not be reached. CANCELLED: the shard dropped the call
       // (e.g. while draining for shutdown); this client never cancels its own calls. Both
       // are safe to retry, since pushes are idempotent on the shard.
@@ -169,11 +185,10 @@ struct Client::Impl {
         grpc::ClientContext ctx;
         ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
         return Stub(*m, shard)->Pull(&ctx, req, &resp);
-      });
-      if (st.error_code() == grpc::StatusCode::ABORTED && switches < kMaxMapSwitches) {
-        if (absl::Status s = SwitchMap(*m, shard); !s.ok()) return s;
-        continue;
-      }
+      }, m.get());
+      absl::Status error;
+      if (!st.ok() && switches < kMaxMapSwitches && ResendAfterSwitch(st, *m, shard, &error)) continue;
+      if (!error.ok()) return error;
       if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
       return resp;
     }
@@ -232,17 +247,27 @@ absl::Status Client::Impl::SwitchMap(const MapState& seen, uint32_t shard) {
   absl::MutexLock switching(&switch_mu);
   if (Map()->epoch() > seen.epoch()) return absl::OkStatus();  // another call switched
   proto::ClusterConfig next;
-  grpc::Status st = WithRetries([&] {
+  std::string from;
+  std::vector<std::string> problems;
+  const uint32_t n = seen.config.shards_size();
+  for (uint32_t i = 0; i < n && from.empty(); ++i) {
+    const uint32_t k = (shard + i) % n;
     grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
-    return seen.reshard[shard]->GetConfig(&ctx, proto::GetConfigRequest(), &next);
-  });
-  const std::string from = absl::StrCat("shard ", shard, " (", seen.config.shards(shard), ")");
-  if (!st.ok()) return FromGrpc(st, absl::StrCat("fetching the new shard map from ", from));
-  if (next.job() != config.job() || next.shard_map_epoch() <= seen.epoch()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        from, " answered that shard-map epoch ", seen.epoch(), " was replaced, but serves job '",
-        next.job(), "' epoch ", next.shard_map_epoch()));
+    ctx.set_deadline(DeadlineIn(std::min<uint32_t>(config.rpc_timeout_ms(), 5000)));
+    grpc::Status st = seen.reshard[k]->GetConfig(&ctx, proto::GetConfigRequest(), &next);
+    const std::string who = absl::StrCat("shard ", k, " (", seen.config.shards(k), ")");
+    if (!st.ok()) {
+      problems.push_back(absl::StrCat(who, ": ", st.error_message()));
+    } else if (next.job() != config.job()) {
+      problems.push_back(absl::StrCat(who, " serves job '", next.job(), "'"));
+    } else if (next.shard_map_epoch() > seen.epoch()) {
+      from = who;
+    }
+  }
+  if (from.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no shard of shard-map epoch ", seen.epoch(), " knows a newer map",
+        problems.empty() ? "" : absl::StrCat(" (", absl::StrJoin(problems, "; "), ")")));
   }
   // The worker keeps its own settings; only the map comes from the shard.
   proto::ClusterConfig cfg = seen.config;
@@ -359,12 +384,13 @@ absl::Status Client::Impl::DeclareOn(const MapState& seen, const std::string& ke
           grpc::ClientContext ctx;
           ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
           return Stub(*m, s)->DeclareTensor(&ctx, req, &resp);
-        });
-        if (st.error_code() == grpc::StatusCode::ABORTED && switches < kMaxMapSwitches) {
-          if (absl::Status sw = SwitchMap(*m, s); !sw.ok()) return sw;
+        }, m);
+        absl::Status error;
+        if (!st.ok() && switches < kMaxMapSwitches && ResendAfterSwitch(st, *m, s, &error)) {
           aborted = true;
           break;
         }
+        if (!error.ok()) return error;
         if (!st.ok()) {
           return FromGrpc(st, absl::StrCat("declaring '", key, "' on shard ", s));
         }
@@ -455,14 +481,17 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
           grpc::ClientContext ctx;
           ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
           return Stub(*m, shard)->PushPull(&ctx, *req, &resp);
-        });
+        }, m.get());
         // A re-shard replaced the map: move to the new one and resend (pushes are
         // idempotent, and the chunk's state, cached result included, moved with it).
-        if (st.error_code() != grpc::StatusCode::ABORTED || switches >= kMaxMapSwitches) break;
-        if (absl::Status s = SwitchMap(*m, shard); !s.ok()) {
-          fail(s);
+        absl::Status error;
+        if (st.ok() || switches >= kMaxMapSwitches) break;
+        if (ResendAfterSwitch(st, *m, shard, &error)) continue;
+        if (!error.ok()) {
+          fail(error);
           return;
         }
+        break;
       }
       const std::string where = absl::StrCat("push-pull of '", key, "' chunk ", chunk, " step ",
                                              step, " on shard ", shard, " (",
