@@ -110,6 +110,27 @@ std::vector<std::vector<std::vector<float>>> Train(const proto::ClusterConfig& c
   return finals;
 }
 
+// kWorkers clients push ones into tensor "t" of n elements for `steps` steps; each must
+// succeed.
+void PushOnes(const proto::ClusterConfig& config, size_t n, int steps) {
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      worker::ClientOptions options;
+      options.worker = w;
+      auto client = worker::Client::Connect(config, options);
+      ASSERT_TRUE(client.ok()) << client.status();
+      ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, n).ok());
+      std::vector<float> g(n, 1.0f), out(n);
+      for (int step = 0; step < steps; ++step) {
+        absl::Status s = (*client)->PushPull("t", step, g.data(), out.data());
+        EXPECT_TRUE(s.ok()) << "worker " << w << " step " << step << ": " << s;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
 class Reshard : public ::testing::TestWithParam<std::string> {};
 
 // 2 -> 3 shards at step 4 and 3 -> 2 at step 8 while 3 workers train: every worker ends
@@ -220,19 +241,7 @@ TEST(ReshardErrors, BadConfigsAreRejectedAndTheJobGoesOn) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("nothing changed"));
 
   // Still on epoch 5 with both shards: a step goes through.
-  std::vector<std::thread> threads;
-  for (int w = 0; w < kWorkers; ++w) {
-    threads.emplace_back([&, w] {
-      worker::ClientOptions options;
-      options.worker = w;
-      auto client = worker::Client::Connect(two, options);
-      ASSERT_TRUE(client.ok()) << client.status();
-      ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, 1000).ok());
-      std::vector<float> g(1000, 1.0f), out(1000);
-      EXPECT_TRUE((*client)->PushPull("t", 0, g.data(), out.data()).ok());
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  PushOnes(two, 1000, 1);
 }
 
 // A Prepare without a Commit (a coordinator that died) is dropped after its timeout: the
@@ -251,23 +260,8 @@ TEST(ReshardErrors, PrepareWithoutCommitExpires) {
   proto::PrepareReshardResponse resp;
   ASSERT_TRUE(stub->Prepare(&ctx, prepare, &resp).ok());
   EXPECT_EQ(resp.highest_step(), 0);
-  std::vector<std::thread> threads;
   const absl::Time start = absl::Now();
-  for (int w = 0; w < kWorkers; ++w) {
-    threads.emplace_back([&, w] {
-      worker::ClientOptions options;
-      options.worker = w;
-      auto client = worker::Client::Connect(one, options);
-      ASSERT_TRUE(client.ok()) << client.status();
-      ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, 10).ok());
-      std::vector<float> g(10, 1.0f), out(10);
-      for (int step = 0; step < 2; ++step) {
-        absl::Status s = (*client)->PushPull("t", step, g.data(), out.data());
-        EXPECT_TRUE(s.ok()) << s;
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  PushOnes(one, 10, 2);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(400)) << "step 1 did not wait for the freeze";
   grpc::ClientContext ctx2;
   proto::ReshardStatusResponse st;
