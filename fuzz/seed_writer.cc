@@ -321,6 +321,34 @@ void WriteSessions() {
     AddPush(&s, "x", proto::DTYPE_F32, 10, 0, 0, 0, 2, 9);
     Write("shard_service", "errors", s.SerializeAsString());
   }
+  {
+    FuzzSession s;  // a live re-shard 1 -> 2 shards after a step, then pushes on both maps
+    AddRegister(&s, 0);
+    AddDeclare(&s, "r", proto::DTYPE_F32, 900, true, "momentum");
+    for (uint32_t c = 0; c < 4; ++c) AddPush(&s, "r", proto::DTYPE_F32, 900, c, 0, 0, 1, c);
+    proto::PrepareReshardRequest* p = s.add_calls()->mutable_prepare();
+    p->mutable_next()->add_shards("127.0.0.1:7000");  // no job: the session's config
+    p->mutable_next()->add_shards("127.0.0.1:7001");
+    p->mutable_next()->set_shard_map_epoch(2);
+    p->set_at_step(2);
+    p->set_old_shards(1);
+    AddPush(&s, "r", proto::DTYPE_F32, 900, 0, 1, 0, 1, 5);
+    proto::CommitReshardRequest* c = s.add_calls()->mutable_commit();
+    c->set_next_epoch(2);
+    c->set_switch_step(2);
+    AddPush(&s, "r", proto::DTYPE_F32, 900, 1, 1, 0, 1, 6);
+    AddPush(&s, "r", proto::DTYPE_F32, 900, 0, 2, 0, 1, 7);
+    proto::TransferRequest* t = s.add_calls()->mutable_transfer();
+    t->set_job("fuzz");
+    t->set_next_epoch(2);
+    t->set_from_shard(0);
+    t->set_last(true);
+    s.add_calls()->mutable_reshard_status();
+    proto::AbortReshardRequest* a = s.add_calls()->mutable_abort();
+    a->set_next_epoch(2);
+    AddPull(&s, "r", 0);
+    Write("shard_service", "reshard", s.SerializeAsString());
+  }
 }
 
 }  // namespace

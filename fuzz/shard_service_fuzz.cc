@@ -1,10 +1,12 @@
 // Fuzz target: every request handler of server::ShardService, fed by a hostile client.
 //
 // The input is a serialized FuzzSession (fuzz_session.proto): a small cluster and a list of
-// RegisterWorker / DeclareTensor / PushPull / Pull / Stats calls, run in order against a
-// fresh shard (so that a crash reproduces from its input alone). PushPull runs with a
-// deadline already due: a push that completes the step returns at once, one that waits
-// for another worker returns DeadlineExceeded, so no input sleeps. Properties: every
+// RegisterWorker / DeclareTensor / PushPull / Pull / Stats calls and the re-sharding ones
+// (Prepare, Commit, Abort, Transfer, ReshardStatus), run in order against a fresh shard (so
+// that a crash reproduces from its input alone; a committed re-shard switches on a thread
+// of its own, the one source of nondeterminism). Every call runs with a deadline already
+// due: a push that completes the step returns at once, one that waits for another worker
+// or a re-shard returns DeadlineExceeded or Unavailable, so no input sleeps. Properties: every
 // status is one of the codes shard_service.h documents; every block the shard answers with
 // decodes as the chunk it names; Stats counts what was accepted.
 #include <cstdint>
@@ -33,7 +35,8 @@ const std::initializer_list<absl::StatusCode> kShardErrors = {
     absl::StatusCode::kNotFound,           absl::StatusCode::kFailedPrecondition,
     absl::StatusCode::kInvalidArgument,    absl::StatusCode::kResourceExhausted,
     absl::StatusCode::kDataLoss,           absl::StatusCode::kDeadlineExceeded,
-    absl::StatusCode::kAlreadyExists,      absl::StatusCode::kUnavailable};
+    absl::StatusCode::kAlreadyExists,      absl::StatusCode::kUnavailable,
+    absl::StatusCode::kAborted};
 
 proto::ClusterConfig SessionConfig(const FuzzSession& session) {
   proto::ClusterConfig config = cluster::DefaultClusterConfig();
@@ -74,7 +77,7 @@ void RunSession(const FuzzSession& session) {
     switch (call.call_case()) {
       case FuzzCall::kRegisterWorker: {
         proto::RegisterWorkerResponse response;
-        absl::Status s = service.RegisterWorker(call.register_worker(), &response);
+        absl::Status s = service.RegisterWorker(call.register_worker(), &response, absl::Now());
         if (!s.ok()) CheckCode(s, kShardErrors, "RegisterWorker");
         break;
       }
@@ -82,7 +85,7 @@ void RunSession(const FuzzSession& session) {
         const uint64_t n = call.declare_tensor().elements();
         if (n > kMaxDeclaredElements && n <= kShardElementLimit) break;
         proto::DeclareTensorResponse response;
-        absl::Status s = service.DeclareTensor(call.declare_tensor(), &response);
+        absl::Status s = service.DeclareTensor(call.declare_tensor(), &response, absl::Now());
         if (!s.ok()) CheckCode(s, kShardErrors, "DeclareTensor");
         break;
       }
@@ -101,7 +104,7 @@ void RunSession(const FuzzSession& session) {
       }
       case FuzzCall::kPull: {
         proto::CompressedBlock response;
-        absl::Status s = service.Pull(call.pull(), &response);
+        absl::Status s = service.Pull(call.pull(), &response, absl::Now());
         if (!s.ok()) {
           CheckCode(s, kShardErrors, "Pull");
         } else {
@@ -113,6 +116,41 @@ void RunSession(const FuzzSession& session) {
         proto::StatsResponse response;
         service.Stats(&response);
         Check(response.pushes() >= accepted_pushes, "Stats lost accepted pushes");
+        break;
+      }
+      case FuzzCall::kPrepare: {
+        proto::PrepareReshardRequest r = call.prepare();
+        if (r.next().job().empty()) {
+          proto::ClusterConfig next = SessionConfig(session);
+          *next.mutable_shards() = r.next().shards();
+          next.set_shard_map_epoch(r.next().shard_map_epoch());
+          *r.mutable_next() = std::move(next);
+        }
+        // Short, so that a prepared shard that hears no Commit thaws within the input.
+        r.set_prepare_timeout_ms(r.prepare_timeout_ms() % 50);
+        absl::StatusOr<proto::PrepareReshardResponse> s = service.PrepareReshard(r);
+        if (!s.ok()) CheckCode(s.status(), kShardErrors, "Prepare");
+        break;
+      }
+      case FuzzCall::kCommit: {
+        absl::Status s = service.CommitReshard(call.commit().next_epoch(), call.commit().switch_step());
+        if (!s.ok()) CheckCode(s, kShardErrors, "Commit");
+        break;
+      }
+      case FuzzCall::kAbort: {
+        absl::Status s = service.AbortReshard(call.abort().next_epoch(), call.abort().reason());
+        if (!s.ok()) CheckCode(s, kShardErrors, "Abort");
+        break;
+      }
+      case FuzzCall::kTransfer: {
+        absl::Status s = service.AcceptTransfer(call.transfer(), absl::Now());
+        if (!s.ok()) CheckCode(s, kShardErrors, "Transfer");
+        break;
+      }
+      case FuzzCall::kReshardStatus: {
+        proto::ReshardStatusResponse response;
+        service.ReshardStatus(&response);
+        Check(!response.state().empty(), "ReshardStatus without a state");
         break;
       }
       case FuzzCall::CALL_NOT_SET:

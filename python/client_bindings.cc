@@ -110,6 +110,7 @@ class PyClient {
     d["wire_bytes_received"] = st.wire_bytes_received;
     d["chunks"] = st.chunks;
     d["retries"] = st.retries;
+    d["map_switches"] = st.map_switches;
     return d;
   }
 

@@ -40,7 +40,7 @@ grpc::Status AggregationGrpcService::RegisterWorker(grpc::ServerContext* context
   if (grpc::Status s = Authorize(token_, context, "Aggregation.RegisterWorker"); !s.ok()) return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());
-  return ToGrpc(shard_->RegisterWorker(*request, response));
+  return ToGrpc(shard_->RegisterWorker(*request, response, DeadlineOf(context)));
 }
 
 grpc::Status AggregationGrpcService::DeclareTensor(grpc::ServerContext* context,
@@ -50,7 +50,7 @@ grpc::Status AggregationGrpcService::DeclareTensor(grpc::ServerContext* context,
   if (grpc::Status s = Authorize(token_, context, "Aggregation.DeclareTensor"); !s.ok()) return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());
-  return ToGrpc(shard_->DeclareTensor(*request, response));
+  return ToGrpc(shard_->DeclareTensor(*request, response, DeadlineOf(context)));
 }
 
 grpc::Status AggregationGrpcService::PushPull(grpc::ServerContext* context,
@@ -70,7 +70,7 @@ grpc::Status AggregationGrpcService::Pull(grpc::ServerContext* context,
   if (grpc::Status s = Authorize(token_, context, "Aggregation.Pull"); !s.ok()) return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());
-  return ToGrpc(shard_->Pull(*request, response));
+  return ToGrpc(shard_->Pull(*request, response, DeadlineOf(context)));
 }
 
 grpc::Status AggregationGrpcService::Stats(grpc::ServerContext* context, const proto::StatsRequest*,

@@ -151,8 +151,9 @@ std::string ShardService::WorkerName(uint32_t worker) const {
 }
 
 absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
-                                          proto::RegisterWorkerResponse* response) {
-  if (absl::Status s = CheckJobAndEpoch(r.job(), r.shard_map_epoch()); !s.ok()) return s;
+                                          proto::RegisterWorkerResponse* response,
+                                          absl::Time deadline) {
+  if (absl::Status s = CheckJobAndEpoch(r.job(), r.shard_map_epoch(), deadline); !s.ok()) return s;
   if (r.worker() >= config_.workers()) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", r.worker(), " out of range: job has ",
                                                    config_.workers(), " workers"));
@@ -177,8 +178,9 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
 }
 
 absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
-                                         proto::DeclareTensorResponse* response) {
-  if (absl::Status s = CheckJobAndEpoch(r.job(), r.shard_map_epoch()); !s.ok()) return s;
+                                         proto::DeclareTensorResponse* response,
+                                         absl::Time deadline) {
+  if (absl::Status s = CheckJobAndEpoch(r.job(), r.shard_map_epoch(), deadline); !s.ok()) return s;
   absl::Status key_ok = CheckKey(r.key());
   if (!key_ok.ok()) return key_ok;
   absl::StatusOr<codec::DType> dtype = cluster::FromProto(r.dtype());
@@ -417,8 +419,9 @@ absl::StatusOr<std::shared_ptr<StepAccumulator>> ShardService::OwnedChunk(
 
 absl::StatusOr<ShardService::Tensor*> ShardService::FindTensor(const std::string& job,
                                                                uint64_t epoch,
-                                                               const std::string& key) const {
-  if (absl::Status s = CheckJobAndEpoch(job, epoch); !s.ok()) return s;
+                                                               const std::string& key,
+                                                               absl::Time deadline) const {
+  if (absl::Status s = CheckJobAndEpoch(job, epoch, deadline); !s.ok()) return s;
   absl::Status key_ok = CheckKey(key);
   if (!key_ok.ok()) return key_ok;
   absl::MutexLock lock(&mu_);
@@ -454,7 +457,7 @@ absl::Status ShardService::PushPull(const proto::CompressedBlock& request, absl:
 absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, absl::Time deadline,
                                         proto::CompressedBlock* response) {
   const proto::BlockAddress& a = request.address();
-  absl::StatusOr<Tensor*> found = FindTensor(a.job(), a.shard_map_epoch(), a.key());
+  absl::StatusOr<Tensor*> found = FindTensor(a.job(), a.shard_map_epoch(), a.key(), deadline);
   if (!found.ok()) return found.status();
   Tensor* t = *found;
   if (a.worker() >= config_.workers()) {
@@ -535,8 +538,9 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
   return absl::OkStatus();
 }
 
-absl::Status ShardService::Pull(const proto::PullRequest& r, proto::CompressedBlock* response) {
-  absl::StatusOr<Tensor*> found = FindTensor(r.job(), r.shard_map_epoch(), r.key());
+absl::Status ShardService::Pull(const proto::PullRequest& r, proto::CompressedBlock* response,
+                                absl::Time deadline) {
+  absl::StatusOr<Tensor*> found = FindTensor(r.job(), r.shard_map_epoch(), r.key(), deadline);
   if (!found.ok()) return found.status();
   Tensor* t = *found;
   absl::StatusOr<std::shared_ptr<StepAccumulator>> owned = OwnedChunk(*t, r.key(), r.chunk());

@@ -77,14 +77,18 @@ class ShardService {
   ShardService(const ShardService&) = delete;
   ShardService& operator=(const ShardService&) = delete;
 
+  // `deadline` bounds only the wait of a call of the new map during a re-shard.
   absl::Status RegisterWorker(const proto::RegisterWorkerRequest& request,
-                              proto::RegisterWorkerResponse* response);
+                              proto::RegisterWorkerResponse* response,
+                              absl::Time deadline = absl::Now() + absl::Seconds(10));
   absl::Status DeclareTensor(const proto::DeclareTensorRequest& request,
-                             proto::DeclareTensorResponse* response);
+                             proto::DeclareTensorResponse* response,
+                             absl::Time deadline = absl::Now() + absl::Seconds(10));
   // Waits until the step completes or fails, or `deadline` passes.
   absl::Status PushPull(const proto::CompressedBlock& request, absl::Time deadline,
                         proto::CompressedBlock* response);
-  absl::Status Pull(const proto::PullRequest& request, proto::CompressedBlock* response);
+  absl::Status Pull(const proto::PullRequest& request, proto::CompressedBlock* response,
+                    absl::Time deadline = absl::Now() + absl::Seconds(10));
   void Stats(proto::StatsResponse* response) const;
 
   // Ends every wait and refuses later calls with Unavailable.
@@ -181,7 +185,7 @@ class ShardService {
   std::string SupersededMessage(uint64_t epoch) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // CheckJobAndEpoch, the key's limits, then the declared tensor (NotFound if none).
   absl::StatusOr<Tensor*> FindTensor(const std::string& job, uint64_t epoch,
-                                     const std::string& key) const;
+                                     const std::string& key, absl::Time deadline) const;
   // The accumulator of `chunk` of `t`: InvalidArgument past the last chunk,
   // FailedPrecondition naming the owner when another shard owns it.
   absl::StatusOr<std::shared_ptr<StepAccumulator>> OwnedChunk(const Tensor& t,

@@ -98,3 +98,69 @@ def test_python_client_serves_prometheus_metrics(tmp_path):
         c.config["job"], stats["raw_bytes_sent"])
     assert line in text
     assert stats["raw_bytes_sent"] == n * 4
+
+
+def test_training_goes_on_across_a_live_reshard_from_the_config_file(tmp_path):
+    """The Kubernetes way: the config file the shards run from is rewritten with a third
+    shard and a higher epoch, the added shard starts with it, shard 0 coordinates, and the
+    Python workers follow by themselves; every step's result stays the exact mean."""
+    needs_server()
+    needs_client()
+    import json
+    import os
+    import subprocess
+    import time
+    workers, n, steps = 2, 20_000, 60
+    with cluster.LocalCluster(shards=2, workers=workers, mode="lossless", chunk_bytes=4096,
+                              workdir=str(tmp_path)) as c:
+        clients = [cluster.connect(c.config_path, w) for w in range(workers)]
+        wrong, errors = [], []
+        progress = [0]
+
+        def grad(w, step):
+            return (np.sin(np.arange(n, dtype=np.float32) * (w + 1) + step) * 1e-3).astype(np.float32)
+
+        def work(w):
+            try:
+                clients[w].declare("g", n)
+                for step in range(steps):
+                    out = grad(w, step)
+                    clients[w].push_pull("g", step, out)
+                    expected = (grad(0, step) + grad(1, step)) / np.float32(workers)
+                    if np.abs(out.astype(np.float64) - expected).max() > 1e-9:
+                        wrong.append((w, step))
+                    if w == 0:
+                        progress[0] = step
+                    time.sleep(0.05)
+            except Exception as e:  # reported below, with the shard logs
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(workers)]
+        for t in threads:
+            t.start()
+        while progress[0] < 3 and all(t.is_alive() for t in threads):
+            time.sleep(0.01)
+        added = "127.0.0.1:%d" % cluster._free_ports(1)[0]
+        new = dict(c.config, shards=c.addresses + [added], shard_map_epoch=2)
+        tmp = c.config_path + ".new"
+        with open(tmp, "w") as f:
+            json.dump(new, f)
+        os.replace(tmp, c.config_path)  # as the kubelet swaps a ConfigMap: all at once
+        log = open(os.path.join(str(tmp_path), "shard2.log"), "w")
+        third = subprocess.Popen([cluster.server_binary(), "--config", c.config_path, "--shard", "2",
+                                  "--metrics_address", "127.0.0.1:0"], stdout=log,
+                                 stderr=subprocess.STDOUT)
+        try:
+            for t in threads:
+                t.join()
+            stats = [cl.stats() for cl in clients]
+            for cl in clients:
+                cl.close()
+        finally:
+            third.terminate()
+            third.wait(timeout=10)
+        logs = "".join(open(os.path.join(str(tmp_path), "shard%d.log" % k)).read() for k in range(3))
+    assert not errors, (errors, logs[-3000:])
+    assert not wrong, wrong
+    # Both workers moved to the new map once: the re-shard happened while they trained.
+    assert all(s["map_switches"] == 1 for s in stats), (stats, logs[-3000:])
