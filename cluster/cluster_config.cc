@@ -6,11 +6,13 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "yaml-cpp/yaml.h"
@@ -139,6 +141,42 @@ Setter NestedString(std::string field, Msg* (proto::ClusterConfig::*get)(),
   };
 }
 
+// `shards: {count: N, address: "gcomp-shard-{index}.gcomp-shard:7000"}`: the list of a
+// StatefulSet's N pods, {index} replaced by 0..N-1.
+absl::Status ExpandShardTemplate(const YAML::Node& n, proto::ClusterConfig* c) {
+  std::optional<uint64_t> count;
+  std::optional<std::string> address;
+  for (const auto& kv : n) {
+    if (!kv.first.IsScalar()) return FieldError("shards", "keys must be count and address");
+    const std::string key = kv.first.Scalar();
+    if (key == "count") {
+      absl::StatusOr<std::string> v = Scalar(kv.second, "shards.count");
+      if (!v.ok()) return v.status();
+      uint64_t parsed = 0;
+      if (!absl::SimpleAtoi(*v, &parsed) || parsed < 1 || parsed > 4096) {
+        return FieldError("shards.count", absl::StrCat("must be in [1, 4096], got '", *v, "'"));
+      }
+      count = parsed;
+    } else if (key == "address") {
+      absl::StatusOr<std::string> v = Scalar(kv.second, "shards.address");
+      if (!v.ok()) return v.status();
+      if (v->find("{index}") == std::string::npos) {
+        return FieldError("shards.address",
+                          absl::StrCat("must contain {index} (each shard's number), got '", *v, "'"));
+      }
+      address = *v;
+    } else {
+      return FieldError(absl::StrCat("shards.", key), "unknown field (count, address)");
+    }
+  }
+  if (!count) return FieldError("shards.count", "required with shards.address");
+  if (!address) return FieldError("shards.address", "required with shards.count");
+  for (uint64_t i = 0; i < *count; ++i) {
+    c->add_shards(absl::StrReplaceAll(*address, {{"{index}", absl::StrCat(i)}}));
+  }
+  return absl::OkStatus();
+}
+
 // Every settable field, by dotted name.
 const std::map<std::string, Setter>& Setters() {
   static const auto* setters = [] {
@@ -160,7 +198,11 @@ const std::map<std::string, Setter>& Setters() {
         }
         return absl::OkStatus();
       }
-      if (!n.IsSequence()) return FieldError("shards", "expected a list of host:port");
+      if (n.IsMap()) return ExpandShardTemplate(n, c);
+      if (!n.IsSequence()) {
+        return FieldError("shards", "expected a list of host:port, or {count: N, address: "
+                                    "\"name-{index}.service:port\"}");
+      }
       for (size_t i = 0; i < n.size(); ++i) {
         absl::StatusOr<std::string> s = Scalar(n[i], absl::StrCat("shards[", i, "]"));
         if (!s.ok()) return s.status();
@@ -619,6 +661,19 @@ absl::Status ValidateReshard(const proto::ClusterConfig& from, const proto::Clus
         first));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> ShardFromPodName(absl::string_view name) {
+  const size_t dash = name.rfind('-');
+  uint32_t index = 0;
+  if (dash == absl::string_view::npos || dash + 1 == name.size() ||
+      name.find_first_not_of("0123456789", dash + 1) != absl::string_view::npos ||
+      !absl::SimpleAtoi(name.substr(dash + 1), &index)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host name '", name, "' does not end in -<number> (a StatefulSet pod's ordinal); "
+        "pass --shard instead"));
+  }
+  return index;
 }
 
 }  // namespace gcomp::cluster

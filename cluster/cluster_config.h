@@ -42,6 +42,10 @@ std::string ClusterConfigToYaml(const proto::ClusterConfig& config);
 // the field otherwise.
 absl::Status ValidateReshard(const proto::ClusterConfig& from, const proto::ClusterConfig& to);
 
+// The shard index of a StatefulSet pod from its name ("gcomp-shard-2" -> 2): the number
+// after the last '-'. InvalidArgument naming the name when there is none.
+absl::StatusOr<uint32_t> ShardFromPodName(absl::string_view name);
+
 }  // namespace gcomp::cluster
 
 #endif  // GCOMP_CLUSTER_CLUSTER_CONFIG_H_

@@ -196,6 +196,43 @@ TEST(ClusterConfig, CheckpointSection) {
   EXPECT_THAT(c.status().message(), HasSubstr("'checkpoint.every_steps': set without checkpoint.dir"));
 }
 
+TEST(ClusterConfig, ShardTemplateExpandsToTheStatefulSetsPods) {
+  absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(
+      "shards: {count: 3, address: \"gcomp-shard-{index}.gcomp-shard:7000\"}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->shards_size(), 3);
+  EXPECT_EQ(c->shards(0), "gcomp-shard-0.gcomp-shard:7000");
+  EXPECT_EQ(c->shards(2), "gcomp-shard-2.gcomp-shard:7000");
+  // The same written as a list round-trips.
+  absl::StatusOr<proto::ClusterConfig> again = ParseClusterConfig(ClusterConfigToYaml(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->shards_size(), 3);
+  for (const auto& [yaml, field] : std::vector<std::pair<std::string, std::string>>{
+           {"shards: {count: 0, address: \"s-{index}:1\"}\n", "shards.count"},
+           {"shards: {count: x, address: \"s-{index}:1\"}\n", "shards.count"},
+           {"shards: {count: 2, address: \"s:1\"}\n", "shards.address"},
+           {"shards: {address: \"s-{index}:1\"}\n", "shards.count"},
+           {"shards: {count: 2}\n", "shards.address"},
+           {"shards: {count: 2, address: \"s-{index}:1\", port: 3}\n", "shards.port"},
+           {"shards: {count: 2, address: \"s-{index}\"}\n", "shards[0]"}}) {
+    absl::StatusOr<proto::ClusterConfig> bad = ParseClusterConfig(yaml);
+    ASSERT_FALSE(bad.ok()) << yaml;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << yaml;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr(field)) << yaml;
+  }
+}
+
+TEST(ClusterConfig, ShardFromPodName) {
+  EXPECT_EQ(*ShardFromPodName("gcomp-shard-0"), 0u);
+  EXPECT_EQ(*ShardFromPodName("gcomp-shard-12"), 12u);
+  for (const char* bad : {"gcomp", "gcomp-shard-", "gcomp-shard-x1", "shard-1a", "",
+                          "s-99999999999"}) {
+    absl::StatusOr<uint32_t> s = ShardFromPodName(bad);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr("--shard")) << bad;
+  }
+}
+
 TEST(ClusterConfig, DuplicateShardAddressIsNamed) {
   absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood, {"shards=a:1,b:2,a:1"});
   ASSERT_FALSE(c.ok());

@@ -7,6 +7,7 @@
 // shard_map_epoch (e.g. a Kubernetes ConfigMap edited to add or remove shards), shard 0 of
 // the running map coordinates the live re-shard (docs/SERVICE.md, "Re-sharding").
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <string>
@@ -29,6 +30,9 @@
 
 ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
 ABSL_FLAG(int, shard, -1, "This process's shard index into the config's `shards` list.");
+ABSL_FLAG(bool, shard_from_hostname, false,
+          "Take the shard index from the host name's trailing -N (a StatefulSet pod's "
+          "ordinal, e.g. gcomp-shard-2) instead of --shard.");
 ABSL_FLAG(std::vector<std::string>, set, {},
           "Config overrides, comma-separated field=value (e.g. workers=4,uplink.mode=none).");
 ABSL_FLAG(std::string, listen, "",
@@ -125,7 +129,19 @@ int main(int argc, char** argv) {
   gcomp::TuneMallocForLargeBuffers();
   const gcomp::PeriodicMallocTrim trim_heap(absl::Seconds(5));
   absl::ParseCommandLine(argc, argv);
-  const int shard = absl::GetFlag(FLAGS_shard);
+  int shard = absl::GetFlag(FLAGS_shard);
+  if (absl::GetFlag(FLAGS_shard_from_hostname)) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    absl::StatusOr<uint32_t> from_host = gcomp::cluster::ShardFromPodName(host);
+    if (!from_host.ok() || (shard >= 0 && static_cast<uint32_t>(shard) != *from_host)) {
+      fprintf(stderr, "gcomp_server: %s\n",
+              from_host.ok() ? "--shard and --shard_from_hostname disagree"
+                             : from_host.status().ToString().c_str());
+      return 2;
+    }
+    shard = static_cast<int>(*from_host);
+  }
   absl::Status s = gcomp::InitLogging(absl::StrCat("gcomp_server[", shard, "]"),
                                       absl::GetFlag(FLAGS_log_level),
                                       absl::GetFlag(FLAGS_log_format));
@@ -134,7 +150,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (absl::GetFlag(FLAGS_config).empty() || shard < 0) {
-    gcomp::log::Error("--config and --shard are required");
+    gcomp::log::Error("--config and --shard (or --shard_from_hostname) are required");
     return 2;
   }
   absl::StatusOr<gcomp::proto::ClusterConfig> config =
