@@ -75,7 +75,7 @@ if compgen -G "python/**/*_test.py" >/dev/null || compgen -G "python/tests/*.py"
    || compgen -G "examples/*_test.py" >/dev/null; then
   PYTHONPATH="$ROOT/python:$ROOT/bazel-bin/python:${PYTHONPATH:-}" \
     /usr/bin/python3 -m pytest -q -p no:cacheprovider --junitxml="$REPORT_DIR/xml/pytest.xml" \
-    python examples deploy/k8s/monitoring deploy/image sdk 2>&1
+    python examples deploy/k8s deploy/image sdk 2>&1
   rc=$?
   if [[ $rc -ne 0 && $rc -ne 5 ]]; then status=1; fi
 fi
