@@ -15,7 +15,7 @@ PACKAGES=(
   iproute2
   prometheus-cpp-dev prometheus openssl
   clang-14 libfuzzer-14-dev libclang-rt-14-dev cmake ninja-build dpkg-dev
-  podman runc debootstrap aardvark-dns
+  podman runc debootstrap aardvark-dns catatonit python3-grpcio
 )
 
 missing=()
