@@ -1,6 +1,7 @@
 #include "cluster/reshard_coordinator.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -70,33 +71,45 @@ absl::StatusOr<ReshardResult> RunReshard(const proto::ClusterConfig& next,
   Peers peers(*std::move(security));
 
   // The running map, from the first shard of the new config that serves an older epoch.
+  // Shards still starting are waited for, up to the deadline; when every address answers
+  // and none is older, there is nothing to wait for.
   proto::ClusterConfig old;
-  std::vector<std::string> problems;
-  for (const std::string& address : next.shards()) {
-    absl::StatusOr<proto::ClusterConfig> c = peers.GetConfig(address, absl::Seconds(3), false);
-    if (!c.ok()) {
-      problems.push_back(std::string(c.status().message()));
-      continue;
+  std::map<std::string, std::string> problems;  // by address, the last one
+  const absl::Time discover_by = absl::Now() + options.deadline;
+  while (true) {
+    bool all_answered = true;
+    for (const std::string& address : next.shards()) {
+      const absl::Duration timeout = std::clamp(discover_by - absl::Now(), absl::Milliseconds(100),
+                                                absl::Seconds(3));
+      absl::StatusOr<proto::ClusterConfig> c = peers.GetConfig(address, timeout, true);
+      if (!c.ok()) {
+        problems[address] = std::string(c.status().message());
+        all_answered = false;
+        continue;
+      }
+      if (c->job() != next.job()) {
+        return absl::InvalidArgumentError(absl::StrCat(address, " serves job '", c->job(),
+                                                       "', the new config is of job '", next.job(), "'"));
+      }
+      if (c->shard_map_epoch() > next.shard_map_epoch()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cluster config field 'shard_map_epoch': ", address, " already serves epoch ",
+            c->shard_map_epoch(), ", above the new config's ", next.shard_map_epoch()));
+      }
+      if (c->shard_map_epoch() < next.shard_map_epoch()) {
+        old = *std::move(c);
+        break;
+      }
     }
-    if (c->job() != next.job()) {
-      return absl::InvalidArgumentError(absl::StrCat(address, " serves job '", c->job(),
-                                                     "', the new config is of job '", next.job(), "'"));
-    }
-    if (c->shard_map_epoch() < next.shard_map_epoch()) {
-      old = *std::move(c);
-      break;
-    }
-    if (c->shard_map_epoch() > next.shard_map_epoch()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cluster config field 'shard_map_epoch': ", address, " already serves epoch ",
-          c->shard_map_epoch(), ", above the new config's ", next.shard_map_epoch()));
-    }
+    if (old.shards_size() > 0 || all_answered || absl::Now() >= discover_by) break;
+    absl::SleepFor(absl::Milliseconds(200));
   }
   if (old.shards_size() == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "no shard of the new config serves an older shard-map epoch (is the epoch raised, and is "
         "at least one running shard kept?)",
-        problems.empty() ? "" : absl::StrCat("; ", absl::StrJoin(problems, "; "))));
+        problems.empty() ? ""
+                         : absl::StrCat("; ", absl::StrJoin(problems, "; ", absl::PairFormatter(": ")))));
   }
   // Security settings are each process's own (paths differ between machines).
   proto::ClusterConfig comparable = old;
@@ -166,6 +179,7 @@ absl::StatusOr<ReshardResult> RunReshard(const proto::ClusterConfig& next,
   for (const std::string& a : everyone) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.deadline));
+    ctx.set_wait_for_ready(true);  // a shard (re)starting gets until the deadline
     proto::PrepareReshardResponse resp;
     grpc::Status st = peers.Stub(a)->Prepare(&ctx, prepare, &resp);
     if (!st.ok()) {
@@ -179,6 +193,7 @@ absl::StatusOr<ReshardResult> RunReshard(const proto::ClusterConfig& next,
   for (const std::string& a : everyone) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.deadline));
+    ctx.set_wait_for_ready(true);
     proto::CommitReshardRequest req;
     req.set_next_epoch(next.shard_map_epoch());
     req.set_switch_step(switch_step);
