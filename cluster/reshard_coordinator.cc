@@ -26,9 +26,18 @@ class Peers {
 
   proto::Resharding::Stub* Stub(const std::string& address) {
     std::unique_ptr<proto::Resharding::Stub>& s = stubs_[address];
-    if (s == nullptr) s = proto::Resharding::NewStub(security_.NewChannel(address));
+    if (s == nullptr) {
+      // Shards that are starting (a new pod) must be found within seconds: gRPC's default
+      // reconnect backoff grows to two minutes. (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it
+      // is also the connect timeout, and a first connection to a new pod can take seconds.)
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+      s = proto::Resharding::NewStub(security_.NewChannel(address, args));
+    }
     return s.get();
   }
+
 
   absl::StatusOr<proto::ClusterConfig> GetConfig(const std::string& address, absl::Duration timeout,
                                                  bool wait_for_ready) {
@@ -136,8 +145,8 @@ absl::StatusOr<ReshardResult> RunReshard(const proto::ClusterConfig& next,
   const absl::Time up_by = absl::Now() + options.deadline;
   for (const std::string& a : added) {
     while (true) {
-      absl::StatusOr<proto::ClusterConfig> c =
-          peers.GetConfig(a, std::max(absl::Milliseconds(100), up_by - absl::Now()), true);
+      absl::StatusOr<proto::ClusterConfig> c = peers.GetConfig(
+          a, std::clamp(up_by - absl::Now(), absl::Milliseconds(100), absl::Seconds(10)), true);
       if (c.ok() && c->shard_map_epoch() == next.shard_map_epoch()) break;
       if (c.ok()) {
         return absl::FailedPreconditionError(absl::StrCat(
