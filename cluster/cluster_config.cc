@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -408,6 +409,10 @@ proto::ClusterConfig DefaultClusterConfig() {
   return c;
 }
 
+// Matches shards.count's range; a map this size is already far beyond any deployment, and a
+// bound keeps a config from a network peer (a re-shard's Prepare) cheap to check.
+constexpr int kMaxShards = 4096;
+
 absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
   if (c.job().empty()) return FieldError("job", "must not be empty");
   if (c.workers() < 1 || c.workers() > 4096) {
@@ -421,12 +426,15 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
                                      c.shards(i), "'"));
     }
   }
+  if (c.shards_size() > kMaxShards) {
+    return FieldError("shards", absl::StrCat("at most ", kMaxShards, " shards, got ", c.shards_size()));
+  }
+  absl::flat_hash_map<absl::string_view, int> first_index;
   for (int i = 0; i < c.shards_size(); ++i) {
-    for (int j = 0; j < i; ++j) {
-      if (c.shards(i) == c.shards(j)) {
-        return FieldError(absl::StrCat("shards[", i, "]"),
-                          absl::StrCat("'", c.shards(i), "' is listed twice (also shards[", j, "])"));
-      }
+    auto [it, inserted] = first_index.emplace(c.shards(i), i);
+    if (!inserted) {
+      return FieldError(absl::StrCat("shards[", i, "]"),
+                        absl::StrCat("'", c.shards(i), "' is listed twice (also shards[", it->second, "])"));
     }
   }
   if (c.shard_map_epoch() < 1) return FieldError("shard_map_epoch", "must be at least 1");

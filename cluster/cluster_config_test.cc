@@ -241,6 +241,14 @@ TEST(ClusterConfig, DuplicateShardAddressIsNamed) {
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("listed twice"));
 }
 
+TEST(ClusterConfig, ShardCountIsBounded) {
+  proto::ClusterConfig c = *ParseClusterConfig(kGood);
+  c.clear_shards();
+  for (int i = 0; i < 4097; ++i) c.add_shards(absl::StrCat("h", i, ":1"));
+  absl::Status s = ValidateClusterConfig(c);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("at most 4096 shards"));
+}
+
 TEST(ClusterConfig, ReshardMayChangeOnlyTheMap) {
   absl::StatusOr<proto::ClusterConfig> from = ParseClusterConfig(kGood, {"shards=a:1,b:2"});
   ASSERT_TRUE(from.ok()) << from.status();

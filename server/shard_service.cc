@@ -834,6 +834,7 @@ int IndexOf(const proto::ClusterConfig& config, const std::string& address) {
 }
 
 constexpr uint32_t kDefaultPrepareTimeoutMs = 30000;
+constexpr uint32_t kMaxPrepareTimeoutMs = 300000;
 // As many shards as a config may list in practice; bounds what a Prepare can make a shard
 // wait for.
 constexpr uint32_t kMaxOldShards = 65536;
@@ -893,9 +894,11 @@ absl::StatusOr<proto::PrepareReshardResponse> ShardService::PrepareReshard(
     return absl::FailedPreconditionError(absl::StrCat("this shard (", self_address_,
                                                       ") was removed by a re-shard"));
   }
-  const absl::Time deadline =
-      absl::Now() + absl::Milliseconds(r.prepare_timeout_ms() != 0 ? r.prepare_timeout_ms()
-                                                                   : kDefaultPrepareTimeoutMs);
+  // A peer may not freeze the job for longer than kMaxPrepareTimeoutMs.
+  const uint32_t timeout_ms = r.prepare_timeout_ms() != 0
+                                  ? std::min(r.prepare_timeout_ms(), kMaxPrepareTimeoutMs)
+                                  : kDefaultPrepareTimeoutMs;
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
   if (epoch_.load() == next.shard_map_epoch()) {
     // Started with the new config: a shard the re-shard adds. It must be empty.
     if (!in_new) {
@@ -1283,6 +1286,18 @@ absl::Status ShardService::AcceptTransfer(const proto::TransferRequest& r, absl:
     if (r.has_part()) {
       const proto::ChunkState& part = r.part();
       if (absl::Status s = CheckKey(part.key()); !s.ok()) return s;
+      // Only chunks this shard owns are held, so what a sender can make it buffer is bounded
+      // by this shard's own state.
+      auto it = tensors_.find(part.key());
+      if (it == tensors_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("moved chunk of undeclared tensor '", part.key(), "'"));
+      }
+      auto owned = it->second->chunks.find(part.chunk());
+      if (owned == it->second->chunks.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk ", part.chunk(), " of '", part.key(),
+                                                       "' moved here, but shard ", shard(),
+                                                       " does not own it under epoch ", epoch));
+      }
       proto::ChunkState& merged = partial_[{part.key(), part.chunk()}];
       if (part.has_value()) {
         // The first part: everything but the moments and the cached result.
@@ -1302,16 +1317,6 @@ absl::Status ShardService::AcceptTransfer(const proto::TransferRequest& r, absl:
       if (r.completes_chunk()) {
         state = std::move(merged);
         partial_.erase({part.key(), part.chunk()});
-        auto it = tensors_.find(state.key());
-        if (it == tensors_.end()) {
-          return absl::InvalidArgumentError(absl::StrCat("moved chunk of undeclared tensor '", state.key(), "'"));
-        }
-        auto owned = it->second->chunks.find(state.chunk());
-        if (owned == it->second->chunks.end()) {
-          return absl::InvalidArgumentError(absl::StrCat("chunk ", state.chunk(), " of '", state.key(),
-                                                         "' moved here, but shard ", shard(),
-                                                         " does not own it under epoch ", epoch));
-        }
         acc = owned->second;
         dtype = it->second->dtype;
       }

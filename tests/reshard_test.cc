@@ -270,5 +270,56 @@ TEST(ReshardErrors, PrepareWithoutCommitExpires) {
   EXPECT_EQ(st.shard_map_epoch(), 1u);
 }
 
+// What a peer can make a shard do through Resharding: a Prepare naming 100,000 shards is
+// refused at once, and moved-state parts for chunks the shard does not own are refused
+// rather than buffered.
+TEST(ReshardErrors, HostileReshardRequestsAreRefusedCheaply) {
+  const std::string a = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string b = absl::StrCat("127.0.0.1:", FreePort());
+  const proto::ClusterConfig joining = Config({a, b}, 2, "none");
+  auto s1 = StartShard(joining, 1);  // a shard a re-shard adds, started with the new map
+  auto stub = proto::Resharding::NewStub(grpc::CreateChannel(b, grpc::InsecureChannelCredentials()));
+
+  proto::PrepareReshardRequest huge;
+  *huge.mutable_next() = joining;
+  for (int i = 0; i < 100000; ++i) huge.mutable_next()->add_shards(absl::StrCat("h", i, ":1"));
+  huge.mutable_next()->set_shard_map_epoch(3);
+  grpc::ClientContext c0;
+  c0.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  proto::PrepareReshardResponse r0;
+  grpc::Status st = stub->Prepare(&c0, huge, &r0);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+
+  proto::PrepareReshardRequest prepare;
+  *prepare.mutable_next() = joining;
+  prepare.set_old_shards(1);
+  grpc::ClientContext c1;
+  ASSERT_TRUE(stub->Prepare(&c1, prepare, &r0).ok());
+  proto::CommitReshardRequest commit;
+  commit.set_next_epoch(2);
+  commit.set_switch_step(0);
+  proto::CommitReshardResponse r1;
+  grpc::ClientContext c2;
+  ASSERT_TRUE(stub->Commit(&c2, commit, &r1).ok());
+  for (int i = 0; i < 3; ++i) {
+    proto::TransferRequest t;
+    t.set_job("reshard");
+    t.set_next_epoch(2);
+    t.set_from_shard(0);
+    t.mutable_part()->set_key(absl::StrCat("never-declared-", i));
+    t.mutable_part()->set_chunk(1u << 30);
+    grpc::ClientContext c3;
+    proto::TransferResponse r3;
+    st = stub->Transfer(&c3, t, &r3);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_THAT(st.error_message(), HasSubstr("undeclared"));
+  }
+  grpc::ClientContext c4;
+  proto::ReshardStatusResponse status;
+  ASSERT_TRUE(stub->ReshardStatus(&c4, proto::ReshardStatusRequest(), &status).ok());
+  EXPECT_EQ(status.state(), "filling");
+  EXPECT_EQ(status.chunks_received(), 0u);
+}
+
 }  // namespace
 }  // namespace gcomp
