@@ -71,41 +71,47 @@ std::vector<float> Gradient(size_t n, int w, int step, size_t salt) {
   return testing::SyntheticGradient(n, static_cast<uint32_t>(1000 * step + 10 * w + salt + 1));
 }
 
-// Trains kSteps steps with kWorkers clients; `between(step)` runs on worker 0's thread
-// after it finished `step`. Returns every worker's final values, tensor by tensor.
-std::vector<std::vector<std::vector<float>>> Train(const proto::ClusterConfig& config,
-                                                   const std::function<void(int)>& between,
-                                                   uint64_t* map_switches) {
-  std::vector<std::vector<std::vector<float>>> finals(kWorkers);
+// Runs body(w, client) for every worker w on a thread of its own, with a connected Client.
+void OnWorkers(const proto::ClusterConfig& config,
+               const std::function<void(int, worker::Client&)>& body) {
   std::vector<std::thread> threads;
-  std::atomic<uint64_t> switches{0};
   for (int w = 0; w < kWorkers; ++w) {
     threads.emplace_back([&, w] {
       worker::ClientOptions options;
       options.worker = w;
       auto client = worker::Client::Connect(config, options);
       ASSERT_TRUE(client.ok()) << client.status();
-      for (size_t i = 0; i < kTensors.size(); ++i) {
-        const auto& [key, n] = kTensors[i];
-        std::vector<float> initial = testing::SyntheticGradient(n, 77 + i);
-        ASSERT_TRUE((*client)->Declare(key, codec::DType::kF32, n, initial.data()).ok());
-      }
-      std::vector<std::vector<float>> out(kTensors.size());
-      for (int step = 0; step < kSteps; ++step) {
-        for (size_t i = 0; i < kTensors.size(); ++i) {
-          const auto& [key, n] = kTensors[i];
-          std::vector<float> g = Gradient(n, w, step, i);
-          out[i].resize(n);
-          absl::Status s = (*client)->PushPull(key, step, g.data(), out[i].data());
-          ASSERT_TRUE(s.ok()) << "worker " << w << " step " << step << ": " << s;
-        }
-        if (w == 0 && between) between(step);
-      }
-      finals[w] = out;
-      switches += (*client)->stats().map_switches;
+      body(w, **client);
     });
   }
   for (std::thread& t : threads) t.join();
+}
+
+// Trains kSteps steps with kWorkers clients. Returns every worker's final values, tensor by
+// tensor, and adds up the clients' map switches.
+std::vector<std::vector<std::vector<float>>> Train(const proto::ClusterConfig& config,
+                                                   uint64_t* map_switches) {
+  std::vector<std::vector<std::vector<float>>> finals(kWorkers);
+  std::atomic<uint64_t> switches{0};
+  OnWorkers(config, [&](int w, worker::Client& client) {
+    for (size_t i = 0; i < kTensors.size(); ++i) {
+      const auto& [key, n] = kTensors[i];
+      std::vector<float> initial = testing::SyntheticGradient(n, 77 + i);
+      ASSERT_TRUE(client.Declare(key, codec::DType::kF32, n, initial.data()).ok());
+    }
+    std::vector<std::vector<float>> out(kTensors.size());
+    for (int step = 0; step < kSteps; ++step) {
+      for (size_t i = 0; i < kTensors.size(); ++i) {
+        const auto& [key, n] = kTensors[i];
+        std::vector<float> g = Gradient(n, w, step, i);
+        out[i].resize(n);
+        absl::Status s = client.PushPull(key, step, g.data(), out[i].data());
+        ASSERT_TRUE(s.ok()) << "worker " << w << " step " << step << ": " << s;
+      }
+    }
+    finals[w] = out;
+    switches += client.stats().map_switches;
+  });
   if (map_switches != nullptr) *map_switches = switches;
   return finals;
 }
@@ -113,22 +119,14 @@ std::vector<std::vector<std::vector<float>>> Train(const proto::ClusterConfig& c
 // kWorkers clients push ones into tensor "t" of n elements for `steps` steps; each must
 // succeed.
 void PushOnes(const proto::ClusterConfig& config, size_t n, int steps) {
-  std::vector<std::thread> threads;
-  for (int w = 0; w < kWorkers; ++w) {
-    threads.emplace_back([&, w] {
-      worker::ClientOptions options;
-      options.worker = w;
-      auto client = worker::Client::Connect(config, options);
-      ASSERT_TRUE(client.ok()) << client.status();
-      ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, n).ok());
-      std::vector<float> g(n, 1.0f), out(n);
-      for (int step = 0; step < steps; ++step) {
-        absl::Status s = (*client)->PushPull("t", step, g.data(), out.data());
-        EXPECT_TRUE(s.ok()) << "worker " << w << " step " << step << ": " << s;
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  OnWorkers(config, [&](int w, worker::Client& client) {
+    ASSERT_TRUE(client.Declare("t", codec::DType::kF32, n).ok());
+    std::vector<float> g(n, 1.0f), out(n);
+    for (int step = 0; step < steps; ++step) {
+      absl::Status s = client.PushPull("t", step, g.data(), out.data());
+      EXPECT_TRUE(s.ok()) << "worker " << w << " step " << step << ": " << s;
+    }
+  });
 }
 
 class Reshard : public ::testing::TestWithParam<std::string> {};
@@ -142,7 +140,7 @@ TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
     const proto::ClusterConfig c = Config({absl::StrCat("127.0.0.1:", FreePort()),
                                            absl::StrCat("127.0.0.1:", FreePort())}, 1, optimizer);
     auto s0 = StartShard(c, 0), s1 = StartShard(c, 1);
-    fixed = Train(c, nullptr, nullptr);
+    fixed = Train(c, nullptr);
   }
   const std::string a = absl::StrCat("127.0.0.1:", FreePort());
   const std::string b = absl::StrCat("127.0.0.1:", FreePort());
@@ -175,7 +173,7 @@ TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
   // switch waits for the workers to reach it).
   uint64_t switches = 0;
   std::vector<std::vector<std::vector<float>>> moved;
-  std::thread trainer([&] { moved = Train(two, nullptr, &switches); });
+  std::thread trainer([&] { moved = Train(two, &switches); });
   // Drive the re-shards from here at the right moments: at_step fixes the switch steps.
   between(1);
   between(5);
