@@ -258,6 +258,7 @@ const std::map<std::string, Setter>& Setters() {
       };
     }
     (*m)["step_timeout_ms"] = U32("step_timeout_ms", &proto::ClusterConfig::set_step_timeout_ms);
+    (*m)["replicas"] = U32("replicas", &proto::ClusterConfig::set_replicas);
     (*m)["rpc_timeout_ms"] = U32("rpc_timeout_ms", &proto::ClusterConfig::set_rpc_timeout_ms);
     (*m)["connect_timeout_ms"] =
         U32("connect_timeout_ms", &proto::ClusterConfig::set_connect_timeout_ms);
@@ -397,6 +398,7 @@ proto::ClusterConfig DefaultClusterConfig() {
   c.set_max_retries(5);
   c.set_retry_backoff_ms(50);
   c.set_max_message_bytes(0);  // 0: derived from chunk_bytes
+  c.set_replicas(1);
   c.mutable_security()->set_cert_refresh_s(60);
   proto::LimitsConfig* l = c.mutable_limits();
   l->set_memory_budget_bytes(0);  // 0: derived from the cgroup limit or physical memory
@@ -412,6 +414,7 @@ proto::ClusterConfig DefaultClusterConfig() {
 // Matches shards.count's range; a map this size is already far beyond any deployment, and a
 // bound keeps a config from a network peer (a re-shard's Prepare) cheap to check.
 constexpr int kMaxShards = 4096;
+constexpr uint32_t kMaxReplicas = 8;
 
 absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
   if (c.job().empty()) return FieldError("job", "must not be empty");
@@ -536,6 +539,23 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
     return FieldError("limits.max_calls_per_client",
                       absl::StrCat("must be in [1, 65536], got ", l.max_calls_per_client()));
   }
+  if (c.replicas() > static_cast<uint32_t>(c.shards_size()) || c.replicas() > kMaxReplicas) {
+    return FieldError("replicas", absl::StrCat("must be in [1, min(", kMaxReplicas,
+                                               ", the number of shards = ", c.shards_size(),
+                                               ")], got ", c.replicas()));
+  }
+  std::vector<bool> down(c.shards_size(), false);
+  for (int i = 0; i < c.down_shards_size(); ++i) {
+    const uint32_t k = c.down_shards(i);
+    if (k >= static_cast<uint32_t>(c.shards_size()) || down[k]) {
+      return FieldError(absl::StrCat("down_shards[", i, "]"),
+                        absl::StrCat(k, " is not a shard index, or listed twice"));
+    }
+    down[k] = true;
+  }
+  if (c.down_shards_size() > 0 && Replicas(c) < 2) {
+    return FieldError("down_shards", "only a map with replicas >= 2 fails shards over");
+  }
   const proto::CheckpointConfig& ck = c.checkpoint();
   if (ck.keep() < 1 || ck.keep() > 1000) {
     return FieldError("checkpoint.keep", absl::StrCat("must be in [1, 1000], got ", ck.keep()));
@@ -598,6 +618,7 @@ std::string ClusterConfigToYaml(const proto::ClusterConfig& c) {
   out << YAML::EndSeq;
   out << YAML::Key << "shard_map_epoch" << YAML::Value << c.shard_map_epoch();
   out << YAML::Key << "chunk_bytes" << YAML::Value << c.chunk_bytes();
+  out << YAML::Key << "replicas" << YAML::Value << Replicas(c);
   EmitCodec(out, "uplink", c.uplink());
   EmitCodec(out, "downlink", c.downlink());
   const proto::OptimizerConfig& o = c.optimizer();
@@ -655,9 +676,14 @@ absl::Status ValidateReshard(const proto::ClusterConfig& from, const proto::Clus
   // Everything but the map must stay: workers, chunking, codecs and optimizers are part of
   // every chunk's state and every worker's view.
   proto::ClusterConfig a = from, b = to;
+  if (from.down_shards_size() > 0 && from.shards_size() != to.shards_size()) {
+    return FieldError("shards", absl::StrCat("cannot re-shard while shard ", from.down_shards(0),
+                                             " is down (failed over); bring it back first"));
+  }
   for (proto::ClusterConfig* c : {&a, &b}) {
     c->clear_shards();
     c->clear_shard_map_epoch();
+    c->clear_down_shards();
   }
   google::protobuf::util::MessageDifferencer differ;
   std::string diff;

@@ -34,11 +34,17 @@ absl::StatusOr<proto::ClusterConfig> LoadClusterConfig(
 
 absl::Status ValidateClusterConfig(const proto::ClusterConfig& config);
 
+// Copies of each chunk's state the config asks for (`replicas`, 0 read as 1).
+inline uint32_t Replicas(const proto::ClusterConfig& config) {
+  return config.replicas() == 0 ? 1 : config.replicas();
+}
+
 // The YAML text of `config` (round-trips through ParseClusterConfig).
 std::string ClusterConfigToYaml(const proto::ClusterConfig& config);
 
 // A re-shard from `from` to `to` (docs/SERVICE.md, "Re-sharding"): `to` valid, its epoch
-// higher, and nothing but `shards` and `shard_map_epoch` changed. InvalidArgument naming
+// higher, and nothing but `shards`, `shard_map_epoch` (and `down_shards`, a failover's)
+// changed; no change of the shard count while a shard is down. InvalidArgument naming
 // the field otherwise.
 absl::Status ValidateReshard(const proto::ClusterConfig& from, const proto::ClusterConfig& to);
 

@@ -130,6 +130,7 @@ TEST(ClusterConfig, EveryBadFieldIsNamed) {
       {"limits.max_tensors=-3", "'limits.max_tensors'"},
       {"limits.colour=red", "'limits.colour'"},
       {"colour=red", "'colour'"},
+      {"replicas=9", "'replicas'"},
   };
   for (const auto& [override, field] : cases) {
     absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood, {override});
@@ -265,6 +266,42 @@ TEST(ClusterConfig, ReshardMayChangeOnlyTheMap) {
   s = ValidateReshard(*from, other_chunks);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("chunk_bytes"));
+}
+
+TEST(ClusterConfig, ReplicasAreBoundedByTheShards) {
+  absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood, {"shards=a:1,b:2", "replicas=2"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Replicas(*c), 2u);
+  absl::StatusOr<proto::ClusterConfig> again = ParseClusterConfig(ClusterConfigToYaml(*c), {});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->replicas(), 2u);
+  c = ParseClusterConfig(kGood, {"shards=a:1,b:2", "replicas=3"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("the number of shards = 2"));
+  EXPECT_EQ(Replicas(*ParseClusterConfig(kGood, {"shards=a:1"})), 1u);  // the default
+}
+
+TEST(ClusterConfig, DownShardsAreCheckedAndNeverChangeTheShardCount) {
+  absl::StatusOr<proto::ClusterConfig> from =
+      ParseClusterConfig(kGood, {"shards=a:1,b:2,c:3", "replicas=2"});
+  ASSERT_TRUE(from.ok()) << from.status();
+  proto::ClusterConfig failed = *from;
+  failed.add_down_shards(1);
+  failed.set_shard_map_epoch(from->shard_map_epoch() + 1);
+  EXPECT_TRUE(ValidateReshard(*from, failed).ok());  // what a failover installs
+  proto::ClusterConfig twice = failed;
+  twice.add_down_shards(1);
+  EXPECT_THAT(std::string(ValidateClusterConfig(twice).message()), HasSubstr("down_shards[1]"));
+  proto::ClusterConfig out_of_range = failed;
+  out_of_range.set_down_shards(0, 7);
+  EXPECT_FALSE(ValidateClusterConfig(out_of_range).ok());
+  proto::ClusterConfig unreplicated = failed;
+  unreplicated.set_replicas(1);
+  EXPECT_THAT(std::string(ValidateClusterConfig(unreplicated).message()), HasSubstr("down_shards"));
+  proto::ClusterConfig grown = failed;
+  grown.add_shards("d:4");
+  grown.set_shard_map_epoch(failed.shard_map_epoch() + 1);
+  EXPECT_THAT(std::string(ValidateReshard(failed, grown).message()), HasSubstr("is down"));
 }
 
 }  // namespace

@@ -22,20 +22,31 @@ ShardMap::ShardMap(uint32_t num_shards, uint64_t epoch) : num_shards_(num_shards
   if (num_shards < 1) std::abort();  // programmer error: validated config has shards
 }
 
+namespace {
+
+uint64_t KeyHash(absl::string_view key) { return XXH64(key.data(), key.size(), 0x6763); }
+
+// The shards in chunk c's rendezvous order, best first.
+void RankShards(uint64_t key_hash, size_t c, std::vector<std::pair<uint64_t, uint32_t>>* rank) {
+  for (uint32_t s = 0; s < rank->size(); ++s) {
+    uint64_t in[3] = {key_hash, c, s};
+    (*rank)[s] = {XXH64(in, sizeof(in), 0), s};
+  }
+  std::sort(rank->begin(), rank->end(), std::greater<>());
+}
+
+}  // namespace
+
 std::vector<uint32_t> ShardMap::Assign(absl::string_view key, const ChunkLayout& layout) const {
   std::vector<uint32_t> owner(layout.num_chunks, 0);
   if (num_shards_ == 1) return owner;
-  const uint64_t key_hash = XXH64(key.data(), key.size(), 0x6763);
+  const uint64_t key_hash = KeyHash(key);
   const double fair = static_cast<double>(layout.elements) / num_shards_;
   const double cap = std::max<double>((1.0 + kSlack) * fair, layout.chunk_elements);
   std::vector<double> load(num_shards_, 0.0);
   std::vector<std::pair<uint64_t, uint32_t>> rank(num_shards_);
   for (size_t c = 0; c < layout.num_chunks; ++c) {
-    for (uint32_t s = 0; s < num_shards_; ++s) {
-      uint64_t in[3] = {key_hash, c, s};
-      rank[s] = {XXH64(in, sizeof(in), 0), s};
-    }
-    std::sort(rank.begin(), rank.end(), std::greater<>());
+    RankShards(key_hash, c, &rank);
     const double bytes = static_cast<double>(layout.size(c));
     uint32_t pick = rank[0].second;
     for (const auto& [score, s] : rank) {
@@ -48,6 +59,29 @@ std::vector<uint32_t> ShardMap::Assign(absl::string_view key, const ChunkLayout&
     load[pick] += bytes;
   }
   return owner;
+}
+
+std::vector<uint32_t> ShardMap::LiveReplicas(absl::string_view key, const ChunkLayout& layout,
+                                             uint32_t replicas,
+                                             const std::vector<bool>& down) const {
+  const std::vector<uint32_t> owner = Assign(key, layout);
+  auto is_down = [&down](uint32_t s) { return !down.empty() && down[s]; };
+  std::vector<uint32_t> live(layout.num_chunks * replicas, kNone);
+  const uint64_t key_hash = KeyHash(key);
+  std::vector<std::pair<uint64_t, uint32_t>> rank(num_shards_);
+  for (size_t c = 0; c < layout.num_chunks; ++c) {
+    uint32_t* set = &live[c * replicas];
+    uint32_t n = 0;
+    if (!is_down(owner[c])) set[n++] = owner[c];
+    // Only the ranking's prefix is needed; with one replica and the owner up, none of it.
+    if (n == replicas) continue;
+    RankShards(key_hash, c, &rank);
+    for (const auto& [score, s] : rank) {
+      if (n == replicas) break;
+      if (s != owner[c] && !is_down(s)) set[n++] = s;
+    }
+  }
+  return live;
 }
 
 }  // namespace gcomp::cluster

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -42,6 +43,16 @@ class ShardMap {
 
   // The owner of every chunk of tensor `key` laid out as `layout`.
   std::vector<uint32_t> Assign(absl::string_view key, const ChunkLayout& layout) const;
+
+  // Marks a missing replica in LiveReplicas.
+  static constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+  // Each chunk's live replica set: the first `replicas` shards not in `down` of its
+  // ranking (Assign's owner first, then the rest in hash order), so that a down shard's
+  // chunks fall to a known next shard and no other chunk moves. Chunk c's set is
+  // [c * replicas, (c + 1) * replicas), owner first, padded with kNone when too few shards
+  // are live. `down` has num_shards() entries (or is empty: none down).
+  std::vector<uint32_t> LiveReplicas(absl::string_view key, const ChunkLayout& layout,
+                                     uint32_t replicas, const std::vector<bool>& down) const;
 
  private:
   uint32_t num_shards_;

@@ -48,5 +48,46 @@ TEST(ShardMap, AddingAShardMovesFewChunks) {
   }
 }
 
+TEST(ShardMap, LiveReplicasStartWithTheOwnerAndAreDistinct) {
+  ChunkLayout l(1 << 16, 4, 4096);  // 64 chunks
+  const ShardMap map(4, 1);
+  const std::vector<uint32_t> owner = map.Assign("w", l);
+  const std::vector<uint32_t> live = map.LiveReplicas("w", l, 3, {});
+  ASSERT_EQ(live.size(), 3 * l.num_chunks);
+  std::vector<size_t> backups(4, 0);
+  for (size_t c = 0; c < l.num_chunks; ++c) {
+    EXPECT_EQ(live[3 * c], owner[c]);
+    EXPECT_NE(live[3 * c + 1], live[3 * c]);
+    EXPECT_NE(live[3 * c + 2], live[3 * c]);
+    EXPECT_NE(live[3 * c + 2], live[3 * c + 1]);
+    ++backups[live[3 * c + 1]];
+  }
+  // Backups spread over the shards, not all on one.
+  for (size_t k = 0; k < 4; ++k) EXPECT_GT(backups[k], 0u) << k;
+  EXPECT_EQ(map.LiveReplicas("w", l, 1, {}), owner);
+}
+
+TEST(ShardMap, ADownShardsChunksFallToTheirFirstBackup) {
+  ChunkLayout l(1 << 16, 4, 4096);
+  const ShardMap map(3, 1);
+  const std::vector<uint32_t> before = map.LiveReplicas("w", l, 2, {});
+  const std::vector<uint32_t> after = map.LiveReplicas("w", l, 2, {false, true, false});
+  for (size_t c = 0; c < l.num_chunks; ++c) {
+    if (before[2 * c] == 1) {
+      EXPECT_EQ(after[2 * c], before[2 * c + 1]) << c;  // the backup takes over
+    } else {
+      EXPECT_EQ(after[2 * c], before[2 * c]) << c;  // nothing else moves
+    }
+    EXPECT_NE(after[2 * c], 1u);
+    EXPECT_NE(after[2 * c + 1], 1u);
+  }
+  // Two of three down: one live shard, the second replica missing.
+  const std::vector<uint32_t> one = map.LiveReplicas("w", l, 2, {true, true, false});
+  for (size_t c = 0; c < l.num_chunks; ++c) {
+    EXPECT_EQ(one[2 * c], 2u);
+    EXPECT_EQ(one[2 * c + 1], ShardMap::kNone);
+  }
+}
+
 }  // namespace
 }  // namespace gcomp::cluster

@@ -104,4 +104,50 @@ absl::StatusOr<ChunkSnapshot> ChunkStateFromProto(const proto::ChunkState& state
   return snap;
 }
 
+void StampEpoch(uint64_t epoch, ChunkSnapshot* snap) {
+  if (snap->cached_result == nullptr) return;
+  auto result = std::make_shared<proto::CompressedBlock>(*snap->cached_result);
+  result->mutable_address()->set_shard_map_epoch(epoch);
+  snap->cached_result = std::move(result);
+}
+
+std::vector<proto::ChunkState> SplitChunkState(proto::ChunkState st) {
+  std::vector<proto::ChunkState> parts;
+  parts.reserve(4);
+  parts.emplace_back();
+  auto split_off = [&](auto has, auto release) {
+    if (!(st.*has)()) return;
+    proto::ChunkState& p = parts.emplace_back();
+    p.set_key(st.key());
+    p.set_chunk(st.chunk());
+    release(&p);
+  };
+  split_off(&proto::ChunkState::has_first_moment,
+            [&](proto::ChunkState* p) { p->set_allocated_first_moment(st.release_first_moment()); });
+  split_off(&proto::ChunkState::has_second_moment,
+            [&](proto::ChunkState* p) { p->set_allocated_second_moment(st.release_second_moment()); });
+  split_off(&proto::ChunkState::has_cached_result,
+            [&](proto::ChunkState* p) { p->set_allocated_cached_result(st.release_cached_result()); });
+  parts[0] = std::move(st);
+  return parts;
+}
+
+void MergeChunkStatePart(const proto::ChunkState& part, proto::ChunkState* merged) {
+  if (part.has_value()) {
+    // The first part: everything but the moments and the cached result.
+    proto::ChunkState head = part;
+    head.clear_first_moment();
+    head.clear_second_moment();
+    head.clear_cached_result();
+    proto::ChunkState rest = std::move(*merged);
+    *merged = std::move(head);
+    if (rest.has_first_moment()) merged->set_allocated_first_moment(rest.release_first_moment());
+    if (rest.has_second_moment()) merged->set_allocated_second_moment(rest.release_second_moment());
+    if (rest.has_cached_result()) merged->set_allocated_cached_result(rest.release_cached_result());
+  }
+  if (part.has_first_moment()) *merged->mutable_first_moment() = part.first_moment();
+  if (part.has_second_moment()) *merged->mutable_second_moment() = part.second_moment();
+  if (part.has_cached_result()) *merged->mutable_cached_result() = part.cached_result();
+}
+
 }  // namespace gcomp::server

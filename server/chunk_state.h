@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -27,6 +28,17 @@ absl::Status ChunkStateToProto(const std::string& job, const std::string& key, u
 // DataLoss for a checksum mismatch or corrupt block; the message names the chunk.
 absl::StatusOr<ChunkSnapshot> ChunkStateFromProto(const proto::ChunkState& state, size_t elements,
                                                   codec::DType dtype);
+
+// Replies carry the shard-map epoch they were sent under: a restored or moved cached result
+// is re-stamped with the epoch of the shard that now answers retries with it.
+void StampEpoch(uint64_t epoch, ChunkSnapshot* snapshot);
+
+// A state cut into parts that each fit a message of about one chunk: the first has the
+// steps and the value, later ones one moment or the cached result each (with key and chunk).
+std::vector<proto::ChunkState> SplitChunkState(proto::ChunkState state);
+
+// Adds one part of SplitChunkState to `merged` (parts may come in any order).
+void MergeChunkStatePart(const proto::ChunkState& part, proto::ChunkState* merged);
 
 }  // namespace gcomp::server
 

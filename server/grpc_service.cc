@@ -130,10 +130,31 @@ grpc::Status ReshardingGrpcService::ReshardStatus(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status ReshardingGrpcService::Replicate(grpc::ServerContext* context,
+                                              const proto::ReplicateRequest* request,
+                                              proto::ReplicateResponse*) {
+  if (grpc::Status s = Authorize(token_, context, "Resharding.Replicate"); !s.ok()) return s;
+  return ToGrpc(shard_->AcceptReplica(*request));
+}
+
+grpc::Status ReshardingGrpcService::ReportDown(grpc::ServerContext* context,
+                                               const proto::ReportDownRequest* request,
+                                               proto::ReportDownResponse* response) {
+  if (grpc::Status s = Authorize(token_, context, "Resharding.ReportDown"); !s.ok()) return s;
+  return ToGrpc(shard_->ReportDown(*request, response));
+}
+
+grpc::Status ReshardingGrpcService::InstallMap(grpc::ServerContext* context,
+                                               const proto::InstallMapRequest* request,
+                                               proto::InstallMapResponse*) {
+  if (grpc::Status s = Authorize(token_, context, "Resharding.InstallMap"); !s.ok()) return s;
+  return ToGrpc(shard_->InstallMap(request->map()));
+}
+
 namespace {
 
-// Sends moved chunk state to peer shards, one channel per address, retrying UNAVAILABLE
-// (a peer still switching, or restarting) for up to a minute.
+// Calls on peer shards, one channel per address. Moved chunk state (Send) retries
+// UNAVAILABLE (a peer still switching, or restarting) for up to a minute.
 class PeerTransport {
  public:
   static absl::StatusOr<std::shared_ptr<PeerTransport>> Create(const proto::ClusterConfig& config) {
@@ -166,6 +187,45 @@ class PeerTransport {
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Seconds(1));
     }
+  }
+
+  // Replication is on the step's critical path and a dead backup must be noticed fast:
+  // no waiting for a connection, two quick retries.
+  absl::Status Replicate(const std::string& address, const proto::ReplicateRequest& request) {
+    grpc::Status st;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      if (attempt > 0) absl::SleepFor(absl::Milliseconds(20 * attempt));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      proto::ReplicateResponse response;
+      st = StubFor(address)->Replicate(&ctx, request, &response);
+      if (st.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    }
+    return cluster::FromGrpc(st, absl::StrCat("replicating to ", address));
+  }
+
+  absl::Status ReportDown(const std::string& address, const proto::ReportDownRequest& request,
+                          proto::ReportDownResponse* response) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    return cluster::FromGrpc(StubFor(address)->ReportDown(&ctx, request, response),
+                             absl::StrCat("reporting a shard down to ", address));
+  }
+
+  absl::Status InstallMap(const std::string& address, const proto::InstallMapRequest& request) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    proto::InstallMapResponse response;
+    return cluster::FromGrpc(StubFor(address)->InstallMap(&ctx, request, &response),
+                             absl::StrCat("installing a map on ", address));
+  }
+
+  absl::Status Probe(const std::string& address, absl::Duration timeout) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    proto::ClusterConfig config;
+    return cluster::FromGrpc(StubFor(address)->GetConfig(&ctx, proto::GetConfigRequest(), &config),
+                             absl::StrCat("probing ", address));
   }
 
  private:
@@ -205,9 +265,25 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   absl::StatusOr<std::shared_ptr<PeerTransport>> peers = PeerTransport::Create(config);
   if (!peers.ok()) return peers.status();
   ShardOptions with_peers = options;
-  with_peers.send_transfer = [peers = *peers](const std::string& address,
+  with_peers.peers.send_transfer = [peers = *peers](const std::string& address,
                                               const proto::TransferRequest& request) {
     return peers->Send(address, request);
+  };
+  with_peers.peers.send_replica = [peers = *peers](const std::string& address,
+                                             const proto::ReplicateRequest& request) {
+    return peers->Replicate(address, request);
+  };
+  with_peers.peers.report_down = [peers = *peers](const std::string& address,
+                                            const proto::ReportDownRequest& request,
+                                            proto::ReportDownResponse* response) {
+    return peers->ReportDown(address, request, response);
+  };
+  with_peers.peers.install_map = [peers = *peers](const std::string& address,
+                                            const proto::InstallMapRequest& request) {
+    return peers->InstallMap(address, request);
+  };
+  with_peers.peers.probe = [peers = *peers](const std::string& address, absl::Duration timeout) {
+    return peers->Probe(address, timeout);
   };
   absl::StatusOr<std::unique_ptr<ShardService>> service = ShardService::Create(config, with_peers);
   if (!service.ok()) return service.status();

@@ -67,6 +67,12 @@ class ReshardingGrpcService final : public proto::Resharding::Service {
   grpc::Status ReshardStatus(grpc::ServerContext* context,
                              const proto::ReshardStatusRequest* request,
                              proto::ReshardStatusResponse* response) override;
+  grpc::Status Replicate(grpc::ServerContext* context, const proto::ReplicateRequest* request,
+                         proto::ReplicateResponse* response) override;
+  grpc::Status ReportDown(grpc::ServerContext* context, const proto::ReportDownRequest* request,
+                          proto::ReportDownResponse* response) override;
+  grpc::Status InstallMap(grpc::ServerContext* context, const proto::InstallMapRequest* request,
+                          proto::InstallMapResponse* response) override;
 
  private:
   ShardService* shard_;

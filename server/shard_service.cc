@@ -10,20 +10,9 @@
 #include "cluster/wire_block.h"
 #include "server/checkpoint.h"
 #include "server/chunk_state.h"
+#include "server/shard_tensor.h"
 
 namespace gcomp::server {
-
-struct ShardService::Tensor {
-  std::string key;
-  codec::DType dtype = codec::DType::kF32;
-  cluster::ChunkLayout layout;
-  cluster::OptimizerOptions optimizer;
-  proto::OptimizerConfig optimizer_config;  // as resolved at declaration (for checkpoints)
-  std::vector<uint32_t> owner;  // under the map served now; guarded by mu_
-  // Owned chunks only; guarded by mu_ (a re-shard adds and removes them). Callers keep a
-  // chunk's accumulator alive through its shared_ptr; the accumulators are thread-safe.
-  absl::flat_hash_map<uint32_t, std::shared_ptr<StepAccumulator>> chunks;
-};
 
 namespace {
 
@@ -102,7 +91,10 @@ ShardService::ShardService(proto::ClusterConfig config, const ShardOptions& opti
       epoch_(config_.shard_map_epoch()),
       shard_index_(options.shard),
       map_shards_(config_.shards_size()),
+      replicas_(cluster::Replicas(config_)),
+      down_(config_.shards_size(), false),
       worker_names_(config_.workers()) {
+  for (uint32_t k : config_.down_shards()) down_[k] = true;
   for (uint32_t w = 0; w < config_.workers(); ++w) worker_names_[w] = absl::StrCat("worker-", w);
   metrics_->SetTensors(0, 0, config_.shard_map_epoch());
   metrics_->SetAdmission(admission_->usage(), admission_->limits().memory_budget_bytes);
@@ -122,8 +114,10 @@ absl::Status ShardService::CheckKey(const std::string& key) const {
   return absl::OkStatus();
 }
 
-uint64_t ShardService::OwnerTableBytes(const std::string& key, const cluster::ChunkLayout& layout) {
-  return kTensorOverheadBytes + key.size() + uint64_t{layout.num_chunks} * sizeof(uint32_t);
+uint64_t ShardService::OwnerTableBytes(const std::string& key, const cluster::ChunkLayout& layout,
+                                       uint32_t replicas) {
+  return kTensorOverheadBytes + key.size() +
+         uint64_t{layout.num_chunks} * sizeof(uint32_t) * (1 + replicas);
 }
 
 uint64_t ShardService::OwnedChunkBytes(const cluster::ChunkLayout& layout, codec::DType dtype,
@@ -213,12 +207,19 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("shard shutting down");
-    absl::StatusOr<Tensor*> tensor = DeclareLocked(r, *dtype, *opt);
+    absl::StatusOr<Tensor*> tensor = DeclareLocked(r, *dtype, *opt, /*fresh=*/true);
     if (!tensor.ok()) return tensor.status();
     tensor_dtype = (*tensor)->dtype;
     for (const proto::ChunkValue& init : r.initial()) {
       auto it = (*tensor)->chunks.find(init.chunk());
       if (it != (*tensor)->chunks.end()) initial.emplace_back(it->second, &init);
+      // A backup keeps the initial value until the owner replicates a state.
+      auto b = (*tensor)->backups.find(init.chunk());
+      if (b != (*tensor)->backups.end() && !b->second.has_state) {
+        b->second.initial.resize((*tensor)->layout.size(init.chunk()));
+        codec::ToF32(tensor_dtype, init.data().data(), b->second.initial.size(),
+                     b->second.initial.data());
+      }
     }
     for (const auto& [c, acc] : (*tensor)->chunks) response->add_owned_chunks(c);
   }
@@ -232,7 +233,8 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
 }
 
 absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
-    const proto::DeclareTensorRequest& r, codec::DType dtype, const cluster::OptimizerOptions& opt) {
+    const proto::DeclareTensorRequest& r, codec::DType dtype, const cluster::OptimizerOptions& opt,
+    bool fresh) {
   const cluster::ChunkLayout layout(r.elements(), codec::DTypeBytes(dtype), config_.chunk_bytes());
   auto it = tensors_.find(r.key());
   if (it != tensors_.end()) {
@@ -253,17 +255,21 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
   }
   // The owner table first (it is what Assign allocates), then the owned chunks' state:
   // both reserved before anything is allocated.
-  const uint64_t table_bytes = OwnerTableBytes(r.key(), layout);
+  const uint64_t table_bytes = OwnerTableBytes(r.key(), layout, replicas_);
   absl::Status reserved = admission_->ReserveMemory(
       table_bytes, absl::StrCat("declaring '", r.key(), "' (", layout.num_chunks,
                                 " chunks, owner table)"));
   if (!reserved.ok()) return reserved;
-  std::vector<uint32_t> owner = shard_map_.Assign(r.key(), layout);
+  std::vector<uint32_t> live = shard_map_.LiveReplicas(r.key(), layout, replicas_, down_);
   const uint32_t self = shard_index_.load();
   uint64_t owned_bytes = 0;
   uint32_t owned = 0;
+  // Owned and backed-up chunks alike: a backup's state is as large as its owner's.
   for (uint32_t c = 0; c < layout.num_chunks; ++c) {
-    if (owner[c] != self) continue;
+    if (std::find(&live[c * replicas_], &live[(c + 1) * replicas_], self) ==
+        &live[(c + 1) * replicas_]) {
+      continue;
+    }
     owned_bytes += OwnedChunkBytes(layout, dtype, opt, c);
     ++owned;
   }
@@ -280,9 +286,14 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
   t->layout = layout;
   t->optimizer = opt;
   t->optimizer_config = r.has_optimizer() ? r.optimizer() : config_.optimizer();
-  t->owner = std::move(owner);
+  t->live = std::move(live);
+  t->owner.resize(layout.num_chunks);
   for (uint32_t c = 0; c < layout.num_chunks; ++c) {
+    t->owner[c] = t->live[c * replicas_];
     if (t->owner[c] == self) t->chunks[c] = MakeAccumulator(*t, c);
+    for (uint32_t j = 1; j < replicas_; ++j) {
+      if (t->live[c * replicas_ + j] == self) t->backups[c].synced = fresh;
+    }
   }
   log::Info("shard {}: declared '{}' {} x {} in {} chunks, {} owned here", self, r.key(),
             std::string(codec::DTypeName(dtype)), r.elements(), layout.num_chunks, t->chunks.size());
@@ -309,6 +320,11 @@ std::shared_ptr<StepAccumulator> ShardService::MakeAccumulator(const Tensor& t, 
     ao.snapshot_every_steps = config_.checkpoint().every_steps();
     ao.on_snapshot = [this, key = t.key, c](ChunkSnapshot snap) {
       OnSnapshot(key, c, std::move(snap));
+    };
+  }
+  if (replicas_ > 1) {
+    ao.replicate = [this, key = t.key, c](const ChunkSnapshot& snap) {
+      return ReplicateChunk(key, c, snap);
     };
   }
   const codec::DType dt = t.dtype;
@@ -361,6 +377,18 @@ std::string ShardService::SupersededMessage(uint64_t epoch) const {
 
 absl::Status ShardService::CheckEpochLocked(uint64_t epoch, absl::Time deadline) const {
   ExpirePrepareLocked();
+  if (replicas_ > 1 && epoch > epoch_.load() && phase_ == Phase::kServing) {
+    // A failover's map reaches the shards one after the other: a caller that learnt it
+    // from another shard waits a little for it here.
+    auto installed = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutting_down_ || epoch_.load() >= epoch || phase_ != Phase::kServing;
+    };
+    AwaitLocked(installed, std::min(deadline, absl::Now() + absl::Seconds(2)));
+    if (epoch_.load() < epoch && !shutting_down_ && phase_ == Phase::kServing) {
+      return absl::UnavailableError(absl::StrCat("shard-map epoch ", epoch,
+                                                 " is not installed on this shard yet; retry"));
+    }
+  }
   const uint64_t current = epoch_.load();
   const bool switching = (phase_ == Phase::kPrepared || phase_ == Phase::kCommitted) &&
                          epoch == next_config_.shard_map_epoch();
@@ -409,6 +437,7 @@ absl::StatusOr<std::shared_ptr<StepAccumulator>> ShardService::OwnedChunk(
   }
   absl::MutexLock lock(&mu_);
   auto it = t.chunks.find(chunk);
+  if (auto lost = t.lost.find(chunk); lost != t.lost.end()) return absl::DataLossError(lost->second);
   if (it == t.chunks.end()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "chunk ", chunk, " of '", key, "' is owned by shard ", t.owner[chunk],
@@ -800,12 +829,7 @@ absl::Status ShardService::RestoreFromCheckpoint() {
       dtype = t->dtype;
     }
     absl::StatusOr<ChunkSnapshot> snap = ChunkStateFromProto(st, acc->elements(), dtype);
-    if (snap.ok() && snap->cached_result != nullptr) {
-      // Replies carry the epoch they were sent under; a retry now gets this shard's.
-      auto result = std::make_shared<proto::CompressedBlock>(*snap->cached_result);
-      result->mutable_address()->set_shard_map_epoch(epoch_.load());
-      snap->cached_result = std::move(result);
-    }
+    if (snap.ok()) StampEpoch(epoch_.load(), &*snap);
     absl::Status s = snap.ok() ? acc->Restore(*std::move(snap)) : snap.status();
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("restoring checkpoint ", loaded->path, ": ", s.message()));
@@ -932,6 +956,11 @@ absl::StatusOr<proto::PrepareReshardResponse> ShardService::PrepareReshard(
     return response;
   }
   if (absl::Status s = cluster::ValidateReshard(map_config_, next); !s.ok()) return s;
+  if (map_config_.down_shards_size() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", map_config_.down_shards(0), " is down (failed over); a re-shard needs every "
+        "shard of the running map up"));
+  }
   int64_t highest = -1;
   for (const auto& [key, t] : tensors_) {
     for (const auto& [c, acc] : t->chunks) {
@@ -1147,6 +1176,15 @@ void ShardService::RunSwitch() {
     } else {
       phase_ = Phase::kDrained;
     }
+    down_.assign(next.shards_size(), false);
+    if (replicas_ > 1 && new_index >= 0) {
+      // The backups follow the new map; kept chunks send their state to them before
+      // their next answer, moved ones do after Restore.
+      for (auto& [key, t] : tensors_) {
+        AssignRolesLocked(t.get());
+        for (const auto& [c, acc] : t->chunks) acc->RequireReplication();
+      }
+    }
     aborted_message = SupersededMessage(left_epoch_);
     moves_sent_ = false;
     log::Info("shard {}: switched to epoch {} at step {}: {} chunks kept, {} leave{}", from_shard,
@@ -1175,36 +1213,21 @@ absl::Status ShardService::SendMoved(const proto::ClusterConfig& next,
                                      uint32_t from_shard) {
   for (int j = 0; j < next.shards_size(); ++j) {
     if (next.shards(j) == self_address_) continue;
-    if (!options_.send_transfer) {
+    if (!options_.peers.send_transfer) {
       return absl::FailedPreconditionError("no transport to send moved chunks");
     }
     auto send = [&](proto::TransferRequest req) {
       req.set_job(config_.job());
       req.set_next_epoch(next.shard_map_epoch());
       req.set_from_shard(from_shard);
-      return options_.send_transfer(next.shards(j), req);
+      return options_.peers.send_transfer(next.shards(j), req);
     };
     proto::TransferRequest first;
     for (const proto::TensorDeclaration& d : declarations) *first.add_declarations() = d;
     if (absl::Status s = send(std::move(first)); !s.ok()) return s;
     uint64_t chunks = 0, bytes = 0;
     for (proto::ChunkState& st : moved[j]) {
-      // Parts: steps + value, then each moment and the cached result on its own.
-      std::vector<proto::ChunkState> parts(1);
-      auto split_off = [&](auto has, auto release) {
-        if (!(st.*has)()) return;
-        proto::ChunkState& p = parts.emplace_back();
-        p.set_key(st.key());
-        p.set_chunk(st.chunk());
-        release(&p);
-      };
-      split_off(&proto::ChunkState::has_first_moment,
-                [&](proto::ChunkState* p) { p->set_allocated_first_moment(st.release_first_moment()); });
-      split_off(&proto::ChunkState::has_second_moment,
-                [&](proto::ChunkState* p) { p->set_allocated_second_moment(st.release_second_moment()); });
-      split_off(&proto::ChunkState::has_cached_result,
-                [&](proto::ChunkState* p) { p->set_allocated_cached_result(st.release_cached_result()); });
-      parts[0] = std::move(st);
+      std::vector<proto::ChunkState> parts = SplitChunkState(std::move(st));
       for (size_t i = 0; i < parts.size(); ++i) {
         bytes += parts[i].ByteSizeLong();
         proto::TransferRequest req;
@@ -1280,7 +1303,7 @@ absl::Status ShardService::AcceptTransfer(const proto::TransferRequest& r, absl:
       req.set_key(d.key());
       req.set_elements(d.elements());
       *req.mutable_optimizer() = d.optimizer();
-      absl::StatusOr<Tensor*> t = DeclareLocked(req, *dt, *opt);
+      absl::StatusOr<Tensor*> t = DeclareLocked(req, *dt, *opt, /*fresh=*/false);
       if (!t.ok()) return t.status();
     }
     if (r.has_part()) {
@@ -1299,21 +1322,7 @@ absl::Status ShardService::AcceptTransfer(const proto::TransferRequest& r, absl:
                                                        " does not own it under epoch ", epoch));
       }
       proto::ChunkState& merged = partial_[{part.key(), part.chunk()}];
-      if (part.has_value()) {
-        // The first part: everything but the moments and the cached result.
-        proto::ChunkState head = part;
-        head.clear_first_moment();
-        head.clear_second_moment();
-        head.clear_cached_result();
-        const proto::ChunkState rest = merged;
-        merged = std::move(head);
-        if (rest.has_first_moment()) *merged.mutable_first_moment() = rest.first_moment();
-        if (rest.has_second_moment()) *merged.mutable_second_moment() = rest.second_moment();
-        if (rest.has_cached_result()) *merged.mutable_cached_result() = rest.cached_result();
-      }
-      if (part.has_first_moment()) *merged.mutable_first_moment() = part.first_moment();
-      if (part.has_second_moment()) *merged.mutable_second_moment() = part.second_moment();
-      if (part.has_cached_result()) *merged.mutable_cached_result() = part.cached_result();
+      MergeChunkStatePart(part, &merged);
       if (r.completes_chunk()) {
         state = std::move(merged);
         partial_.erase({part.key(), part.chunk()});
@@ -1325,11 +1334,7 @@ absl::Status ShardService::AcceptTransfer(const proto::TransferRequest& r, absl:
   if (acc != nullptr) {
     absl::StatusOr<ChunkSnapshot> snap = ChunkStateFromProto(state, acc->elements(), dtype);
     if (!snap.ok()) return snap.status();
-    if (snap->cached_result != nullptr) {
-      auto result = std::make_shared<proto::CompressedBlock>(*snap->cached_result);
-      result->mutable_address()->set_shard_map_epoch(epoch_.load());
-      snap->cached_result = std::move(result);
-    }
+    StampEpoch(epoch_.load(), &*snap);
     if (absl::Status s = acc->Restore(*std::move(snap)); !s.ok()) return s;
   }
   absl::MutexLock lock(&mu_);
@@ -1365,6 +1370,13 @@ void ShardService::ReshardStatus(proto::ReshardStatusResponse* r) const {
   r->set_chunks_owned(chunks_owned_.load());
   r->set_pause_ms(pause_ms_);
   r->set_moves_sent(moves_sent_);
+  r->set_replicas(replicas_);
+  *r->mutable_down_shards() = map_config_.down_shards();
+  r->set_degraded(replicas_ > 1 && map_config_.down_shards_size() > 0);
+  r->set_failovers(failovers_);
+  r->set_chunks_promoted(chunks_promoted_);
+  r->set_replications_sent(replications_sent_.load());
+  r->set_chunks_lost(chunks_lost_);
 }
 
 }  // namespace gcomp::server

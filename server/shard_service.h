@@ -48,15 +48,32 @@
 
 namespace gcomp::server {
 
+// Calls on peer shards (the gRPC server sets them; tests may call peers directly).
+struct ShardPeers {
+  // Sends one message of moved chunk state to the shard at `address` (a re-shard's
+  // Transfer). Unset: a re-shard that must move chunks to another shard fails its
+  // transfer (logged).
+  std::function<absl::Status(const std::string& address, const proto::TransferRequest&)>
+      send_transfer;
+  // Replication and failover (config `replicas` >= 2): one part of a chunk's state to a
+  // backup; a down report to the coordinator; a new map to a peer; whether a peer answers
+  // within `timeout`. Unset: replication fails (a chunk with backups never answers) and
+  // no failover runs.
+  std::function<absl::Status(const std::string& address, const proto::ReplicateRequest&)>
+      send_replica;
+  std::function<absl::Status(const std::string& address, const proto::ReportDownRequest&,
+                             proto::ReportDownResponse*)>
+      report_down;
+  std::function<absl::Status(const std::string& address, const proto::InstallMapRequest&)>
+      install_map;
+  std::function<absl::Status(const std::string& address, absl::Duration timeout)> probe;
+};
+
 struct ShardOptions {
   uint32_t shard = 0;
   // Threads that decode and convert pushed blocks.
   int decode_threads = 4;
-  // Sends one message of moved chunk state to the shard at `address` (a re-shard's
-  // Transfer; the gRPC server sets it, tests call a peer directly). Unset: a re-shard that
-  // must move chunks to another shard fails its transfer (logged).
-  std::function<absl::Status(const std::string& address, const proto::TransferRequest&)>
-      send_transfer;
+  ShardPeers peers;
 };
 
 class ShardService {
@@ -113,6 +130,21 @@ class ShardService {
   absl::Status AcceptTransfer(const proto::TransferRequest& request, absl::Time deadline);
   // The config of the map this shard serves, or the committed next one.
   proto::ClusterConfig CurrentConfig() const;
+
+  // Replication and failover (docs/SERVICE.md, "Replication and failover").
+  // One part of a chunk's state from its owner; this shard must be one of the chunk's
+  // backups under the sender's map. Aborted when the sender's map was replaced here,
+  // Unavailable when this shard has not installed it yet.
+  absl::Status AcceptReplica(const proto::ReplicateRequest& request);
+  // Someone could not reach a shard: on the coordinator (the lowest live shard that
+  // answers; others forward to it), probes every live shard and installs a map without
+  // the ones that do not answer. The response names the map after it.
+  absl::Status ReportDown(const proto::ReportDownRequest& request,
+                          proto::ReportDownResponse* response);
+  // The coordinator's map: same shards, a higher epoch, other down_shards. Backups of a
+  // down owner's chunks promote their replicated state; a chunk whose every copy is down
+  // is lost, and its calls get DataLoss naming the shards.
+  absl::Status InstallMap(const proto::ClusterConfig& next);
   void ReshardStatus(proto::ReshardStatusResponse* response) const;
 
   // Writes the checkpoint set "final" (every chunk at its last completed step) into
@@ -133,6 +165,7 @@ class ShardService {
 
  private:
   struct Tensor;
+  struct TensorBackup;
 
   // Re-sharding's phases; a shard that has never been re-sharded is kServing.
   enum class Phase { kServing, kPrepared, kCommitted, kFilling, kDrained };
@@ -165,8 +198,10 @@ class ShardService {
   // The accumulator of one owned chunk, with its step reply, data and checkpoint hooks.
   std::shared_ptr<StepAccumulator> MakeAccumulator(const Tensor& t, uint32_t chunk);
   // Declares `r` (already checked) unless already declared; the tensor.
+  // `fresh`: declared by a worker, so no step of it ran anywhere before (this shard's
+  // backups of it hold the acknowledged state); not for moved or restored tensors.
   absl::StatusOr<Tensor*> DeclareLocked(const proto::DeclareTensorRequest& r, codec::DType dtype,
-                                        const cluster::OptimizerOptions& opt)
+                                        const cluster::OptimizerOptions& opt, bool fresh)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Old-map pushes while a re-shard is prepared or committed: waits while `step` is past
   // the frozen step; Aborted once it is at or past the switch step or the map changed.
@@ -183,6 +218,20 @@ class ShardService {
                          const std::vector<proto::TensorDeclaration>& declarations,
                          uint32_t from_shard);
   std::string SupersededMessage(uint64_t epoch) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Replication: sends `snap` of an owned chunk to its backups (the accumulator's
+  // replicate hook). A backup that cannot be reached is reported down first.
+  absl::Status ReplicateChunk(const std::string& key, uint32_t chunk, const ChunkSnapshot& snap);
+  // Recomputes `t`'s live replica sets, owners and backup entries under the map served
+  // now; returns the backup entries of chunks this shard no longer backs up.
+  absl::flat_hash_map<uint32_t, TensorBackup> AssignRolesLocked(Tensor* t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes this shard the owner of `chunk` with the state its backup entry holds.
+  absl::Status PromoteLocked(Tensor* t, uint32_t chunk, TensorBackup backup, uint64_t epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The coordinator's part of ReportDown (serialized by failover_mu_).
+  absl::Status CoordinateFailover(const proto::ReportDownRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(failover_mu_);
+  std::string ShardName(uint32_t index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // CheckJobAndEpoch, the key's limits, then the declared tensor (NotFound if none).
   absl::StatusOr<Tensor*> FindTensor(const std::string& job, uint64_t epoch,
                                      const std::string& key, absl::Time deadline) const;
@@ -198,7 +247,8 @@ class ShardService {
   absl::Status CheckKey(const std::string& key) const;
   // Memory a declaration makes this shard keep: the owner table, then per owned chunk its
   // optimizer state, cached result (at the codec's bound) and bookkeeping.
-  static uint64_t OwnerTableBytes(const std::string& key, const cluster::ChunkLayout& layout);
+  static uint64_t OwnerTableBytes(const std::string& key, const cluster::ChunkLayout& layout,
+                                  uint32_t replicas);
   uint64_t OwnedChunkBytes(const cluster::ChunkLayout& layout, codec::DType dtype,
                            const cluster::OptimizerOptions& optimizer, uint32_t chunk) const;
 
@@ -243,6 +293,15 @@ class ShardService {
   uint64_t chunks_sent_ ABSL_GUARDED_BY(mu_) = 0, bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunks_received_ ABSL_GUARDED_BY(mu_) = 0, chunks_kept_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread switch_thread_;
+
+  // Replication and failover.
+  const uint32_t replicas_;
+  std::vector<bool> down_ ABSL_GUARDED_BY(mu_);  // by shard index, from map_config_
+  absl::Mutex failover_mu_;  // one coordinated failover at a time; before mu_
+  uint64_t failovers_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t chunks_promoted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t chunks_lost_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> replications_sent_{0};
 
   // Periodic checkpoints; taken inside accumulator locks (never the other way round).
   mutable absl::Mutex ckpt_mu_;

@@ -32,16 +32,18 @@ absl::Status StepAccumulator::CheckStepLocked(int64_t step) const {
   }
   if (!started_) return absl::OkStatus();
   if (step == completed_step_) return absl::OkStatus();
-  if (step < current_step_) {
-    return absl::FailedPreconditionError(absl::StrCat("stale step ", step, " for ", options_.label,
-                                                      ": the shard is at step ", current_step_));
-  }
+  if (step < current_step_) return StaleLocked(step);
   if (step > current_step_) {
     return absl::FailedPreconditionError(absl::StrCat("future step ", step, " for ",
                                                       options_.label, ": the shard is at step ",
                                                       current_step_));
   }
   return absl::OkStatus();
+}
+
+absl::Status StepAccumulator::StaleLocked(int64_t step) const {
+  return absl::FailedPreconditionError(absl::StrCat("stale step ", step, " for ", options_.label,
+                                                    ": the shard is at step ", current_step_));
 }
 
 absl::StatusOr<bool> StepAccumulator::Admit(uint32_t worker, int64_t step) const {
@@ -149,6 +151,7 @@ void StepAccumulator::FinishLocked() {
   arrived_count_ = 0;
   step_deadline_ = absl::InfiniteFuture();
   ++steps_completed_;
+  needs_replication_ = options_.replicate != nullptr;
   if (options_.snapshot_every_steps > 0 && options_.on_snapshot &&
       (completed_step_ + 1) % options_.snapshot_every_steps == 0) {
     options_.on_snapshot(SnapshotLocked());
@@ -171,6 +174,8 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
   }
   if (started_ && step == completed_step_) {
     RecycleLocked(std::move(contribution));
+    if (absl::Status r = EnsureReplicatedLocked(deadline); !r.ok()) return r;
+    if (completed_step_ != step) return StaleLocked(step);  // a peer pushed ahead meanwhile
     return Outcome{result_, true};
   }
   const bool duplicate = started_ && arrived_[worker];
@@ -207,7 +212,11 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
   }
   const uint64_t attempt = attempt_;
   while (true) {
-    if (completed_step_ == step) return Outcome{result_, duplicate};
+    if (completed_step_ == step) {
+      if (absl::Status r = EnsureReplicatedLocked(deadline); !r.ok()) return r;
+      if (completed_step_ != step) return StaleLocked(step);
+      return Outcome{result_, duplicate};
+    }
     if (!cancelled_.ok()) return cancelled_;
     if (attempt_ != attempt) return last_failure_;
     const absl::Time now = absl::Now();
@@ -227,8 +236,48 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
   }
 }
 
+absl::Status StepAccumulator::EnsureReplicatedLocked(absl::Time deadline) {
+  const uint64_t failures = replicate_failures_;
+  while (needs_replication_) {
+    if (!replicating_) {
+      replicating_ = true;
+      const ChunkSnapshot snap = SnapshotLocked();
+      mu_.Unlock();
+      absl::Status s = options_.replicate(snap);
+      mu_.Lock();
+      replicating_ = false;
+      // State completed meanwhile (only a peer pushing ahead can do that) needs another round.
+      if (s.ok() && completed_step_ == snap.completed_step) needs_replication_ = false;
+      if (!s.ok()) {
+        replicate_failure_ = s;
+        ++replicate_failures_;
+      }
+      cv_.SignalAll();
+      if (!s.ok()) return s;
+      continue;
+    }
+    if (replicate_failures_ != failures) return replicate_failure_;
+    if (!cancelled_.ok()) return cancelled_;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "call deadline passed waiting for the backups of ", options_.label, " (step ",
+          completed_step_, ")"));
+    }
+    cv_.WaitWithDeadline(&mu_, deadline);
+  }
+  return absl::OkStatus();
+}
+
+void StepAccumulator::RequireReplication() {
+  absl::MutexLock lock(&mu_);
+  if (options_.replicate != nullptr) needs_replication_ = true;
+}
+
 absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> StepAccumulator::Current() {
   absl::MutexLock lock(&mu_);
+  if (absl::Status r = EnsureReplicatedLocked(absl::Now() + options_.step_timeout); !r.ok()) {
+    return r;
+  }
   if (result_ != nullptr) return result_;
   return finalize_(completed_step_, optimizer_.value());
 }
@@ -294,6 +343,8 @@ absl::Status StepAccumulator::Restore(ChunkSnapshot snap) {
   current_step_ = snap.current_step;
   completed_step_ = snap.completed_step;
   result_ = std::move(snap.cached_result);
+  // A promoted backup's state must reach the chunk's new backups before any answer.
+  needs_replication_ = options_.replicate != nullptr;
   return absl::OkStatus();
 }
 

@@ -82,6 +82,11 @@ struct StepAccumulatorOptions {
   // after it completes a step s with (s + 1) % snapshot_every_steps == 0.
   int64_t snapshot_every_steps = 0;
   std::function<void(ChunkSnapshot)> on_snapshot;
+  // With replicas (docs/SERVICE.md, "Replication and failover"): called, outside the
+  // lock and by one of the step's pushers, with the chunk's state after a completed step
+  // (and after Restore or RequireReplication). No worker gets the step's result before it
+  // returned OK; its error goes to the waiting pushers, and a resent push tries again.
+  std::function<absl::Status(const ChunkSnapshot&)> replicate;
 };
 
 // Step numbers run from 0 to below this bound; a larger one is refused (the step after it
@@ -143,12 +148,17 @@ class StepAccumulator {
   // Ends every wait with `status` and refuses later pushes with it.
   void Cancel(const absl::Status& status);
 
+  // With options.replicate: the current state is sent again before the next answer (the
+  // chunk's backups changed).
+  void RequireReplication();
+
   size_t elements() const { return elements_; }
   uint64_t steps_completed() const;
   uint64_t steps_failed() const;
 
  private:
   absl::Status CheckStepLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status StaleLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ChunkSnapshot SnapshotLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -159,6 +169,10 @@ class StepAccumulator {
   uint64_t buffer_bytes() const { return elements_ * sizeof(float); }
   // Moves every contribution back to free_.
   void ClearContributionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Until the state is replicated: replicates it (one caller at a time, the lock released
+  // meanwhile) or waits for the caller that does. Its error, or Cancel's, or
+  // DeadlineExceeded at `deadline`.
+  absl::Status EnsureReplicatedLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const StepAccumulatorOptions options_;
@@ -188,6 +202,11 @@ class StepAccumulator {
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
   uint64_t steps_completed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t steps_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  // Replication: the state differs from what the backups last acknowledged.
+  bool needs_replication_ ABSL_GUARDED_BY(mu_) = false;
+  bool replicating_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t replicate_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status replicate_failure_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gcomp::server

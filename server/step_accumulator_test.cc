@@ -260,5 +260,57 @@ TEST(StepAccumulator, PushRefusedByPendingLimitLeavesNoTrace) {
   EXPECT_EQ(admission.usage().pending_steps, 0u);
 }
 
+TEST(StepAccumulator, NoAnswerBeforeTheBackupsHaveTheState) {
+  StepAccumulatorOptions o;
+  o.workers = 2;
+  o.label = "key 'w' chunk 0";
+  absl::Mutex mu;
+  std::vector<int64_t> replicated;  // completed steps the backups got
+  absl::Status next_reply = absl::UnavailableError("backup shard 1 unreachable");
+  o.replicate = [&](const ChunkSnapshot& snap) {
+    absl::MutexLock lock(&mu);
+    if (!next_reply.ok()) {
+      absl::Status s = next_reply;
+      next_reply = absl::OkStatus();  // the next try succeeds
+      return s;
+    }
+    replicated.push_back(snap.completed_step);
+    return absl::OkStatus();
+  };
+  StepAccumulator acc(o, cluster::Optimizer({}, 1), RawFinalizer(),
+                      [](uint32_t w) { return absl::StrCat("worker-", w); });
+  // Step 0: the replication fails, so both pushers get its error and no result.
+  std::vector<absl::Status> first(2);
+  std::vector<std::thread> threads;
+  for (uint32_t w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      first[w] = acc.Push(w, 0, {float(w)}, absl::Now() + absl::Seconds(10)).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  int unavailable = 0;
+  for (const absl::Status& s : first) unavailable += absl::IsUnavailable(s);
+  EXPECT_GE(unavailable, 1);  // the replicating pusher; the other may have retried and won
+  // Resent pushes are duplicates of the completed step: they replicate, then answer.
+  for (uint32_t w = 0; w < 2; ++w) {
+    auto r = acc.Push(w, 0, {}, absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->duplicate);
+    EXPECT_EQ(Values(*r->reply), (std::vector<float>{0.5f}));
+  }
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(replicated, (std::vector<int64_t>{0}));  // once, not per answer
+  }
+  // Restored state (a promoted backup) is replicated before its first answer too.
+  StepAccumulator promoted(o, cluster::Optimizer({}, 1), RawFinalizer(),
+                           [](uint32_t w) { return absl::StrCat("worker-", w); });
+  ASSERT_TRUE(promoted.Restore(acc.Snapshot()).ok());
+  auto r = promoted.Push(1, 0, {}, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(r.ok()) << r.status();
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(replicated, (std::vector<int64_t>{0, 0}));
+}
+
 }  // namespace
 }  // namespace gcomp::server

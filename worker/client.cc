@@ -52,13 +52,36 @@ constexpr int kMaxMapSwitches = 8;
 struct MapState {
   proto::ClusterConfig config;
   cluster::ShardMap map{1, 1};
+  uint32_t replicas = 1;
+  std::vector<bool> down;  // by shard: taken out by a failover
   // stubs[shard][channel] and one Resharding stub per shard.
   std::vector<std::vector<std::unique_ptr<proto::Aggregation::Stub>>> stubs;
   std::vector<std::unique_ptr<proto::Resharding::Stub>> reshard;
 
   uint64_t epoch() const { return config.shard_map_epoch(); }
+  // Each chunk's live replica set, owner first (ShardMap::LiveReplicas).
+  std::vector<uint32_t> Holders(const std::string& key, const TensorInfo& t) const {
+    return map.LiveReplicas(key, t.layout, replicas, down);
+  }
+  // Each chunk's owner; ShardMap::kNone when every shard that could hold it is down.
   std::vector<uint32_t> Owners(const std::string& key, const TensorInfo& t) const {
-    return map.Assign(key, t.layout);
+    if (replicas == 1) return map.Assign(key, t.layout);
+    const std::vector<uint32_t> live = Holders(key, t);
+    std::vector<uint32_t> owner(t.layout.num_chunks);
+    for (size_t c = 0; c < owner.size(); ++c) owner[c] = live[c * replicas];
+    return owner;
+  }
+  // Why chunk `c` has no owner: its shards, all down.
+  absl::Status NoOwner(const std::string& key, const TensorInfo& t, uint32_t c) const {
+    const std::vector<uint32_t> all = map.LiveReplicas(key, t.layout, replicas, {});
+    std::vector<std::string> names;
+    for (uint32_t j = 0; j < replicas; ++j) {
+      const uint32_t k = all[c * replicas + j];
+      names.push_back(absl::StrCat("shard ", k, " (", config.shards(k), ")"));
+    }
+    return absl::UnavailableError(absl::StrCat("chunk ", c, " of '", key, "': its shards ",
+                                               absl::StrJoin(names, " and "),
+                                               " and every other shard are down"));
   }
 };
 
@@ -85,6 +108,7 @@ struct Client::Impl {
   std::atomic<uint64_t> raw_sent{0}, raw_received{0}, wire_sent{0}, wire_received{0};
   std::atomic<uint64_t> chunks{0}, retries{0};
   std::atomic<uint64_t> map_switches{0};
+  std::atomic<uint64_t> down_reports{0};
 
   ClientStats Stats() const {
     ClientStats s;
@@ -95,6 +119,7 @@ struct Client::Impl {
     s.chunks = chunks;
     s.retries = retries;
     s.map_switches = map_switches;
+    s.down_reports = down_reports;
     return s;
   }
   // Null without ClientOptions::metrics_address. The exposer is declared last so that it
@@ -131,10 +156,32 @@ struct Client::Impl {
                          absl::Status* error) {
     const bool aborted = st.error_code() == grpc::StatusCode::ABORTED;
     if (!aborted && st.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+    // With replicas, a shard that stays unreachable is reported, so that its backups take
+    // its chunks over (docs/SERVICE.md, "Replication and failover").
+    if (!aborted && seen.replicas > 1) ReportDown(seen, shard, st.error_message());
     absl::Status s = SwitchMap(seen, shard);
     if (s.ok()) return true;
     if (aborted || !absl::IsNotFound(s)) *error = s;
     return false;
+  }
+
+  // Tells the first other live shard that answers that `shard` of `seen` is unreachable.
+  void ReportDown(const MapState& seen, uint32_t shard, const std::string& why) {
+    proto::ReportDownRequest req;
+    req.set_job(config.job());
+    req.set_shard_map_epoch(seen.epoch());
+    req.set_shard(shard);
+    req.set_reason(absl::StrCat(options.name, ": ", why));
+    for (uint32_t k = 0; k < seen.stubs.size(); ++k) {
+      if (k == shard || seen.down[k]) continue;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(DeadlineIn(30000));
+      proto::ReportDownResponse resp;
+      if (seen.reshard[k]->ReportDown(&ctx, req, &resp).ok()) {
+        ++down_reports;
+        return;
+      }
+    }
   }
 
   absl::StatusOr<TensorInfo> Find(const std::string& key) const {
@@ -175,6 +222,7 @@ struct Client::Impl {
     for (int switches = 0;; ++switches) {
       std::shared_ptr<const MapState> m = Map();
       const uint32_t shard = m->Owners(key, t)[c];
+      if (shard == cluster::ShardMap::kNone) return m->NoOwner(key, t, c);
       proto::PullRequest req;
       req.set_job(config.job());
       req.set_key(key);
@@ -199,6 +247,9 @@ std::shared_ptr<MapState> Client::Impl::BuildMap(const proto::ClusterConfig& cfg
   auto m = std::make_shared<MapState>();
   m->config = cfg;
   m->map = cluster::ShardMap(cfg.shards_size(), cfg.shard_map_epoch());
+  m->replicas = cluster::Replicas(cfg);
+  m->down.assign(cfg.shards_size(), false);
+  for (uint32_t k : cfg.down_shards()) m->down[k] = true;
   absl::MutexLock lock(&map_mu);
   for (int s = 0; s < cfg.shards_size(); ++s) {
     std::vector<std::shared_ptr<grpc::Channel>>& chans = channels[cfg.shards(s)];
@@ -227,6 +278,7 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, bool wait_for_ready) {
   req.set_name(options.name);
   req.set_shard_map_epoch(m.epoch());
   for (int s = 0; s < m.config.shards_size(); ++s) {
+    if (m.down[s]) continue;  // failed over: its chunks are served by others
     for (const auto& stub : m.stubs[s]) {
       proto::RegisterWorkerResponse resp;
       grpc::Status st = WithRetries([&] {
@@ -273,6 +325,7 @@ absl::Status Client::Impl::SwitchMap(const MapState& seen, uint32_t shard) {
   proto::ClusterConfig cfg = seen.config;
   *cfg.mutable_shards() = next.shards();
   cfg.set_shard_map_epoch(next.shard_map_epoch());
+  *cfg.mutable_down_shards() = next.down_shards();
   if (absl::Status s = cluster::ValidateReshard(seen.config, cfg); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("new shard map from ", from, ": ", s.message()));
   }
@@ -351,17 +404,22 @@ absl::Status Client::Impl::DeclareOn(const MapState& seen, const std::string& ke
   const MapState* m = &seen;
   std::shared_ptr<const MapState> newer;
   for (int switches = 0;; ++switches) {
-    const std::vector<uint32_t> owner = m->Owners(key, t);
+    // Initial values go to each chunk's owner and backups.
+    const std::vector<uint32_t> holders = m->Holders(key, t);
     const size_t esize = codec::DTypeBytes(t.dtype);
     const uint64_t batch_bytes = config.max_message_bytes() / 2;
     bool aborted = false;
     for (int s = 0; s < m->config.shards_size() && !aborted; ++s) {
-      // One request without values, then the owned chunks' initial values in batches.
+      if (m->down[s]) continue;
+      // One request without values, then the held chunks' initial values in batches.
       std::vector<proto::DeclareTensorRequest> requests(1);
       uint64_t bytes = 0;
       if (initial != nullptr) {
         for (uint32_t c = 0; c < t.layout.num_chunks; ++c) {
-          if (owner[c] != static_cast<uint32_t>(s)) continue;
+          const uint32_t* set = &holders[c * m->replicas];
+          if (std::find(set, set + m->replicas, static_cast<uint32_t>(s)) == set + m->replicas) {
+            continue;
+          }
           const size_t n = t.layout.size(c);
           if (bytes + n * esize > batch_bytes && requests.back().initial_size() > 0) {
             requests.emplace_back();
@@ -476,6 +534,10 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
       uint32_t shard = 0;
       for (int switches = 0;; ++switches) {
         std::tie(m, shard) = current(chunk);
+        if (shard == cluster::ShardMap::kNone) {
+          fail(m->NoOwner(key, t, chunk));
+          return;
+        }
         req->mutable_address()->set_shard_map_epoch(m->epoch());
         st = WithRetries([&] {
           grpc::ClientContext ctx;

@@ -15,7 +15,10 @@
 // with exponential backoff from retry_backoff_ms, at most 5 s apart (safe: pushes are
 // idempotent on the shard); every call has the config's rpc_timeout_ms deadline. A call
 // a shard answers ABORTED (a live re-shard replaced the map) fetches the new map from that
-// shard, registers and declares every tensor there, and is resent under it.
+// shard, registers and declares every tensor there, and is resent under it. With config
+// `replicas` >= 2, a shard still UNAVAILABLE after the retries is reported down to another
+// shard, which fails it over; the call is then resent to the chunk's backup under the new
+// map.
 //
 // Thread-safe: operations on different tensors (or different steps) may run concurrently.
 // Errors keep the shard's status code and name the tensor, chunk, step and shard.
@@ -60,6 +63,8 @@ struct ClientStats {
   uint64_t retries = 0;
   // Moves to a new shard map after a live re-shard (docs/SERVICE.md, "Re-sharding").
   uint64_t map_switches = 0;
+  // Shards this client reported unreachable (replicas >= 2: they are failed over).
+  uint64_t down_reports = 0;
 };
 
 class Client {

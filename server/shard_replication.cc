@@ -1,0 +1,416 @@
+// ShardService's replication and failover (docs/SERVICE.md, "Replication and failover"):
+// owners send each completed step's chunk state to the chunk's backups before answering,
+// a coordinator takes unreachable shards out of the map, and backups take their chunks
+// over. The rest of the class is in shard_service.cc.
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/logging.h"
+#include "cluster/cluster_config.h"
+#include "server/chunk_state.h"
+#include "server/shard_service.h"
+#include "server/shard_tensor.h"
+
+namespace gcomp::server {
+namespace {
+
+// How long a peer has to answer a probe before the coordinator counts it down.
+constexpr absl::Duration kProbeTimeout = absl::Milliseconds(1500);
+// Rounds of installing a map: a shard that fails to take it is down too.
+constexpr int kMaxInstallRounds = 4;
+// Lost chunks logged one by one; the install's summary line counts them all.
+constexpr uint64_t kLostChunksLogged = 5;
+
+bool IsPeerGone(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
+}  // namespace
+
+std::string ShardService::ShardName(uint32_t index) const {
+  return absl::StrCat("shard ", index, " (", map_config_.shards(index), ")");
+}
+
+absl::flat_hash_map<uint32_t, ShardService::TensorBackup> ShardService::AssignRolesLocked(
+    Tensor* t) {
+  const uint32_t self = shard_index_.load();
+  t->live = shard_map_.LiveReplicas(t->key, t->layout, replicas_, down_);
+  absl::flat_hash_map<uint32_t, TensorBackup> backups;
+  t->owner.resize(t->layout.num_chunks);
+  for (uint32_t c = 0; c < t->layout.num_chunks; ++c) {
+    t->owner[c] = t->live[c * replicas_];
+    for (uint32_t j = 1; j < replicas_; ++j) {
+      if (t->live[c * replicas_ + j] != self) continue;
+      auto it = t->backups.find(c);
+      if (it != t->backups.end()) {
+        backups[c] = std::move(it->second);
+        t->backups.erase(it);
+      } else {
+        backups[c] = TensorBackup{};  // a new backup: synced by the owner's next state
+      }
+    }
+  }
+  std::swap(t->backups, backups);
+  return backups;  // the ones no longer backed up here
+}
+
+absl::Status ShardService::ReplicateChunk(const std::string& key, uint32_t chunk,
+                                          const ChunkSnapshot& snap) {
+  std::vector<std::pair<uint32_t, std::string>> targets;
+  uint64_t epoch = 0;
+  uint32_t self = 0;
+  size_t elements = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("shard shutting down");
+    auto it = tensors_.find(key);
+    if (it == tensors_.end()) return absl::InternalError("replicating an undeclared tensor");
+    const Tensor& t = *it->second;
+    self = shard_index_.load();
+    epoch = epoch_.load();
+    if (t.owner[chunk] != self) return absl::AbortedError(SupersededMessage(epoch));
+    for (uint32_t j = 1; j < replicas_; ++j) {
+      const uint32_t b = t.live[chunk * replicas_ + j];
+      if (b != cluster::ShardMap::kNone) targets.emplace_back(b, map_config_.shards(b));
+    }
+    elements = t.layout.size(chunk);
+  }
+  if (targets.empty()) return absl::OkStatus();  // every other copy is down: degraded
+  if (!options_.peers.send_replica) {
+    return absl::FailedPreconditionError("no transport to send chunk state to backups");
+  }
+  proto::ChunkState state;
+  if (absl::Status s = ChunkStateToProto(config_.job(), key, chunk, elements, snap, &state);
+      !s.ok()) {
+    return s;
+  }
+  const std::vector<proto::ChunkState> parts = SplitChunkState(std::move(state));
+  for (const auto& [b, address] : targets) {
+    absl::Status sent;
+    for (size_t i = 0; i < parts.size() && sent.ok(); ++i) {
+      proto::ReplicateRequest req;
+      req.set_job(config_.job());
+      req.set_shard_map_epoch(epoch);
+      req.set_from_shard(self);
+      *req.mutable_part() = parts[i];
+      req.set_completes_chunk(i + 1 == parts.size());
+      sent = options_.peers.send_replica(address, req);
+    }
+    if (sent.ok()) continue;
+    const std::string what = absl::StrCat("replicating step ", snap.completed_step, " of '", key,
+                                          "' chunk ", chunk, " to backup shard ", b, " (",
+                                          address, "): ", sent.message());
+    if (IsPeerGone(sent)) {
+      // The backup is gone: take it out of the map, then the workers resend under the
+      // new one and this shard replicates to the chunk's next backup.
+      proto::ReportDownRequest report;
+      report.set_job(config_.job());
+      report.set_shard_map_epoch(epoch);
+      report.set_shard(b);
+      report.set_reason(what);
+      proto::ReportDownResponse ignored;
+      absl::Status reported = ReportDown(report, &ignored);
+      if (!reported.ok()) log::Warn("shard {}: reporting shard {} down: {}", self, b, reported.ToString());
+    }
+    absl::MutexLock lock(&mu_);
+    if (epoch_.load() != epoch) return absl::AbortedError(SupersededMessage(epoch));
+    return absl::UnavailableError(absl::StrCat(what, "; retry"));
+  }
+  ++replications_sent_;
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::AcceptReplica(const proto::ReplicateRequest& r) {
+  if (r.job() != config_.job()) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", r.job(), "'"));
+  }
+  const proto::ChunkState& part = r.part();
+  if (absl::Status s = CheckKey(part.key()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("shard shutting down");
+  if (replicas_ < 2) {
+    return absl::FailedPreconditionError("this job keeps no replicas (config replicas: 1)");
+  }
+  if (r.shard_map_epoch() < epoch_.load()) return absl::AbortedError(SupersededMessage(r.shard_map_epoch()));
+  if (r.shard_map_epoch() > epoch_.load()) {
+    return absl::UnavailableError(absl::StrCat("shard-map epoch ", r.shard_map_epoch(),
+                                               " is not installed on this shard yet; retry"));
+  }
+  if (phase_ != Phase::kServing) {
+    return absl::UnavailableError("shard is re-sharding; retry");
+  }
+  auto it = tensors_.find(part.key());
+  if (it == tensors_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("replicated chunk of tensor '", part.key(), "', not declared here"));
+  }
+  Tensor& t = *it->second;
+  if (part.chunk() >= t.layout.num_chunks) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", part.chunk(), " out of range: '",
+                                                   part.key(), "' has ", t.layout.num_chunks,
+                                                   " chunks"));
+  }
+  auto backup = t.backups.find(part.chunk());
+  if (backup == t.backups.end() || t.owner[part.chunk()] != r.from_shard()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "chunk ", part.chunk(), " of '", part.key(), "' is owned by shard ", t.owner[part.chunk()],
+        " and not backed up by shard ", shard(), " under epoch ", epoch_.load(),
+        "; a replica from shard ", r.from_shard(), " is refused"));
+  }
+  TensorBackup& b = backup->second;
+  // Only the parts of chunks this shard backs up are held, so what a sender can make it
+  // buffer is bounded by this shard's own (budgeted) state.
+  MergeChunkStatePart(part, &b.partial);
+  if (!r.completes_chunk()) return absl::OkStatus();
+  proto::ChunkState whole = std::move(b.partial);
+  b.partial.Clear();
+  if (whole.key() != part.key() || whole.chunk() != part.chunk() ||
+      whole.elements() != t.layout.size(part.chunk()) || !whole.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("replicated state of '", part.key(),
+                                                   "' chunk ", part.chunk(),
+                                                   " is incomplete or of another size"));
+  }
+  b.state = std::move(whole);
+  b.has_state = true;
+  b.synced = true;
+  b.initial = std::vector<float>();
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::ReportDown(const proto::ReportDownRequest& r,
+                                      proto::ReportDownResponse* response) {
+  if (r.job() != config_.job()) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", r.job(), "'"));
+  }
+  if (replicas_ < 2) {
+    return absl::FailedPreconditionError("this job keeps no replicas (config replicas: 1): "
+                                         "a shard that is down stays down");
+  }
+  absl::Status s;
+  {
+    absl::MutexLock failover(&failover_mu_);
+    s = CoordinateFailover(r);
+  }
+  absl::MutexLock lock(&mu_);
+  response->set_shard_map_epoch(epoch_.load());
+  *response->mutable_down_shards() = map_config_.down_shards();
+  return s;
+}
+
+absl::Status ShardService::CoordinateFailover(const proto::ReportDownRequest& r) {
+  proto::ClusterConfig current;
+  uint32_t self = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    current = map_config_;
+    self = shard_index_.load();
+    if (shutting_down_) return absl::UnavailableError("shard shutting down");
+    if (phase_ != Phase::kServing) {
+      return absl::UnavailableError("a re-shard is under way here; report again after it");
+    }
+  }
+  const uint32_t n = current.shards_size();
+  if (r.shard() >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", r.shard(), " out of range: the map has ",
+                                                   n, " shards"));
+  }
+  std::vector<bool> down(n, false);
+  for (uint32_t k : current.down_shards()) down[k] = true;
+  if (down[r.shard()] || r.shard_map_epoch() < current.shard_map_epoch()) {
+    return absl::OkStatus();  // handled already, or reported under an older map
+  }
+  auto probe = [this](const std::string& address) {
+    return options_.peers.probe ? options_.peers.probe(address, kProbeTimeout)
+                          : absl::FailedPreconditionError("no transport to probe peers");
+  };
+  // The coordinator is the lowest live shard that answers; a forwarded report is handled
+  // where it arrives, so that two shards that see each other differently cannot bounce it.
+  if (!r.forwarded() && options_.peers.report_down) {
+    for (uint32_t i = 0; i < n && i != self; ++i) {
+      if (down[i] || i == r.shard() || !probe(current.shards(i)).ok()) continue;
+      proto::ReportDownRequest forward = r;
+      forward.set_forwarded(true);
+      proto::ReportDownResponse ignored;
+      return options_.peers.report_down(current.shards(i), forward, &ignored);
+    }
+  }
+  // Probe every live peer at once; those that do not answer are down.
+  std::vector<uint32_t> peers;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!down[i] && i != self) peers.push_back(i);
+  }
+  std::vector<absl::Status> answers(peers.size());
+  {
+    std::vector<std::thread> probes;
+    for (size_t p = 0; p < peers.size(); ++p) {
+      probes.emplace_back([&, p] { answers[p] = probe(current.shards(peers[p])); });
+    }
+    for (std::thread& t : probes) t.join();
+  }
+  std::vector<uint32_t> dead;
+  for (size_t p = 0; p < peers.size(); ++p) {
+    if (!answers[p].ok()) dead.push_back(peers[p]);
+  }
+  if (dead.empty()) {
+    log::Info("shard {}: shard {} was reported down ({}), but every shard answers", self,
+              r.shard(), r.reason());
+    return absl::OkStatus();
+  }
+  proto::ClusterConfig next = current;
+  for (int round = 0; round < kMaxInstallRounds && !dead.empty(); ++round) {
+    for (uint32_t k : dead) down[k] = true;
+    next.clear_down_shards();
+    for (uint32_t k = 0; k < n; ++k) {
+      if (down[k]) next.add_down_shards(k);
+    }
+    next.set_shard_map_epoch(next.shard_map_epoch() + 1);
+    log::Warn("shard {}: failover to epoch {}: shards [{}] down (reported: {})", self,
+              next.shard_map_epoch(), absl::StrJoin(next.down_shards(), ", "), r.reason());
+    dead.clear();
+    proto::InstallMapRequest install;
+    *install.mutable_map() = next;
+    install.set_from_shard(self);
+    for (uint32_t i = 0; i < n; ++i) {
+      if (down[i] || i == self) continue;
+      absl::Status s = options_.peers.install_map ? options_.peers.install_map(current.shards(i), install)
+                                            : absl::FailedPreconditionError("no transport");
+      if (IsPeerGone(s)) {
+        dead.push_back(i);
+      } else if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("installing epoch ", next.shard_map_epoch(),
+                                                   " on shard ", i, ": ", s.message()));
+      }
+    }
+  }
+  if (!dead.empty()) {
+    return absl::UnavailableError("shards keep failing while a failover installs its map");
+  }
+  return InstallMap(next);
+}
+
+absl::Status ShardService::PromoteLocked(Tensor* t, uint32_t chunk, TensorBackup backup,
+                                        uint64_t epoch) {
+  std::shared_ptr<StepAccumulator> acc = MakeAccumulator(*t, chunk);
+  if (backup.has_state) {
+    absl::StatusOr<ChunkSnapshot> snap =
+        ChunkStateFromProto(backup.state, t->layout.size(chunk), t->dtype);
+    if (!snap.ok()) return snap.status();
+    StampEpoch(epoch, &*snap);
+    if (absl::Status s = acc->Restore(*std::move(snap)); !s.ok()) return s;
+  } else {
+    // No step completed yet: the declared initial value, sent on to the new backups.
+    if (!backup.initial.empty()) acc->SetInitial(backup.initial);
+    acc->RequireReplication();
+  }
+  t->chunks[chunk] = std::move(acc);
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::InstallMap(const proto::ClusterConfig& next) {
+  if (absl::Status s = cluster::ValidateClusterConfig(next); !s.ok()) return s;
+  std::vector<std::shared_ptr<StepAccumulator>> dropped;
+  absl::Status dropped_status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("shard shutting down");
+    if (next.job() != config_.job() || cluster::Replicas(next) != replicas_ ||
+        !std::equal(next.shards().begin(), next.shards().end(), map_config_.shards().begin(),
+                    map_config_.shards().end())) {
+      return absl::InvalidArgumentError(
+          "a failover's map must keep the job, the shards and replicas of the running one");
+    }
+    if (next.shard_map_epoch() == epoch_.load() &&
+        std::equal(next.down_shards().begin(), next.down_shards().end(),
+                   map_config_.down_shards().begin(), map_config_.down_shards().end())) {
+      return absl::OkStatus();  // a resent install
+    }
+    if (next.shard_map_epoch() <= epoch_.load()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "epoch ", next.shard_map_epoch(), " is not above this shard's ", epoch_.load()));
+    }
+    if (phase_ != Phase::kServing) {
+      return absl::FailedPreconditionError("a re-shard is under way on this shard");
+    }
+    const uint32_t self = shard_index_.load();
+    const uint64_t epoch = next.shard_map_epoch();
+    std::vector<bool> down(next.shards_size(), false);
+    for (uint32_t k : next.down_shards()) down[k] = true;
+    left_epoch_ = epoch_.load();
+    map_config_ = next;
+    shard_map_ = cluster::ShardMap(next.shards_size(), epoch);
+    down_ = down;
+    ++failovers_;
+    const bool fenced = down[self];
+    if (fenced) {
+      // Alive but counted out (it did not answer in time): it must not serve a chunk that
+      // a backup has taken over.
+      phase_ = Phase::kDrained;
+      dropped_status = absl::FailedPreconditionError(absl::StrCat(
+          "this shard (", self_address_, ") was failed over in epoch ", epoch,
+          "; its chunks are served by other shards"));
+    } else {
+      dropped_status = absl::AbortedError(SupersededMessage(left_epoch_));
+    }
+    uint64_t owned = 0, promoted = 0, lost = 0;
+    for (auto& [key, t] : tensors_) {
+      const std::vector<uint32_t> old_live = t->live;
+      absl::flat_hash_map<uint32_t, TensorBackup> released = AssignRolesLocked(t.get());
+      for (uint32_t c = 0; c < t->layout.num_chunks; ++c) {
+        auto acc = t->chunks.find(c);
+        if (fenced || t->owner[c] != self) {
+          if (acc != t->chunks.end()) {
+            dropped.push_back(acc->second);
+            t->chunks.erase(acc);
+          }
+          continue;
+        }
+        if (acc != t->chunks.end()) {
+          // Still the owner: changed backups get the state before the next answer.
+          if (!std::equal(&old_live[c * replicas_], &old_live[(c + 1) * replicas_],
+                          &t->live[c * replicas_])) {
+            acc->second->RequireReplication();
+          }
+          continue;
+        }
+        if (t->lost.contains(c)) continue;
+        auto held = released.find(c);
+        absl::Status s =
+            held == released.end() || !held->second.synced
+                ? absl::DataLossError("no copy of its state reached this shard")
+                : PromoteLocked(t.get(), c, std::move(held->second), epoch);
+        if (s.ok()) {
+          ++promoted;
+          continue;
+        }
+        std::vector<std::string> holders;
+        for (uint32_t j = 0; j < replicas_; ++j) {
+          const uint32_t k = old_live[c * replicas_ + j];
+          if (k != cluster::ShardMap::kNone && down[k]) holders.push_back(ShardName(k));
+        }
+        t->lost[c] = absl::StrCat(
+            "chunk ", c, " of '", key, "' is lost: every copy of its state was on ",
+            absl::StrJoin(holders, " and "), ", now down (", s.message(),
+            "); restart the job from its newest checkpoint");
+        if (lost < kLostChunksLogged) log::Error("shard {}: {}", self, t->lost[c]);
+        ++lost;
+      }
+      owned += t->chunks.size();
+    }
+    chunks_promoted_ += promoted;
+    chunks_lost_ += lost;
+    epoch_ = epoch;
+    chunks_owned_ = owned;
+    metrics_->SetTensors(tensors_.size(), owned, epoch);
+    log::Warn("shard {}: installed epoch {} (down: [{}]): {} chunks taken over, {} lost{}", self,
+              epoch, absl::StrJoin(next.down_shards(), ", "), promoted, lost,
+              fenced ? "; this shard is out of the map" : "");
+  }
+  // Outside mu_: accumulators take their own locks.
+  for (const auto& acc : dropped) acc->Cancel(dropped_status);
+  return absl::OkStatus();
+}
+
+}  // namespace gcomp::server

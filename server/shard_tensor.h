@@ -1,0 +1,54 @@
+// ShardService's per-tensor state, shared by its two source files (shard_service.cc and
+// shard_replication.cc); not part of any interface.
+#ifndef GCOMP_SERVER_SHARD_TENSOR_H_
+#define GCOMP_SERVER_SHARD_TENSOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "cluster/optimizer.h"
+#include "cluster/shard_map.h"
+#include "codec/codec.h"
+#include "proto/chunk_state.pb.h"
+#include "proto/cluster_config.pb.h"
+#include "server/shard_service.h"
+#include "server/step_accumulator.h"
+
+namespace gcomp::server {
+
+// A chunk this shard backs up: the state its owner last replicated (merged from parts),
+// or before any, the declared initial value. `synced`: this shard holds the chunk's
+// acknowledged state (it backed the chunk up since its declaration, or got a state).
+struct ShardService::TensorBackup {
+  bool synced = false;
+  bool has_state = false;
+  proto::ChunkState state;
+  proto::ChunkState partial;
+  std::vector<float> initial;
+};
+
+struct ShardService::Tensor {
+  std::string key;
+  codec::DType dtype = codec::DType::kF32;
+  cluster::ChunkLayout layout;
+  cluster::OptimizerOptions optimizer;
+  proto::OptimizerConfig optimizer_config;  // as resolved at declaration (for checkpoints)
+  std::vector<uint32_t> owner;  // under the map served now; guarded by mu_
+  // Owned chunks only; guarded by mu_ (a re-shard adds and removes them). Callers keep a
+  // chunk's accumulator alive through its shared_ptr; the accumulators are thread-safe.
+  absl::flat_hash_map<uint32_t, std::shared_ptr<StepAccumulator>> chunks;
+
+  // Replication (replicas >= 2; all guarded by mu_). Each chunk's live replica set under
+  // the map served now (ShardMap::LiveReplicas: `owner` is its first entry).
+  std::vector<uint32_t> live;
+  absl::flat_hash_map<uint32_t, TensorBackup> backups;  // chunks this shard backs up
+  // Chunks whose every copy went down at once: the DataLoss message their calls get.
+  absl::flat_hash_map<uint32_t, std::string> lost;
+};
+
+}  // namespace gcomp::server
+
+#endif  // GCOMP_SERVER_SHARD_TENSOR_H_

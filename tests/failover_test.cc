@@ -1,0 +1,194 @@
+// Replication and failover over real gRPC on loopback: in-process shards (ShardServer) with
+// `replicas: 2`, Clients training in threads, and a shard stopped mid-run. The process test
+// (failover_process_test.sh) does the same with SIGKILL.
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "cluster/cluster_config.h"
+#include "proto/reshard.grpc.pb.h"
+#include "server/grpc_service.h"
+#include "tests/synthetic_gradient.h"
+#include "worker/client.h"
+
+namespace gcomp {
+namespace {
+
+using ::testing::HasSubstr;
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+constexpr int kWorkers = 3;
+constexpr int kSteps = 10;
+const std::vector<std::pair<std::string, size_t>> kTensors = {{"w1", 5000}, {"w2", 777}, {"b", 3}};
+
+proto::ClusterConfig Config(int shards, int replicas, const std::string& optimizer) {
+  std::vector<std::string> addresses;
+  for (int k = 0; k < shards; ++k) addresses.push_back(absl::StrCat("127.0.0.1:", FreePort()));
+  absl::StatusOr<proto::ClusterConfig> c = cluster::ParseClusterConfig(
+      "job: failover\n",
+      {absl::StrCat("workers=", kWorkers), "uplink.mode=lossless", "downlink.mode=lossless",
+       "chunk_bytes=2048", "optimizer.name=" + optimizer, "step_timeout_ms=10000",
+       "rpc_timeout_ms=20000", "shards=" + absl::StrJoin(addresses, ","),
+       absl::StrCat("replicas=", replicas)});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+std::vector<std::unique_ptr<server::ShardServer>> StartShards(const proto::ClusterConfig& c) {
+  std::vector<std::unique_ptr<server::ShardServer>> shards;
+  for (int k = 0; k < c.shards_size(); ++k) {
+    auto s = server::ShardServer::Start(c, {static_cast<uint32_t>(k), 2, {}}, c.shards(k));
+    EXPECT_TRUE(s.ok()) << s.status();
+    shards.push_back(s.ok() ? *std::move(s) : nullptr);
+  }
+  return shards;
+}
+
+// Trains kSteps steps with kWorkers clients; worker 0 calls after_step(step) once it has
+// the results of `step`. Every worker's final values, tensor by tensor.
+std::vector<std::vector<std::vector<float>>> Train(const proto::ClusterConfig& config,
+                                                   const std::function<void(int)>& after_step,
+                                                   uint64_t* down_reports) {
+  std::vector<std::vector<std::vector<float>>> finals(kWorkers);
+  std::atomic<uint64_t> reports{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      worker::ClientOptions options;
+      options.worker = w;
+      auto client = worker::Client::Connect(config, options);
+      ASSERT_TRUE(client.ok()) << client.status();
+      for (size_t i = 0; i < kTensors.size(); ++i) {
+        const auto& [key, n] = kTensors[i];
+        std::vector<float> initial = testing::SyntheticGradient(n, 77 + i);
+        ASSERT_TRUE((*client)->Declare(key, codec::DType::kF32, n, initial.data()).ok());
+      }
+      std::vector<std::vector<float>> out(kTensors.size());
+      for (int step = 0; step < kSteps; ++step) {
+        for (size_t i = 0; i < kTensors.size(); ++i) {
+          const auto& [key, n] = kTensors[i];
+          std::vector<float> g =
+              testing::SyntheticGradient(n, static_cast<uint32_t>(1000 * step + 10 * w + i + 1));
+          out[i].resize(n);
+          absl::Status s = (*client)->PushPull(key, step, g.data(), out[i].data());
+          ASSERT_TRUE(s.ok()) << "worker " << w << " step " << step << ": " << s;
+        }
+        if (w == 0 && after_step) after_step(step);
+      }
+      finals[w] = out;
+      reports += (*client)->stats().down_reports;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (down_reports != nullptr) *down_reports = reports;
+  return finals;
+}
+
+proto::ReshardStatusResponse StatusOf(const std::string& address) {
+  auto stub = proto::Resharding::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  proto::ReshardStatusResponse r;
+  EXPECT_TRUE(stub->ReshardStatus(&ctx, proto::ReshardStatusRequest(), &r).ok());
+  return r;
+}
+
+void ExpectIdentical(const std::vector<std::vector<std::vector<float>>>& a,
+                     const std::vector<std::vector<std::vector<float>>>& b) {
+  for (int w = 0; w < kWorkers; ++w) {
+    for (size_t i = 0; i < kTensors.size(); ++i) {
+      ASSERT_EQ(a[w][i].size(), b[w][i].size());
+      EXPECT_EQ(std::memcmp(a[w][i].data(), b[w][i].data(), a[w][i].size() * 4), 0)
+          << "worker " << w << " tensor " << kTensors[i].first << " differs";
+    }
+  }
+}
+
+class Failover : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+// 3 shards, replicas 2, 3 workers: shard K stops after step 4; its chunks' backups take
+// over and every worker ends bit-identical to an undisturbed run (and to one without
+// replicas: replication changes no result).
+TEST_P(Failover, AStoppedShardLosesNoAcknowledgedStep) {
+  const auto& [optimizer, killed] = GetParam();
+  std::vector<std::vector<std::vector<float>>> undisturbed, unreplicated;
+  {
+    const proto::ClusterConfig c = Config(3, 1, optimizer);
+    auto shards = StartShards(c);
+    unreplicated = Train(c, nullptr, nullptr);
+  }
+  {
+    const proto::ClusterConfig c = Config(3, 2, optimizer);
+    auto shards = StartShards(c);
+    undisturbed = Train(c, nullptr, nullptr);
+  }
+  ExpectIdentical(undisturbed, unreplicated);
+  const proto::ClusterConfig c = Config(3, 2, optimizer);
+  auto shards = StartShards(c);
+  uint64_t reports = 0;
+  auto disturbed = Train(c, [&](int step) { if (step == 4) shards[killed].reset(); }, &reports);
+  ExpectIdentical(disturbed, undisturbed);
+  EXPECT_GE(reports, 1u);
+  const int live = killed == 0 ? 1 : 0;
+  const proto::ReshardStatusResponse st = StatusOf(c.shards(live));
+  EXPECT_TRUE(st.degraded());
+  EXPECT_THAT(std::vector<uint32_t>(st.down_shards().begin(), st.down_shards().end()),
+              ::testing::ElementsAre(static_cast<uint32_t>(killed)));
+  EXPECT_EQ(st.shard_map_epoch(), 2u);
+  EXPECT_EQ(st.chunks_lost(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(OptimizersAndShards, Failover,
+                         ::testing::Combine(::testing::Values("momentum", "adam"),
+                                            ::testing::Values(0, 1, 2)));
+
+// Both shards that hold some chunk stop at once: that chunk's next step fails with a status
+// naming both; nothing is silently wrong.
+TEST(FailoverErrors, TwoCopiesDownAtOnceFailNamingBothShards) {
+  proto::ClusterConfig one = Config(3, 2, "sgd");
+  one.set_workers(1);
+  auto solo = StartShards(one);
+  worker::ClientOptions options;
+  auto w = worker::Client::Connect(one, options);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const size_t n = 64 * 512;  // 64 chunks: some are held by shards 1 and 2 only
+  ASSERT_TRUE((*w)->Declare("t", codec::DType::kF32, n).ok());
+  std::vector<float> g(n, 1.0f), out(n);
+  ASSERT_TRUE((*w)->PushPull("t", 0, g.data(), out.data()).ok());
+  solo[1].reset();
+  solo[2].reset();
+  absl::Status s = (*w)->PushPull("t", 1, g.data(), out.data());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(one.shards(1)));
+  EXPECT_THAT(std::string(s.message()), HasSubstr(one.shards(2)));
+  const proto::ReshardStatusResponse st = StatusOf(one.shards(0));
+  EXPECT_GT(st.chunks_lost(), 0u);
+  EXPECT_GT(st.chunks_promoted(), 0u);
+}
+
+}  // namespace
+}  // namespace gcomp
