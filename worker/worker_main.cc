@@ -10,6 +10,7 @@
 // Prints one JSON line on stdout:
 //   {"worker":..,"ok":..,"steps":..,"raw_bytes":..,"wire_bytes":..,"max_abs_error":..,
 //    "bound_ok":..,"bound_checked":..,"exact":..,"digest":"..","step_ms":[..],"retries":..,
+//    "map_switches":..,"down_reports":..,
 //    "error":".."}
 // and exits 0 only if every step succeeded and bound_ok holds. On a terminal, stderr shows a
 // progress line (step, steps/s, ratio, ETA; --progress=auto|always|never).
@@ -379,10 +380,12 @@ int main(int argc, char** argv) {
   const gcomp::worker::ClientStats st = (*client)->stats();
   const std::string body = absl::StrFormat(
       ",\"steps\":%d,\"raw_bytes\":%d,\"wire_bytes\":%d,\"max_abs_error\":%.9g,\"bound_ok\":%s,"
-      "\"bound_checked\":%s,\"exact\":%s,\"digest\":\"%016x\",\"retries\":%d,\"step_ms\":[%s]",
+      "\"bound_checked\":%s,\"exact\":%s,\"digest\":\"%016x\",\"retries\":%d,"
+      "\"map_switches\":%d,\"down_reports\":%d,\"step_ms\":[%s]",
       done_steps, st.raw_bytes_sent + st.raw_bytes_received,
       st.wire_bytes_sent + st.wire_bytes_received, max_abs_error, bound_ok ? "true" : "false",
       bound_checked ? "true" : "false", exact ? "true" : "false", digest, st.retries,
+      st.map_switches, st.down_reports,
       absl::StrJoin(step_ms, ",", [](std::string* out, double v) {
         absl::StrAppend(out, absl::StrFormat("%.3f", v));
       }));

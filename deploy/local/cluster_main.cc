@@ -13,6 +13,11 @@
 // launcher first runs the same job on fixed shards (a child launcher) and reports whether
 // every result matched it bit for bit: "identical_to_fixed", beside "reshards",
 // "chunks_moved" and "bytes_moved".
+//
+// With --replicas 2 --kill_shard K --kill_at_step N [--restart_after_ms T], shard K is
+// SIGKILLed as worker 0 starts step N (and restarted T ms later, empty, as a restarted pod
+// would be); the line gains "failovers" and "identical_to_undisturbed" (against the same
+// job without the kill, run first).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -64,7 +69,17 @@ ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "Chunk size in bytes.");
 ABSL_FLAG(int, step_timeout_ms, 10000, "Shard step timeout.");
 ABSL_FLAG(int, decode_threads, 2, "Decode threads per shard.");
 ABSL_FLAG(int, kill_worker, -1, "Testing: the worker to SIGKILL mid-step.");
-ABSL_FLAG(int, kill_at_step, 1, "Testing: the step at which --kill_worker dies.");
+ABSL_FLAG(int, kill_at_step, 1,
+          "Testing: the step at which --kill_worker dies, or --kill_shard is SIGKILLed (when "
+          "worker 0 starts it, so pushes are in flight).");
+ABSL_FLAG(int, kill_shard, -1,
+          "Testing failover: the shard to SIGKILL at --kill_at_step (use --replicas 2). The "
+          "JSON line gains failovers and identical_to_undisturbed (against a run without the "
+          "kill, made first).");
+ABSL_FLAG(int, restart_after_ms, -1,
+          "With --kill_shard: restart it (same address and index, empty memory) this many ms "
+          "after the kill; -1: never.");
+ABSL_FLAG(int, replicas, 1, "Config replicas: copies of each chunk's state (failover needs 2).");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address the shards listen on.");
 ABSL_FLAG(std::string, server_prefix, "",
           "Command prefix for shard processes (e.g. 'ip netns exec NS' for the benchmark).");
@@ -273,14 +288,27 @@ int main(int argc, char** argv) {
     fprintf(stderr, "cluster: --reshard_at picks free ports; drop --base_port\n");
     return 2;
   }
-  // The same job on fixed shards first, by a child launcher, for identical_to_fixed.
+  const int kill_shard = absl::GetFlag(FLAGS_kill_shard);
+  if (kill_shard >= S || (kill_shard >= 0 && (absl::GetFlag(FLAGS_kill_at_step) < 1 ||
+                                              absl::GetFlag(FLAGS_kill_at_step) >= steps))) {
+    fprintf(stderr, "cluster: --kill_shard must be a shard index below --shards (%d), with "
+                    "1 <= --kill_at_step < --steps\n", S);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_replicas) < 1 || absl::GetFlag(FLAGS_replicas) > S) {
+    fprintf(stderr, "cluster: --replicas must be in [1, --shards]\n");
+    return 2;
+  }
+  // The same job on fixed shards (no re-shard, no kill) first, by a child launcher, for
+  // identical_to_fixed and identical_to_undisturbed.
   std::string fixed_digest;
-  if (!events.empty()) {
+  if (!events.empty() || kill_shard >= 0) {
     std::vector<std::string> args;
     for (int i = 0; i < argc; ++i) {
       const std::string a = argv[i];
       if (absl::StartsWith(a, "--reshard_at") || absl::StartsWith(a, "--reshard_trigger") ||
-          absl::StartsWith(a, "--checkpoint_dir") || absl::StartsWith(a, "--label")) {
+          absl::StartsWith(a, "--checkpoint_dir") || absl::StartsWith(a, "--label") ||
+          absl::StartsWith(a, "--kill_shard") || absl::StartsWith(a, "--restart_after_ms")) {
         if (a.find('=') == std::string::npos) ++i;  // "--flag value"
         continue;
       }
@@ -325,7 +353,8 @@ int main(int argc, char** argv) {
     std::ofstream c(tmp);
     c << "job: local\nworkers: " << W << "\nshards: [" << absl::StrJoin(list, ", ") << "]\n"
       << "shard_map_epoch: " << epoch << "\n"
-      << "chunk_bytes: " << absl::GetFlag(FLAGS_chunk_bytes) << "\n";
+      << "chunk_bytes: " << absl::GetFlag(FLAGS_chunk_bytes) << "\n"
+      << "replicas: " << absl::GetFlag(FLAGS_replicas) << "\n";
     if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
       c << "checkpoint: {dir: " << absl::GetFlag(FLAGS_checkpoint_dir)
         << ", every_steps: " << absl::GetFlag(FLAGS_checkpoint_every) << "}\n";
@@ -519,6 +548,31 @@ int main(int argc, char** argv) {
     }
   });
 
+  // --kill_shard: SIGKILL when worker 0 starts step --kill_at_step, maybe restart it later.
+  std::string kill_error;
+  int shard_starts = static_cast<int>(servers.size());
+  std::thread killer([&] {
+    if (kill_shard < 0) return;
+    const int at = absl::GetFlag(FLAGS_kill_at_step);
+    while (true) {
+      const std::optional<Progress> p = ReadProgress(dir + "/worker0.progress");
+      if (p && p->steps >= at) break;
+      if (left == 0) {
+        kill_error = absl::StrCat("the workers ended before step ", at, ", where shard ",
+                                  kill_shard, " was to be killed");
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    kill(servers[kill_shard], SIGKILL);
+    const int restart_ms = absl::GetFlag(FLAGS_restart_after_ms);
+    if (restart_ms < 0) return;
+    absl::SleepFor(absl::Milliseconds(restart_ms));
+    // Same address and index, empty memory: as a restarted pod.
+    servers[kill_shard] = start_shard(config_path, kill_shard, metrics_ports[kill_shard]);
+    ++shard_starts;
+  });
+
   // Workers end on their own: every call has a deadline. The launcher adds a last guard.
   const absl::Time guard = absl::Now() + absl::Seconds(60 + steps * 60);
   gcomp::ProgressMeter meter(steps, absl::Now());
@@ -560,6 +614,7 @@ int main(int argc, char** argv) {
   }
   printer.Finish();
   resharder.join();
+  killer.join();
   if (samples_out != nullptr) fclose(samples_out);
   if (absl::GetFlag(FLAGS_linger_ms) > 0) absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_linger_ms)));
   for (pid_t s : servers) kill(s, SIGTERM);
@@ -670,17 +725,40 @@ int main(int argc, char** argv) {
                                    absl::StrJoin(items, ","), moved_chunks, moved_bytes,
                                    same ? "true" : "false");
   }
-  const bool all_ok = ok && identical && bound_ok && soak_ok && reshards_ok;
+  std::string failover_json;
+  bool failover_ok = true;
+  if (kill_shard >= 0) {
+    // Each failover is coordinated, and logged, by one shard.
+    int failovers = 0;
+    for (int k = 0; k < shard_starts; ++k) {
+      const std::string log = ReadFile(absl::StrCat(dir, "/shard", k, ".log"));
+      for (size_t at = log.find("failover to epoch"); at != std::string::npos;
+           at = log.find("failover to epoch", at + 1)) {
+        ++failovers;
+      }
+    }
+    const bool same = digest == fixed_digest;
+    if (!kill_error.empty() && first_error.empty()) first_error = kill_error;
+    if (!same && first_error.empty()) {
+      first_error = absl::StrCat("results differ from the undisturbed run (digest ", digest,
+                                 " vs ", fixed_digest, ")");
+    }
+    failover_ok = same && kill_error.empty();
+    failover_json = absl::StrFormat(",\"failovers\":%d,\"identical_to_undisturbed\":%s",
+                                    failovers, same ? "true" : "false");
+  }
+  const bool all_ok = ok && identical && bound_ok && soak_ok && reshards_ok && failover_ok;
   printf("{\"steps\":%d,\"workers\":%d,\"shards\":%d,\"raw_bytes\":%.0f,\"wire_bytes\":%.0f,"
          "\"ratio\":%.4f,\"max_abs_error\":%.9g,\"bound_ok\":%s,\"step_ms_p50\":%.3f,"
          "\"mode\":\"%s\",\"optimizer\":\"%s\",\"identical\":%s,\"ok\":%s,\"raw_gb_per_s\":%.4f,"
-         "\"label\":\"%s\",\"bound_checked\":%s%s%s,\"metrics_ports\":[%s],\"digest\":\"%s\","
+         "\"label\":\"%s\",\"bound_checked\":%s%s%s%s,\"metrics_ports\":[%s],\"digest\":\"%s\","
          "\"error\":\"%s\"}\n",
          done_steps, W, S, raw, wire, wire > 0 ? raw / wire : 0.0, max_err,
          bound_ok ? "true" : "false", p50, mode.c_str(), absl::GetFlag(FLAGS_optimizer).c_str(),
          identical ? "true" : "false", all_ok ? "true" : "false", gbps,
          Escape(absl::GetFlag(FLAGS_label)).c_str(), bound_checked ? "true" : "false",
-         soak_json.c_str(), reshard_json.c_str(), absl::StrJoin(metrics_ports, ",").c_str(),
+         soak_json.c_str(), reshard_json.c_str(), failover_json.c_str(),
+         absl::StrJoin(metrics_ports, ",").c_str(),
          digest.c_str(), Escape(first_error).c_str());
   fflush(stdout);
   if (absl::GetFlag(FLAGS_keep_logs) || !all_ok) {
