@@ -553,7 +553,15 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
     }
     down[k] = true;
   }
-  if (c.down_shards_size() > 0 && Replicas(c) < 2) {
+  for (int i = 0; i < c.joining_shards_size(); ++i) {
+    const uint32_t k = c.joining_shards(i);
+    if (k >= static_cast<uint32_t>(c.shards_size()) || down[k]) {
+      return FieldError(absl::StrCat("joining_shards[", i, "]"),
+                        absl::StrCat(k, " is not a shard index, or is listed twice or down"));
+    }
+    down[k] = true;  // from here on: seen
+  }
+  if ((c.down_shards_size() > 0 || c.joining_shards_size() > 0) && Replicas(c) < 2) {
     return FieldError("down_shards", "only a map with replicas >= 2 fails shards over");
   }
   const proto::CheckpointConfig& ck = c.checkpoint();
@@ -676,7 +684,8 @@ absl::Status ValidateReshard(const proto::ClusterConfig& from, const proto::Clus
   // Everything but the map must stay: workers, chunking, codecs and optimizers are part of
   // every chunk's state and every worker's view.
   proto::ClusterConfig a = from, b = to;
-  if (from.down_shards_size() > 0 && from.shards_size() != to.shards_size()) {
+  if ((from.down_shards_size() > 0 || from.joining_shards_size() > 0) &&
+      from.shards_size() != to.shards_size()) {
     return FieldError("shards", absl::StrCat("cannot re-shard while shard ", from.down_shards(0),
                                              " is down (failed over); bring it back first"));
   }
@@ -684,6 +693,7 @@ absl::Status ValidateReshard(const proto::ClusterConfig& from, const proto::Clus
     c->clear_shards();
     c->clear_shard_map_epoch();
     c->clear_down_shards();
+    c->clear_joining_shards();
   }
   google::protobuf::util::MessageDifferencer differ;
   std::string diff;

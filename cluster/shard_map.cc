@@ -62,23 +62,38 @@ std::vector<uint32_t> ShardMap::Assign(absl::string_view key, const ChunkLayout&
 }
 
 std::vector<uint32_t> ShardMap::LiveReplicas(absl::string_view key, const ChunkLayout& layout,
-                                             uint32_t replicas,
-                                             const std::vector<bool>& down) const {
+                                             uint32_t replicas, const std::vector<bool>& down,
+                                             const std::vector<bool>& joining) const {
   const std::vector<uint32_t> owner = Assign(key, layout);
   auto is_down = [&down](uint32_t s) { return !down.empty() && down[s]; };
+  auto is_joining = [&joining](uint32_t s) { return !joining.empty() && joining[s]; };
   std::vector<uint32_t> live(layout.num_chunks * replicas, kNone);
   const uint64_t key_hash = KeyHash(key);
   std::vector<std::pair<uint64_t, uint32_t>> rank(num_shards_);
+  std::vector<uint32_t> candidates;
   for (size_t c = 0; c < layout.num_chunks; ++c) {
     uint32_t* set = &live[c * replicas];
-    uint32_t n = 0;
-    if (!is_down(owner[c])) set[n++] = owner[c];
-    // Only the ranking's prefix is needed; with one replica and the owner up, none of it.
-    if (n == replicas) continue;
+    // The common case: the owner is up and the set is just the owner.
+    if (replicas == 1 && !is_down(owner[c]) && !is_joining(owner[c])) {
+      set[0] = owner[c];
+      continue;
+    }
+    candidates.clear();
+    if (!is_down(owner[c])) candidates.push_back(owner[c]);
     RankShards(key_hash, c, &rank);
     for (const auto& [score, s] : rank) {
+      if (s != owner[c] && !is_down(s)) candidates.push_back(s);
+    }
+    // Owner: the first candidate not joining; then the others in ranking order.
+    auto first = std::find_if(candidates.begin(), candidates.end(),
+                              [&](uint32_t s) { return !is_joining(s); });
+    if (first == candidates.end()) continue;  // no owner possible
+    const uint32_t chosen = *first;
+    set[0] = chosen;
+    uint32_t n = 1;
+    for (uint32_t s : candidates) {
       if (n == replicas) break;
-      if (s != owner[c] && !is_down(s)) set[n++] = s;
+      if (s != chosen) set[n++] = s;
     }
   }
   return live;

@@ -48,11 +48,15 @@ class ShardMap {
   static constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
   // Each chunk's live replica set: the first `replicas` shards not in `down` of its
   // ranking (Assign's owner first, then the rest in hash order), so that a down shard's
-  // chunks fall to a known next shard and no other chunk moves. Chunk c's set is
+  // chunks fall to a known next shard and no other chunk moves. A `joining` shard (back
+  // from a failover, catching up) keeps its place in the set but owns nothing: the first
+  // shard of the ranking that is neither down nor joining is the owner. Chunk c's set is
   // [c * replicas, (c + 1) * replicas), owner first, padded with kNone when too few shards
-  // are live. `down` has num_shards() entries (or is empty: none down).
+  // are live (owner kNone: none may own it). `down` and `joining` have num_shards()
+  // entries, or are empty (none).
   std::vector<uint32_t> LiveReplicas(absl::string_view key, const ChunkLayout& layout,
-                                     uint32_t replicas, const std::vector<bool>& down) const;
+                                     uint32_t replicas, const std::vector<bool>& down,
+                                     const std::vector<bool>& joining = {}) const;
 
  private:
   uint32_t num_shards_;

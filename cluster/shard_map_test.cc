@@ -89,5 +89,23 @@ TEST(ShardMap, ADownShardsChunksFallToTheirFirstBackup) {
   }
 }
 
+TEST(ShardMap, AJoiningShardBacksItsChunksUpButOwnsNone) {
+  ChunkLayout l(1 << 16, 4, 4096);
+  const ShardMap map(3, 1);
+  const std::vector<uint32_t> full = map.LiveReplicas("w", l, 2, {});
+  const std::vector<uint32_t> joining = map.LiveReplicas("w", l, 2, {}, {false, true, false});
+  for (size_t c = 0; c < l.num_chunks; ++c) {
+    EXPECT_NE(joining[2 * c], 1u) << c;
+    if (full[2 * c] == 1) {
+      // Its own chunks: the backup owns them meanwhile, the joining shard backs them up.
+      EXPECT_EQ(joining[2 * c], full[2 * c + 1]);
+      EXPECT_EQ(joining[2 * c + 1], 1u);
+    } else {
+      EXPECT_EQ(joining[2 * c], full[2 * c]);
+      EXPECT_EQ(joining[2 * c + 1], full[2 * c + 1]);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gcomp::cluster

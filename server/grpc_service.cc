@@ -148,10 +148,20 @@ grpc::Status ReshardingGrpcService::InstallMap(grpc::ServerContext* context,
                                                const proto::InstallMapRequest* request,
                                                proto::InstallMapResponse*) {
   if (grpc::Status s = Authorize(token_, context, "Resharding.InstallMap"); !s.ok()) return s;
-  return ToGrpc(shard_->InstallMap(request->map()));
+  return ToGrpc(shard_->InstallMap(*request));
+}
+
+grpc::Status ReshardingGrpcService::Rejoin(grpc::ServerContext* context,
+                                           const proto::RejoinRequest* request,
+                                           proto::RejoinResponse* response) {
+  if (grpc::Status s = Authorize(token_, context, "Resharding.Rejoin"); !s.ok()) return s;
+  return ToGrpc(shard_->Rejoin(*request, response));
 }
 
 namespace {
+
+// How long a replication retry or a control call waits for a connection to a peer.
+constexpr absl::Duration kPeerConnectWait = absl::Seconds(1);
 
 // Calls on peer shards, one channel per address. Moved chunk state (Send) retries
 // UNAVAILABLE (a peer still switching, or restarting) for up to a minute.
@@ -193,10 +203,13 @@ class PeerTransport {
   // no waiting for a connection, two quick retries.
   absl::Status Replicate(const std::string& address, const proto::ReplicateRequest& request) {
     grpc::Status st;
-    for (int attempt = 0; attempt < 3; ++attempt) {
-      if (attempt > 0) absl::SleepFor(absl::Milliseconds(20 * attempt));
+    for (int attempt = 0; attempt < 2; ++attempt) {
       grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      // The retry waits for a connection (a channel may be between reconnect attempts),
+      // for at most kPeerConnectWait: a backup that does not come is reported down.
+      ctx.set_wait_for_ready(attempt > 0);
+      ctx.set_deadline(absl::ToChronoTime(
+          absl::Now() + (attempt > 0 ? kPeerConnectWait : absl::Seconds(10))));
       proto::ReplicateResponse response;
       st = StubFor(address)->Replicate(&ctx, request, &response);
       if (st.error_code() != grpc::StatusCode::UNAVAILABLE) break;
@@ -207,6 +220,7 @@ class PeerTransport {
   absl::Status ReportDown(const std::string& address, const proto::ReportDownRequest& request,
                           proto::ReportDownResponse* response) {
     grpc::ClientContext ctx;
+    ctx.set_wait_for_ready(true);
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
     return cluster::FromGrpc(StubFor(address)->ReportDown(&ctx, request, response),
                              absl::StrCat("reporting a shard down to ", address));
@@ -214,14 +228,34 @@ class PeerTransport {
 
   absl::Status InstallMap(const std::string& address, const proto::InstallMapRequest& request) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    ctx.set_wait_for_ready(true);
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kPeerConnectWait * 3));
     proto::InstallMapResponse response;
     return cluster::FromGrpc(StubFor(address)->InstallMap(&ctx, request, &response),
                              absl::StrCat("installing a map on ", address));
   }
 
+  absl::StatusOr<proto::ReshardStatusResponse> Status(const std::string& address,
+                                                      absl::Duration timeout) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    proto::ReshardStatusResponse response;
+    grpc::Status st = StubFor(address)->ReshardStatus(&ctx, proto::ReshardStatusRequest(), &response);
+    if (!st.ok()) return cluster::FromGrpc(st, absl::StrCat("status of ", address));
+    return response;
+  }
+
+  absl::Status Rejoin(const std::string& address, const proto::RejoinRequest& request,
+                      proto::RejoinResponse* response) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    return cluster::FromGrpc(StubFor(address)->Rejoin(&ctx, request, response),
+                             absl::StrCat("asking ", address, " to rejoin"));
+  }
+
   absl::Status Probe(const std::string& address, absl::Duration timeout) {
     grpc::ClientContext ctx;
+    ctx.set_wait_for_ready(true);  // a peer counts down only if no connection comes in time
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     proto::ClusterConfig config;
     return cluster::FromGrpc(StubFor(address)->GetConfig(&ctx, proto::GetConfigRequest(), &config),
@@ -238,6 +272,11 @@ class PeerTransport {
       grpc::ChannelArguments args;
       args.SetMaxReceiveMessageSize(max_message_bytes_);
       args.SetMaxSendMessageSize(max_message_bytes_);
+      // A peer that was down (or not yet up) is reached again within a fraction of a
+      // second, not after gRPC's default backoff of up to minutes.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
       stub = proto::Resharding::NewStub(security_.NewChannel(address, args));
     }
     return stub.get();
@@ -285,6 +324,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   with_peers.peers.probe = [peers = *peers](const std::string& address, absl::Duration timeout) {
     return peers->Probe(address, timeout);
   };
+  with_peers.peers.status = [peers = *peers](const std::string& address, absl::Duration timeout) {
+    return peers->Status(address, timeout);
+  };
+  with_peers.peers.rejoin = [peers = *peers](const std::string& address,
+                                             const proto::RejoinRequest& request,
+                                             proto::RejoinResponse* response) {
+    return peers->Rejoin(address, request, response);
+  };
   absl::StatusOr<std::unique_ptr<ShardService>> service = ShardService::Create(config, with_peers);
   if (!service.ok()) return service.status();
   absl::StatusOr<cluster::ServerSecurity> security = cluster::MakeServerSecurity(config);
@@ -295,6 +342,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   s->reshard_service_ = std::make_unique<ReshardingGrpcService>(s->service_.get(), security->token);
   s->admin_service_ = std::make_unique<AdminGrpcService>(
       absl::StrCat("gcomp_server shard ", options.shard), absl::Now(), security->token);
+  // Replicated: a shard that restarts into a running job must not serve before it has
+  // caught up (checked once it listens, since the peers then call it).
+  s->service_->HoldForRejoinCheck();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen_address, security->credentials, &s->port_);
@@ -310,6 +360,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
     health->SetServingStatus(proto::Aggregation::service_full_name(), true);
   }
+  s->service_->StartRejoinCheck();
   if (security->tls && config.security().health_port() != 0) {
     // Plaintext, so only the health service may be reachable here: no Aggregation, no
     // Admin, and the generic service answers UNIMPLEMENTED for anything else.

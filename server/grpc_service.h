@@ -73,6 +73,8 @@ class ReshardingGrpcService final : public proto::Resharding::Service {
                           proto::ReportDownResponse* response) override;
   grpc::Status InstallMap(grpc::ServerContext* context, const proto::InstallMapRequest* request,
                           proto::InstallMapResponse* response) override;
+  grpc::Status Rejoin(grpc::ServerContext* context, const proto::RejoinRequest* request,
+                      proto::RejoinResponse* response) override;
 
  private:
   ShardService* shard_;

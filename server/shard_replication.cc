@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "base/logging.h"
 #include "cluster/cluster_config.h"
+#include "cluster/wire_block.h"
 #include "server/chunk_state.h"
 #include "server/shard_service.h"
 #include "server/shard_tensor.h"
@@ -28,6 +29,15 @@ bool IsPeerGone(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
 }
 
+// `list` := the indexes set in `flags`, ascending.
+void SetShardList(const std::vector<bool>& flags,
+                  google::protobuf::RepeatedField<uint32_t>* list) {
+  list->Clear();
+  for (uint32_t k = 0; k < flags.size(); ++k) {
+    if (flags[k]) list->Add(k);
+  }
+}
+
 }  // namespace
 
 std::string ShardService::ShardName(uint32_t index) const {
@@ -37,7 +47,7 @@ std::string ShardService::ShardName(uint32_t index) const {
 absl::flat_hash_map<uint32_t, ShardService::TensorBackup> ShardService::AssignRolesLocked(
     Tensor* t) {
   const uint32_t self = shard_index_.load();
-  t->live = shard_map_.LiveReplicas(t->key, t->layout, replicas_, down_);
+  t->live = shard_map_.LiveReplicas(t->key, t->layout, replicas_, down_, joining_shards_);
   absl::flat_hash_map<uint32_t, TensorBackup> backups;
   t->owner.resize(t->layout.num_chunks);
   for (uint32_t c = 0; c < t->layout.num_chunks; ++c) {
@@ -208,8 +218,9 @@ absl::Status ShardService::CoordinateFailover(const proto::ReportDownRequest& r)
     current = map_config_;
     self = shard_index_.load();
     if (shutting_down_) return absl::UnavailableError("shard shutting down");
-    if (phase_ != Phase::kServing) {
-      return absl::UnavailableError("a re-shard is under way here; report again after it");
+    if (phase_ != Phase::kServing || rejoining_) {
+      return absl::UnavailableError("this shard cannot coordinate now (re-sharding or "
+                                    "rejoining); report again later");
     }
   }
   const uint32_t n = current.shards_size();
@@ -260,23 +271,37 @@ absl::Status ShardService::CoordinateFailover(const proto::ReportDownRequest& r)
     return absl::OkStatus();
   }
   proto::ClusterConfig next = current;
-  for (int round = 0; round < kMaxInstallRounds && !dead.empty(); ++round) {
-    for (uint32_t k : dead) down[k] = true;
-    next.clear_down_shards();
-    for (uint32_t k = 0; k < n; ++k) {
-      if (down[k]) next.add_down_shards(k);
-    }
-    next.set_shard_map_epoch(next.shard_map_epoch() + 1);
-    log::Warn("shard {}: failover to epoch {}: shards [{}] down (reported: {})", self,
-              next.shard_map_epoch(), absl::StrJoin(next.down_shards(), ", "), r.reason());
-    dead.clear();
-    proto::InstallMapRequest install;
+  for (uint32_t k : dead) down[k] = true;
+  SetShardList(down, next.mutable_down_shards());
+  next.set_shard_map_epoch(next.shard_map_epoch() + 1);
+  return DistributeMap(std::move(next), absl::StrCat("reported: ", r.reason()));
+}
+
+absl::Status ShardService::DistributeMap(proto::ClusterConfig next, const std::string& why) {
+  const uint32_t n = next.shards_size();
+  uint32_t self = 0;
+  proto::InstallMapRequest install;
+  {
+    absl::MutexLock lock(&mu_);
+    self = shard_index_.load();
+    // Every tensor, for a joining shard that restarted empty.
+    for (const auto& [key, t] : tensors_) *install.add_declarations() = t->Declaration(config_);
+  }
+  std::vector<bool> down(n, false), joining(n, false);
+  for (uint32_t k : next.down_shards()) down[k] = true;
+  for (uint32_t k : next.joining_shards()) joining[k] = true;
+  install.set_from_shard(self);
+  for (int round = 0; round < kMaxInstallRounds; ++round) {
+    log::Warn("shard {}: failover to epoch {}: down [{}], joining [{}] ({})", self,
+              next.shard_map_epoch(), absl::StrJoin(next.down_shards(), ", "),
+              absl::StrJoin(next.joining_shards(), ", "), why);
     *install.mutable_map() = next;
-    install.set_from_shard(self);
+    std::vector<uint32_t> dead;
     for (uint32_t i = 0; i < n; ++i) {
       if (down[i] || i == self) continue;
-      absl::Status s = options_.peers.install_map ? options_.peers.install_map(current.shards(i), install)
-                                            : absl::FailedPreconditionError("no transport");
+      absl::Status s = options_.peers.install_map
+                           ? options_.peers.install_map(next.shards(i), install)
+                           : absl::FailedPreconditionError("no transport to install maps");
       if (IsPeerGone(s)) {
         dead.push_back(i);
       } else if (!s.ok()) {
@@ -284,11 +309,150 @@ absl::Status ShardService::CoordinateFailover(const proto::ReportDownRequest& r)
                                                    " on shard ", i, ": ", s.message()));
       }
     }
+    if (dead.empty()) return InstallMap(install);
+    // Down during the install: out of the map too, under a newer epoch.
+    for (uint32_t k : dead) {
+      down[k] = true;
+      joining[k] = false;
+    }
+    SetShardList(down, next.mutable_down_shards());
+    SetShardList(joining, next.mutable_joining_shards());
+    next.set_shard_map_epoch(next.shard_map_epoch() + 1);
   }
-  if (!dead.empty()) {
-    return absl::UnavailableError("shards keep failing while a failover installs its map");
+  return absl::UnavailableError("shards keep failing while a failover installs its map");
+}
+
+absl::Status ShardService::Rejoin(const proto::RejoinRequest& r, proto::RejoinResponse* response) {
+  if (r.job() != config_.job()) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", r.job(), "'"));
   }
-  return InstallMap(next);
+  if (replicas_ < 2) {
+    return absl::FailedPreconditionError("this job keeps no replicas (config replicas: 1)");
+  }
+  absl::MutexLock failover(&failover_mu_);
+  for (int pass = 0; pass < 2; ++pass) {
+    proto::ClusterConfig current;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutting_down_ || rejoining_ || phase_ != Phase::kServing) {
+        return absl::UnavailableError("this shard cannot coordinate now; ask another");
+      }
+      current = map_config_;
+      if (r.shard() >= static_cast<uint32_t>(current.shards_size()) || r.shard() == shard()) {
+        return absl::InvalidArgumentError(absl::StrCat("shard ", r.shard(), " cannot rejoin here"));
+      }
+    }
+    const uint32_t n = current.shards_size(), k = r.shard();
+    std::vector<bool> down(n, false), joining(n, false);
+    for (uint32_t i : current.down_shards()) down[i] = true;
+    for (uint32_t i : current.joining_shards()) joining[i] = true;
+    proto::ClusterConfig next = current;
+    next.set_shard_map_epoch(current.shard_map_epoch() + 1);
+    std::string why;
+    if (r.caught_up()) {
+      if (!joining[k]) break;  // done already
+      joining[k] = false;
+      why = absl::StrCat("shard ", k, " caught up and takes its chunks back");
+    } else if (joining[k]) {
+      break;  // a resent request
+    } else if (!down[k]) {
+      // Restarted before anyone noticed: its memory is gone, so its chunks fail over first.
+      down[k] = true;
+      why = absl::StrCat("shard ", k, " restarted with empty memory");
+    } else {
+      down[k] = false;
+      joining[k] = true;
+      why = absl::StrCat("shard ", k, " restarted and catches up");
+    }
+    SetShardList(down, next.mutable_down_shards());
+    SetShardList(joining, next.mutable_joining_shards());
+    if (absl::Status s = DistributeMap(std::move(next), why); !s.ok()) return s;
+    if (r.caught_up() || joining[k]) break;  // else: the second pass takes it in
+  }
+  absl::MutexLock lock(&mu_);
+  response->set_shard_map_epoch(epoch_.load());
+  return absl::OkStatus();
+}
+
+bool ShardService::CaughtUpLocked() const {
+  const uint32_t self = shard_index_.load();
+  if (!joining_shards_[self]) return false;
+  for (const auto& [key, t] : tensors_) {
+    for (const auto& [c, b] : t->backups) {
+      if (!b.synced) return false;
+    }
+  }
+  return true;
+}
+
+void ShardService::HoldForRejoinCheck() {
+  if (replicas_ < 2) return;
+  absl::MutexLock lock(&mu_);
+  rejoining_ = true;
+}
+
+void ShardService::StartRejoinCheck() {
+  if (replicas_ < 2) return;
+  rejoin_thread_ = std::thread([this] { RejoinLoop(); });
+}
+
+void ShardService::RejoinLoop() {
+  uint32_t self = 0;
+  uint64_t own_epoch = 0;
+  proto::ClusterConfig map;
+  {
+    absl::MutexLock lock(&mu_);
+    self = shard_index_.load();
+    own_epoch = epoch_.load();
+    map = map_config_;
+  }
+  // A job runs if a peer has tensors or a newer map; then this shard restarted into it.
+  bool running = false;
+  for (int i = 0; i < map.shards_size() && options_.peers.status; ++i) {
+    if (static_cast<uint32_t>(i) == self) continue;
+    absl::StatusOr<proto::ReshardStatusResponse> st =
+        options_.peers.status(map.shards(i), kProbeTimeout);
+    if (st.ok() && (st->tensors() > 0 || st->shard_map_epoch() > own_epoch)) running = true;
+  }
+  if (!running) {
+    absl::MutexLock lock(&mu_);
+    rejoining_ = false;
+    return;
+  }
+  log::Warn("shard {}: restarted while the job runs on its peers; rejoining", self);
+  auto ask = [&](bool caught_up) {
+    proto::RejoinRequest req;
+    req.set_job(config_.job());
+    req.set_shard(self);
+    req.set_caught_up(caught_up);
+    absl::Duration backoff = absl::Milliseconds(50);
+    while (true) {
+      // The coordinator is the lowest live shard; others refuse or are down.
+      for (int i = 0; i < map.shards_size(); ++i) {
+        if (static_cast<uint32_t>(i) == self || !options_.peers.rejoin) continue;
+        proto::RejoinResponse resp;
+        absl::Status s = options_.peers.rejoin(map.shards(i), req, &resp);
+        if (s.ok()) return true;
+        log::Info("shard {}: rejoin request to shard {}: {}", self, i, s.ToString());
+      }
+      absl::MutexLock lock(&mu_);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutting_down_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop), backoff)) return false;
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+    }
+  };
+  if (!ask(false)) return;
+  {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutting_down_ || CaughtUpLocked();
+    };
+    mu_.Await(absl::Condition(&ready));
+    if (shutting_down_) return;
+    log::Info("shard {}: caught up ({} tensors); asking to take its chunks back", self,
+              tensors_.size());
+  }
+  ask(true);
 }
 
 absl::Status ShardService::PromoteLocked(Tensor* t, uint32_t chunk, TensorBackup backup,
@@ -309,7 +473,8 @@ absl::Status ShardService::PromoteLocked(Tensor* t, uint32_t chunk, TensorBackup
   return absl::OkStatus();
 }
 
-absl::Status ShardService::InstallMap(const proto::ClusterConfig& next) {
+absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
+  const proto::ClusterConfig& next = request.map();
   if (absl::Status s = cluster::ValidateClusterConfig(next); !s.ok()) return s;
   std::vector<std::shared_ptr<StepAccumulator>> dropped;
   absl::Status dropped_status;
@@ -336,13 +501,35 @@ absl::Status ShardService::InstallMap(const proto::ClusterConfig& next) {
     }
     const uint32_t self = shard_index_.load();
     const uint64_t epoch = next.shard_map_epoch();
-    std::vector<bool> down(next.shards_size(), false);
+    std::vector<bool> down(next.shards_size(), false), joining(next.shards_size(), false);
     for (uint32_t k : next.down_shards()) down[k] = true;
+    for (uint32_t k : next.joining_shards()) joining[k] = true;
     left_epoch_ = epoch_.load();
     map_config_ = next;
     shard_map_ = cluster::ShardMap(next.shards_size(), epoch);
     down_ = down;
+    joining_shards_ = joining;
     ++failovers_;
+    if (!down[self] && rejoining_) {
+      // Restarted: taken back as a joining shard. Its memory is empty, so it learns the
+      // job's tensors here and backs their chunks up until their owners' states arrive.
+      rejoining_ = false;
+      for (const proto::TensorDeclaration& d : request.declarations()) {
+        if (tensors_.contains(d.key())) continue;
+        absl::StatusOr<codec::DType> dt = cluster::FromProto(d.dtype());
+        absl::StatusOr<cluster::OptimizerOptions> opt = OptimizerFrom(d.optimizer());
+        if (!dt.ok() || !opt.ok() || d.chunk_bytes() != config_.chunk_bytes() ||
+            CheckKey(d.key()).ok() == false) {
+          return absl::InvalidArgumentError(absl::StrCat("bad declaration of '", d.key(), "'"));
+        }
+        proto::DeclareTensorRequest req;
+        req.set_key(d.key());
+        req.set_elements(d.elements());
+        *req.mutable_optimizer() = d.optimizer();
+        absl::StatusOr<Tensor*> t = DeclareLocked(req, *dt, *opt, /*fresh=*/false);
+        if (!t.ok()) return t.status();
+      }
+    }
     const bool fenced = down[self];
     if (fenced) {
       // Alive but counted out (it did not answer in time): it must not serve a chunk that

@@ -16,14 +16,6 @@ namespace gcomp::server {
 
 namespace {
 
-absl::StatusOr<cluster::OptimizerOptions> OptimizerFrom(const proto::OptimizerConfig& c) {
-  absl::StatusOr<cluster::OptimizerKind> kind = cluster::ParseOptimizerKind(c.name());
-  if (!kind.ok()) return kind.status();
-  cluster::OptimizerOptions o{*kind, c.learning_rate(), c.momentum(), c.beta1(), c.beta2(), c.epsilon()};
-  absl::Status s = cluster::ValidateOptimizerOptions(o);
-  if (!s.ok()) return s;
-  return o;
-}
 
 // Bookkeeping per tensor and per owned chunk beyond the float arrays (the accumulator, map
 // entries, per-worker vectors): an estimate on the high side, so the budget errs safe.
@@ -93,8 +85,10 @@ ShardService::ShardService(proto::ClusterConfig config, const ShardOptions& opti
       map_shards_(config_.shards_size()),
       replicas_(cluster::Replicas(config_)),
       down_(config_.shards_size(), false),
+      joining_shards_(config_.shards_size(), false),
       worker_names_(config_.workers()) {
   for (uint32_t k : config_.down_shards()) down_[k] = true;
+  for (uint32_t k : config_.joining_shards()) joining_shards_[k] = true;
   for (uint32_t w = 0; w < config_.workers(); ++w) worker_names_[w] = absl::StrCat("worker-", w);
   metrics_->SetTensors(0, 0, config_.shard_map_epoch());
   metrics_->SetAdmission(admission_->usage(), admission_->limits().memory_budget_bytes);
@@ -132,6 +126,7 @@ uint64_t ShardService::OwnedChunkBytes(const cluster::ChunkLayout& layout, codec
 ShardService::~ShardService() {
   Shutdown();
   if (switch_thread_.joinable()) switch_thread_.join();
+  if (rejoin_thread_.joinable()) rejoin_thread_.join();
   {
     absl::MutexLock lock(&ckpt_mu_);
     ckpt_stop_ = true;
@@ -260,7 +255,8 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
       table_bytes, absl::StrCat("declaring '", r.key(), "' (", layout.num_chunks,
                                 " chunks, owner table)"));
   if (!reserved.ok()) return reserved;
-  std::vector<uint32_t> live = shard_map_.LiveReplicas(r.key(), layout, replicas_, down_);
+  std::vector<uint32_t> live =
+      shard_map_.LiveReplicas(r.key(), layout, replicas_, down_, joining_shards_);
   const uint32_t self = shard_index_.load();
   uint64_t owned_bytes = 0;
   uint32_t owned = 0;
@@ -292,7 +288,8 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
     t->owner[c] = t->live[c * replicas_];
     if (t->owner[c] == self) t->chunks[c] = MakeAccumulator(*t, c);
     for (uint32_t j = 1; j < replicas_; ++j) {
-      if (t->live[c * replicas_ + j] == self) t->backups[c].synced = fresh;
+      // A joining shard's backups are synced by their owners' states, never by a declaration.
+      if (t->live[c * replicas_ + j] == self) t->backups[c].synced = fresh && !joining_shards_[self];
     }
   }
   log::Info("shard {}: declared '{}' {} x {} in {} chunks, {} owned here", self, r.key(),
@@ -377,6 +374,10 @@ std::string ShardService::SupersededMessage(uint64_t epoch) const {
 
 absl::Status ShardService::CheckEpochLocked(uint64_t epoch, absl::Time deadline) const {
   ExpirePrepareLocked();
+  if (rejoining_) {
+    return absl::UnavailableError(absl::StrCat(
+        "shard ", self_address_, " restarted and is rejoining the running job; retry"));
+  }
   if (replicas_ > 1 && epoch > epoch_.load() && phase_ == Phase::kServing) {
     // A failover's map reaches the shards one after the other: a caller that learnt it
     // from another shard waits a little for it here.
@@ -718,13 +719,7 @@ absl::Status ShardService::WriteCheckpoint(
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [key, t] : tensors_) {
-      proto::TensorDeclaration& d = c.declarations.emplace_back();
-      d.set_job(config_.job());
-      d.set_key(key);
-      d.set_dtype(cluster::ToProto(t->dtype));
-      d.set_elements(t->layout.elements);
-      d.set_chunk_bytes(config_.chunk_bytes());
-      *d.mutable_optimizer() = t->optimizer_config;
+      c.declarations.push_back(t->Declaration(config_));
     }
     for (auto& [id, snap] : chunks) {
       auto it = tensors_.find(id.first);
@@ -1125,13 +1120,7 @@ void ShardService::RunSwitch() {
     const cluster::ShardMap next_map(next.shards_size(), next.shard_map_epoch());
     uint64_t owned = 0;
     for (auto& [key, t] : tensors_) {
-      proto::TensorDeclaration& d = declarations.emplace_back();
-      d.set_job(config_.job());
-      d.set_key(key);
-      d.set_dtype(cluster::ToProto(t->dtype));
-      d.set_elements(t->layout.elements);
-      d.set_chunk_bytes(config_.chunk_bytes());
-      *d.mutable_optimizer() = t->optimizer_config;
+      declarations.push_back(t->Declaration(config_));
       std::vector<uint32_t> owner = next_map.Assign(key, t->layout);
       for (auto it = t->chunks.begin(); it != t->chunks.end();) {
         const uint32_t c = it->first;
@@ -1177,6 +1166,7 @@ void ShardService::RunSwitch() {
       phase_ = Phase::kDrained;
     }
     down_.assign(next.shards_size(), false);
+    joining_shards_.assign(next.shards_size(), false);
     if (replicas_ > 1 && new_index >= 0) {
       // The backups follow the new map; kept chunks send their state to them before
       // their next answer, moved ones do after Restore.
@@ -1377,6 +1367,9 @@ void ShardService::ReshardStatus(proto::ReshardStatusResponse* r) const {
   r->set_chunks_promoted(chunks_promoted_);
   r->set_replications_sent(replications_sent_.load());
   r->set_chunks_lost(chunks_lost_);
+  *r->mutable_joining_shards() = map_config_.joining_shards();
+  r->set_tensors(tensors_.size());
+  if (rejoining_) r->set_state("rejoining");
 }
 
 }  // namespace gcomp::server

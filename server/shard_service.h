@@ -67,6 +67,14 @@ struct ShardPeers {
   std::function<absl::Status(const std::string& address, const proto::InstallMapRequest&)>
       install_map;
   std::function<absl::Status(const std::string& address, absl::Duration timeout)> probe;
+  // A restarted shard: where a peer stands (is a job running?), and its request to be
+  // taken back.
+  std::function<absl::StatusOr<proto::ReshardStatusResponse>(const std::string& address,
+                                                             absl::Duration timeout)>
+      status;
+  std::function<absl::Status(const std::string& address, const proto::RejoinRequest&,
+                             proto::RejoinResponse*)>
+      rejoin;
 };
 
 struct ShardOptions {
@@ -141,10 +149,20 @@ class ShardService {
   // the ones that do not answer. The response names the map after it.
   absl::Status ReportDown(const proto::ReportDownRequest& request,
                           proto::ReportDownResponse* response);
-  // The coordinator's map: same shards, a higher epoch, other down_shards. Backups of a
-  // down owner's chunks promote their replicated state; a chunk whose every copy is down
-  // is lost, and its calls get DataLoss naming the shards.
-  absl::Status InstallMap(const proto::ClusterConfig& next);
+  // The coordinator's map: same shards, a higher epoch, other down_shards or
+  // joining_shards. Backups of a down owner's chunks promote their replicated state; a
+  // chunk whose every copy is down is lost, and its calls get DataLoss naming the shards.
+  // A joining shard declares the request's tensors and backs its chunks up; when it is no
+  // longer joining, it takes them over from their backups.
+  absl::Status InstallMap(const proto::InstallMapRequest& request);
+  // On the coordinator: a restarted shard asks to be taken back (docs/SERVICE.md).
+  absl::Status Rejoin(const proto::RejoinRequest& request, proto::RejoinResponse* response);
+  // With replicas >= 2, a shard that starts while its peers run a job restarted after a
+  // crash: its memory is empty, so it must not serve before it has caught up. Hold (before
+  // the server listens) refuses every call with Unavailable; Start (once it listens) asks
+  // the peers and, if a job is running, rejoins it in the background.
+  void HoldForRejoinCheck();
+  void StartRejoinCheck();
   void ReshardStatus(proto::ReshardStatusResponse* response) const;
 
   // Writes the checkpoint set "final" (every chunk at its last completed step) into
@@ -231,6 +249,14 @@ class ShardService {
   // The coordinator's part of ReportDown (serialized by failover_mu_).
   absl::Status CoordinateFailover(const proto::ReportDownRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(failover_mu_);
+  // Installs `next` (its epoch already raised) on every shard not down in it, this one last;
+  // a shard that cannot be reached is added to the down ones and the epoch raised again.
+  absl::Status DistributeMap(proto::ClusterConfig next, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(failover_mu_);
+  // A restarted shard's way back: find the running job, ask to join, catch up, ask again.
+  void RejoinLoop();
+  // Joining, and every chunk this shard backs up holds its owner's state.
+  bool CaughtUpLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::string ShardName(uint32_t index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // CheckJobAndEpoch, the key's limits, then the declared tensor (NotFound if none).
   absl::StatusOr<Tensor*> FindTensor(const std::string& job, uint64_t epoch,
@@ -296,7 +322,10 @@ class ShardService {
 
   // Replication and failover.
   const uint32_t replicas_;
-  std::vector<bool> down_ ABSL_GUARDED_BY(mu_);  // by shard index, from map_config_
+  std::vector<bool> down_ ABSL_GUARDED_BY(mu_);     // by shard index, from map_config_
+  std::vector<bool> joining_shards_ ABSL_GUARDED_BY(mu_);  // likewise
+  bool rejoining_ ABSL_GUARDED_BY(mu_) = false;     // restarted: not serving yet
+  std::thread rejoin_thread_;
   absl::Mutex failover_mu_;  // one coordinated failover at a time; before mu_
   uint64_t failovers_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunks_promoted_ ABSL_GUARDED_BY(mu_) = 0;

@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "cluster/optimizer.h"
 #include "cluster/shard_map.h"
+#include "cluster/wire_block.h"
 #include "codec/codec.h"
 #include "proto/chunk_state.pb.h"
 #include "proto/cluster_config.pb.h"
@@ -18,6 +20,16 @@
 #include "server/step_accumulator.h"
 
 namespace gcomp::server {
+
+inline absl::StatusOr<cluster::OptimizerOptions> OptimizerFrom(const proto::OptimizerConfig& c) {
+  absl::StatusOr<cluster::OptimizerKind> kind = cluster::ParseOptimizerKind(c.name());
+  if (!kind.ok()) return kind.status();
+  cluster::OptimizerOptions o{*kind, c.learning_rate(), c.momentum(), c.beta1(), c.beta2(), c.epsilon()};
+  absl::Status s = cluster::ValidateOptimizerOptions(o);
+  if (!s.ok()) return s;
+  return o;
+}
+
 
 // A chunk this shard backs up: the state its owner last replicated (merged from parts),
 // or before any, the declared initial value. `synced`: this shard holds the chunk's
@@ -47,6 +59,18 @@ struct ShardService::Tensor {
   absl::flat_hash_map<uint32_t, TensorBackup> backups;  // chunks this shard backs up
   // Chunks whose every copy went down at once: the DataLoss message their calls get.
   absl::flat_hash_map<uint32_t, std::string> lost;
+
+  // How this tensor is declared, for checkpoints, moved state and a joining shard.
+  proto::TensorDeclaration Declaration(const proto::ClusterConfig& config) const {
+    proto::TensorDeclaration d;
+    d.set_job(config.job());
+    d.set_key(key);
+    d.set_dtype(cluster::ToProto(dtype));
+    d.set_elements(layout.elements);
+    d.set_chunk_bytes(config.chunk_bytes());
+    *d.mutable_optimizer() = optimizer_config;
+    return d;
+  }
 };
 
 }  // namespace gcomp::server

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -159,6 +160,42 @@ TEST_P(Failover, AStoppedShardLosesNoAcknowledgedStep) {
               ::testing::ElementsAre(static_cast<uint32_t>(killed)));
   EXPECT_EQ(st.shard_map_epoch(), 2u);
   EXPECT_EQ(st.chunks_lost(), 0u);
+}
+
+// The same, with the stopped shard started again 300 ms later (same address and index,
+// empty memory, as a restarted pod): it catches up from the current owners and takes its
+// chunks back while the workers train.
+TEST_P(Failover, ARestartedShardRejoinsAndTakesItsChunksBack) {
+  const auto& [optimizer, killed] = GetParam();
+  std::vector<std::vector<std::vector<float>>> undisturbed;
+  {
+    const proto::ClusterConfig c = Config(3, 2, optimizer);
+    auto shards = StartShards(c);
+    undisturbed = Train(c, nullptr, nullptr);
+  }
+  const proto::ClusterConfig c = Config(3, 2, optimizer);
+  auto shards = StartShards(c);
+  std::thread restarter;
+  auto disturbed = Train(c, [&](int step) {
+    if (step != 3) return;
+    shards[killed].reset();
+    restarter = std::thread([&] {
+      absl::SleepFor(absl::Milliseconds(300));
+      auto s = server::ShardServer::Start(c, {static_cast<uint32_t>(killed), 2, {}}, c.shards(killed));
+      ASSERT_TRUE(s.ok()) << s.status();
+      shards[killed] = *std::move(s);
+    });
+  }, nullptr);
+  restarter.join();
+  ExpectIdentical(disturbed, undisturbed);
+  // Back in the map: nothing down, nothing joining, its chunks its own again.
+  const proto::ReshardStatusResponse st = StatusOf(c.shards(killed));
+  EXPECT_EQ(st.state(), "serving");
+  EXPECT_EQ(st.down_shards_size(), 0);
+  EXPECT_EQ(st.joining_shards_size(), 0);
+  EXPECT_FALSE(st.degraded());
+  EXPECT_GT(st.chunks_promoted(), 0u);
+  EXPECT_GT(st.chunks_owned(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(OptimizersAndShards, Failover,

@@ -53,7 +53,8 @@ struct MapState {
   proto::ClusterConfig config;
   cluster::ShardMap map{1, 1};
   uint32_t replicas = 1;
-  std::vector<bool> down;  // by shard: taken out by a failover
+  std::vector<bool> down;     // by shard: taken out by a failover
+  std::vector<bool> joining;  // by shard: back, catching up, owning nothing yet
   // stubs[shard][channel] and one Resharding stub per shard.
   std::vector<std::vector<std::unique_ptr<proto::Aggregation::Stub>>> stubs;
   std::vector<std::unique_ptr<proto::Resharding::Stub>> reshard;
@@ -61,11 +62,11 @@ struct MapState {
   uint64_t epoch() const { return config.shard_map_epoch(); }
   // Each chunk's live replica set, owner first (ShardMap::LiveReplicas).
   std::vector<uint32_t> Holders(const std::string& key, const TensorInfo& t) const {
-    return map.LiveReplicas(key, t.layout, replicas, down);
+    return map.LiveReplicas(key, t.layout, replicas, down, joining);
   }
   // Each chunk's owner; ShardMap::kNone when every shard that could hold it is down.
   std::vector<uint32_t> Owners(const std::string& key, const TensorInfo& t) const {
-    if (replicas == 1) return map.Assign(key, t.layout);
+    if (replicas == 1) return map.Assign(key, t.layout);  // the common case, without ranking
     const std::vector<uint32_t> live = Holders(key, t);
     std::vector<uint32_t> owner(t.layout.num_chunks);
     for (size_t c = 0; c < owner.size(); ++c) owner[c] = live[c * replicas];
@@ -142,8 +143,10 @@ struct Client::Impl {
   // Registers this worker with every shard of `m`.
   absl::Status RegisterAll(const MapState& m, bool wait_for_ready);
   // Declares `key` on every shard of `m`; `initial` as in Client::Declare.
+  // `may_switch`: a shard answering ABORTED moves this client to the newer map and the
+  // declaration is redone there (else the ABORTED status is returned).
   absl::Status DeclareOn(const MapState& m, const std::string& key, const TensorInfo& t,
-                         size_t elements, const void* initial);
+                         size_t elements, const void* initial, bool may_switch = true);
   // After shard `shard` of `seen` answered ABORTED, or could not be reached: fetches the
   // config from it, else from the other shards, and moves this client to a newer map
   // (registered, every tensor declared), unless another call already did. NotFound when
@@ -250,6 +253,8 @@ std::shared_ptr<MapState> Client::Impl::BuildMap(const proto::ClusterConfig& cfg
   m->replicas = cluster::Replicas(cfg);
   m->down.assign(cfg.shards_size(), false);
   for (uint32_t k : cfg.down_shards()) m->down[k] = true;
+  m->joining.assign(cfg.shards_size(), false);
+  for (uint32_t k : cfg.joining_shards()) m->joining[k] = true;
   absl::MutexLock lock(&map_mu);
   for (int s = 0; s < cfg.shards_size(); ++s) {
     std::vector<std::shared_ptr<grpc::Channel>>& chans = channels[cfg.shards(s)];
@@ -298,51 +303,67 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, bool wait_for_ready) {
 absl::Status Client::Impl::SwitchMap(const MapState& seen, uint32_t shard) {
   absl::MutexLock switching(&switch_mu);
   if (Map()->epoch() > seen.epoch()) return absl::OkStatus();  // another call switched
-  proto::ClusterConfig next;
-  std::string from;
-  std::vector<std::string> problems;
-  const uint32_t n = seen.config.shards_size();
-  for (uint32_t i = 0; i < n && from.empty(); ++i) {
-    const uint32_t k = (shard + i) % n;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(std::min<uint32_t>(config.rpc_timeout_ms(), 5000)));
-    grpc::Status st = seen.reshard[k]->GetConfig(&ctx, proto::GetConfigRequest(), &next);
-    const std::string who = absl::StrCat("shard ", k, " (", seen.config.shards(k), ")");
-    if (!st.ok()) {
-      problems.push_back(absl::StrCat(who, ": ", st.error_message()));
-    } else if (next.job() != config.job()) {
-      problems.push_back(absl::StrCat(who, " serves job '", next.job(), "'"));
-    } else if (next.shard_map_epoch() > seen.epoch()) {
-      from = who;
+  uint64_t floor = seen.epoch();
+  // Maps can follow each other quickly (a failover, then a rejoin): a map replaced while
+  // this client registers with it is skipped for the newer one.
+  for (int attempt = 0;; ++attempt) {
+    proto::ClusterConfig next;
+    std::string from;
+    std::vector<std::string> problems;
+    const uint32_t n = seen.config.shards_size();
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint32_t k = (shard + i) % n;
+      if (seen.down[k]) continue;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(DeadlineIn(std::min<uint32_t>(config.rpc_timeout_ms(), 5000)));
+      proto::ClusterConfig got;
+      grpc::Status st = seen.reshard[k]->GetConfig(&ctx, proto::GetConfigRequest(), &got);
+      const std::string who = absl::StrCat("shard ", k, " (", seen.config.shards(k), ")");
+      if (!st.ok()) {
+        problems.push_back(absl::StrCat(who, ": ", st.error_message()));
+      } else if (got.job() != config.job()) {
+        problems.push_back(absl::StrCat(who, " serves job '", got.job(), "'"));
+      } else if (got.shard_map_epoch() > floor &&
+                 got.shard_map_epoch() > next.shard_map_epoch()) {
+        next = std::move(got);
+        from = who;
+      }
     }
+    if (from.empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no shard of shard-map epoch ", seen.epoch(), " knows a newer map",
+          problems.empty() ? "" : absl::StrCat(" (", absl::StrJoin(problems, "; "), ")")));
+    }
+    // The worker keeps its own settings; only the map comes from the shard.
+    proto::ClusterConfig cfg = seen.config;
+    *cfg.mutable_shards() = next.shards();
+    cfg.set_shard_map_epoch(next.shard_map_epoch());
+    *cfg.mutable_down_shards() = next.down_shards();
+    *cfg.mutable_joining_shards() = next.joining_shards();
+    if (absl::Status s = cluster::ValidateReshard(seen.config, cfg); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("new shard map from ", from, ": ", s.message()));
+    }
+    std::shared_ptr<MapState> m = BuildMap(cfg);
+    absl::Status s = RegisterAll(*m, /*wait_for_ready=*/true);
+    absl::flat_hash_map<std::string, TensorInfo> declared;
+    {
+      absl::MutexLock lock(&mu);
+      declared = tensors;
+    }
+    for (auto it = declared.begin(); s.ok() && it != declared.end(); ++it) {
+      s = DeclareOn(*m, it->first, it->second, it->second.layout.elements, nullptr,
+                    /*may_switch=*/false);
+    }
+    if (absl::IsAborted(s) && attempt < kMaxMapSwitches) {
+      floor = m->epoch();
+      continue;
+    }
+    if (!s.ok()) return s;
+    absl::MutexLock lock(&map_mu);
+    map = std::move(m);
+    ++map_switches;
+    return absl::OkStatus();
   }
-  if (from.empty()) {
-    return absl::NotFoundError(absl::StrCat(
-        "no shard of shard-map epoch ", seen.epoch(), " knows a newer map",
-        problems.empty() ? "" : absl::StrCat(" (", absl::StrJoin(problems, "; "), ")")));
-  }
-  // The worker keeps its own settings; only the map comes from the shard.
-  proto::ClusterConfig cfg = seen.config;
-  *cfg.mutable_shards() = next.shards();
-  cfg.set_shard_map_epoch(next.shard_map_epoch());
-  *cfg.mutable_down_shards() = next.down_shards();
-  if (absl::Status s = cluster::ValidateReshard(seen.config, cfg); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("new shard map from ", from, ": ", s.message()));
-  }
-  std::shared_ptr<MapState> m = BuildMap(cfg);
-  if (absl::Status s = RegisterAll(*m, /*wait_for_ready=*/true); !s.ok()) return s;
-  absl::flat_hash_map<std::string, TensorInfo> declared;
-  {
-    absl::MutexLock lock(&mu);
-    declared = tensors;
-  }
-  for (const auto& [key, t] : declared) {
-    if (absl::Status s = DeclareOn(*m, key, t, t.layout.elements, nullptr); !s.ok()) return s;
-  }
-  absl::MutexLock lock(&map_mu);
-  map = std::move(m);
-  ++map_switches;
-  return absl::OkStatus();
 }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -400,7 +421,8 @@ absl::Status Client::Declare(const std::string& key, codec::DType dtype, size_t 
 }
 
 absl::Status Client::Impl::DeclareOn(const MapState& seen, const std::string& key,
-                                     const TensorInfo& t, size_t elements, const void* initial) {
+                                     const TensorInfo& t, size_t elements, const void* initial,
+                                     bool may_switch) {
   const MapState* m = &seen;
   std::shared_ptr<const MapState> newer;
   for (int switches = 0;; ++switches) {
@@ -444,7 +466,8 @@ absl::Status Client::Impl::DeclareOn(const MapState& seen, const std::string& ke
           return Stub(*m, s)->DeclareTensor(&ctx, req, &resp);
         }, m);
         absl::Status error;
-        if (!st.ok() && switches < kMaxMapSwitches && ResendAfterSwitch(st, *m, s, &error)) {
+        if (!st.ok() && may_switch && switches < kMaxMapSwitches &&
+            ResendAfterSwitch(st, *m, s, &error)) {
           aborted = true;
           break;
         }

@@ -14,9 +14,9 @@
 // every result matched it bit for bit: "identical_to_fixed", beside "reshards",
 // "chunks_moved" and "bytes_moved".
 //
-// With --replicas 2 --kill_shard K --kill_at_step N [--restart_after_ms T], shard K is
-// SIGKILLed as worker 0 starts step N (and restarted T ms later, empty, as a restarted pod
-// would be); the line gains "failovers" and "identical_to_undisturbed" (against the same
+// With --replicas 2 --kill_shard K[,K2...] --kill_at_step N [--restart_after_ms T], the
+// shards are SIGKILLed as worker 0 starts step N (and restarted T ms later, empty, as a
+// restarted pod would be); the line gains "failovers" and "identical_to_undisturbed" (against the same
 // job without the kill, run first).
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -72,13 +72,13 @@ ABSL_FLAG(int, kill_worker, -1, "Testing: the worker to SIGKILL mid-step.");
 ABSL_FLAG(int, kill_at_step, 1,
           "Testing: the step at which --kill_worker dies, or --kill_shard is SIGKILLed (when "
           "worker 0 starts it, so pushes are in flight).");
-ABSL_FLAG(int, kill_shard, -1,
-          "Testing failover: the shard to SIGKILL at --kill_at_step (use --replicas 2). The "
-          "JSON line gains failovers and identical_to_undisturbed (against a run without the "
-          "kill, made first).");
+ABSL_FLAG(std::vector<std::string>, kill_shard, {},
+          "Testing failover: the shards (K or K1,K2,...) to SIGKILL at once at --kill_at_step "
+          "(use --replicas 2). The JSON line gains failovers and identical_to_undisturbed "
+          "(against a run without the kill, made first).");
 ABSL_FLAG(int, restart_after_ms, -1,
-          "With --kill_shard: restart it (same address and index, empty memory) this many ms "
-          "after the kill; -1: never.");
+          "With --kill_shard: restart them (same address and index, empty memory) this many "
+          "ms after the kill; -1: never.");
 ABSL_FLAG(int, replicas, 1, "Config replicas: copies of each chunk's state (failover needs 2).");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address the shards listen on.");
 ABSL_FLAG(std::string, server_prefix, "",
@@ -288,12 +288,16 @@ int main(int argc, char** argv) {
     fprintf(stderr, "cluster: --reshard_at picks free ports; drop --base_port\n");
     return 2;
   }
-  const int kill_shard = absl::GetFlag(FLAGS_kill_shard);
-  if (kill_shard >= S || (kill_shard >= 0 && (absl::GetFlag(FLAGS_kill_at_step) < 1 ||
-                                              absl::GetFlag(FLAGS_kill_at_step) >= steps))) {
-    fprintf(stderr, "cluster: --kill_shard must be a shard index below --shards (%d), with "
-                    "1 <= --kill_at_step < --steps\n", S);
-    return 2;
+  std::vector<int> kill_shards;
+  for (const std::string& k : absl::GetFlag(FLAGS_kill_shard)) {
+    int index = -1;
+    if (!absl::SimpleAtoi(k, &index) || index < 0 || index >= S ||
+        absl::GetFlag(FLAGS_kill_at_step) < 1 || absl::GetFlag(FLAGS_kill_at_step) >= steps) {
+      fprintf(stderr, "cluster: --kill_shard takes shard indexes below --shards (%d), with "
+                      "1 <= --kill_at_step < --steps; got '%s'\n", S, k.c_str());
+      return 2;
+    }
+    kill_shards.push_back(index);
   }
   if (absl::GetFlag(FLAGS_replicas) < 1 || absl::GetFlag(FLAGS_replicas) > S) {
     fprintf(stderr, "cluster: --replicas must be in [1, --shards]\n");
@@ -302,7 +306,7 @@ int main(int argc, char** argv) {
   // The same job on fixed shards (no re-shard, no kill) first, by a child launcher, for
   // identical_to_fixed and identical_to_undisturbed.
   std::string fixed_digest;
-  if (!events.empty() || kill_shard >= 0) {
+  if (!events.empty() || !kill_shards.empty()) {
     std::vector<std::string> args;
     for (int i = 0; i < argc; ++i) {
       const std::string a = argv[i];
@@ -552,25 +556,27 @@ int main(int argc, char** argv) {
   std::string kill_error;
   int shard_starts = static_cast<int>(servers.size());
   std::thread killer([&] {
-    if (kill_shard < 0) return;
+    if (kill_shards.empty()) return;
     const int at = absl::GetFlag(FLAGS_kill_at_step);
     while (true) {
       const std::optional<Progress> p = ReadProgress(dir + "/worker0.progress");
       if (p && p->steps >= at) break;
       if (left == 0) {
-        kill_error = absl::StrCat("the workers ended before step ", at, ", where shard ",
-                                  kill_shard, " was to be killed");
+        kill_error = absl::StrCat("the workers ended before step ", at, ", where shards ",
+                                  absl::StrJoin(kill_shards, ","), " were to be killed");
         return;
       }
       absl::SleepFor(absl::Milliseconds(2));
     }
-    kill(servers[kill_shard], SIGKILL);
+    for (int k : kill_shards) kill(servers[k], SIGKILL);
     const int restart_ms = absl::GetFlag(FLAGS_restart_after_ms);
     if (restart_ms < 0) return;
     absl::SleepFor(absl::Milliseconds(restart_ms));
     // Same address and index, empty memory: as a restarted pod.
-    servers[kill_shard] = start_shard(config_path, kill_shard, metrics_ports[kill_shard]);
-    ++shard_starts;
+    for (int k : kill_shards) {
+      servers[k] = start_shard(config_path, k, metrics_ports[k]);
+      ++shard_starts;
+    }
   });
 
   // Workers end on their own: every call has a deadline. The launcher adds a last guard.
@@ -727,7 +733,7 @@ int main(int argc, char** argv) {
   }
   std::string failover_json;
   bool failover_ok = true;
-  if (kill_shard >= 0) {
+  if (!kill_shards.empty()) {
     // Each failover is coordinated, and logged, by one shard.
     int failovers = 0;
     for (int k = 0; k < shard_starts; ++k) {
