@@ -130,7 +130,8 @@ std::string FormatStatusTable(const ClusterStatus& status) {
       const proto::StatsResponse& t = s.stats;
       const double ratio = Ratio(t);
       row.insert(row.end(),
-                 {"up", absl::StrCat(t.shard_map_epoch()), absl::StrCat(t.chunks_owned()),
+                 {t.replication_degraded() ? "degraded" : "up", absl::StrCat(t.shard_map_epoch()),
+                  absl::StrCat(t.chunks_owned()),
                   absl::StrCat(t.tensors()), absl::StrCat(t.steps_completed()),
                   absl::StrCat(t.steps_failed()), HumanBytes(t.bytes_in()),
                   HumanBytes(t.bytes_out()),
@@ -192,6 +193,8 @@ std::string FormatStatusJson(const ClusterStatus& status) {
                     ",\"pending_bytes\":", t.pending_bytes(),
                     ",\"refused_by_limits\":", t.refused_by_limits(),
                     ",\"uptime_ms\":", t.uptime_ms(),
+                    ",\"down_shards\":[", absl::StrJoin(t.down_shards(), ","), "]",
+                    ",\"replication_degraded\":", t.replication_degraded() ? "true" : "false",
                     ",\"last_error\":", JsonQuote(t.last_error()), "}");
     shards.push_back(std::move(o));
   }

@@ -56,7 +56,8 @@ absl::StatusOr<ClusterStatus> CollectStatus(const proto::ClusterConfig& config,
 // Aligned columns, one line per shard after a header:
 //   shard address state epoch chunks tensors steps failed in out ratio memory last_error
 // Bytes in human units (KiB, MiB, GiB), ratio as "4.21x" (raw over wire bytes, both
-// directions), memory as "used/budget". A down shard reads DOWN and its status code and
+// directions), memory as "used/budget". The state is "up", or "degraded" when the shard's map
+// has shards down after a failover (replicas >= 2). A down shard reads DOWN and its status code and
 // message in the last column.
 std::string FormatStatusTable(const ClusterStatus& status);
 

@@ -164,6 +164,36 @@ ShardMetrics::ShardMetrics(const std::string& job, uint32_t shard)
                 .Labels(labels)
                 .Register(r)
                 .Add({});
+  down_shards_ = &prometheus::BuildGauge()
+                      .Name("gcomp_shard_down_shards")
+                      .Help("Shards a failover took out of the map this shard serves.")
+                      .Labels(labels)
+                      .Register(r)
+                      .Add({});
+  degraded_ = &prometheus::BuildGauge()
+                   .Name("gcomp_shard_replication_degraded")
+                   .Help("1 while shards are down: some chunks have fewer copies than `replicas`.")
+                   .Labels(labels)
+                   .Register(r)
+                   .Add({});
+  failovers_ = &prometheus::BuildCounter()
+                    .Name("gcomp_shard_failover_maps_total")
+                    .Help("Failover maps (shards down, joining or back) installed on this shard.")
+                    .Labels(labels)
+                    .Register(r)
+                    .Add({});
+  chunks_promoted_ = &prometheus::BuildCounter()
+                          .Name("gcomp_shard_chunks_taken_over_total")
+                          .Help("Chunks this shard took over from its backup copies.")
+                          .Labels(labels)
+                          .Register(r)
+                          .Add({});
+  chunks_lost_ = &prometheus::BuildCounter()
+                      .Name("gcomp_shard_chunks_lost_total")
+                      .Help("Chunks whose every copy went down at once (their steps fail).")
+                      .Labels(labels)
+                      .Register(r)
+                      .Add({});
   calls_in_flight_ = &prometheus::BuildGauge()
                           .Name("gcomp_grpc_calls_in_flight")
                           .Help("gRPC calls being served, per method.")
@@ -241,6 +271,15 @@ void ShardMetrics::SetAdmission(const AdmissionUsage& usage, uint64_t budget_byt
     refusals_seen_ = usage.refused;
   }
 }
+
+void ShardMetrics::SetReplication(uint64_t down_shards, bool degraded) {
+  down_shards_->Set(static_cast<double>(down_shards));
+  degraded_->Set(degraded ? 1 : 0);
+}
+
+void ShardMetrics::CountFailover() { failovers_->Increment(); }
+void ShardMetrics::CountChunksPromoted(uint64_t chunks) { chunks_promoted_->Increment(chunks); }
+void ShardMetrics::CountChunksLost(uint64_t chunks) { chunks_lost_->Increment(chunks); }
 
 void ShardMetrics::SetTensors(uint64_t tensors, uint64_t chunks_owned, uint64_t shard_map_epoch) {
   tensors_->Set(static_cast<double>(tensors));

@@ -54,6 +54,12 @@ class ShardMetrics {
   void ObserveCheckpoint(uint64_t bytes, double seconds);
   void SetAdmission(const AdmissionUsage& usage, uint64_t budget_bytes);
   void SetTensors(uint64_t tensors, uint64_t chunks_owned, uint64_t shard_map_epoch);
+  // Replication: shards down in the map served, whether some chunk has fewer live copies
+  // than configured (degraded), and a failover map installed here (the map changed).
+  void SetReplication(uint64_t down_shards, bool degraded);
+  void CountFailover();
+  void CountChunksPromoted(uint64_t chunks);
+  void CountChunksLost(uint64_t chunks);
 
   // Counts a call of `method` in flight while it lives.
   class InFlight {
@@ -108,6 +114,11 @@ class ShardMetrics {
   prometheus::Gauge* tensors_;
   prometheus::Gauge* chunks_owned_;
   prometheus::Gauge* epoch_;
+  prometheus::Gauge* down_shards_;
+  prometheus::Gauge* degraded_;
+  prometheus::Counter* failovers_;
+  prometheus::Counter* chunks_promoted_;
+  prometheus::Counter* chunks_lost_;
 
   mutable absl::Mutex mu_;
   // Children of the labelled families, made on first use.

@@ -588,6 +588,10 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
     }
     chunks_promoted_ += promoted;
     chunks_lost_ += lost;
+    metrics_->CountFailover();
+    metrics_->CountChunksPromoted(promoted);
+    metrics_->CountChunksLost(lost);
+    metrics_->SetReplication(next.down_shards_size(), next.down_shards_size() > 0);
     epoch_ = epoch;
     chunks_owned_ = owned;
     metrics_->SetTensors(tensors_.size(), owned, epoch);

@@ -612,6 +612,8 @@ void ShardService::Stats(proto::StatsResponse* r) const {
   r->set_steps_completed(done);
   r->set_steps_failed(failed);
   r->set_tensors(tensors_.size());
+  *r->mutable_down_shards() = map_config_.down_shards();
+  r->set_replication_degraded(map_config_.down_shards_size() > 0);
   const AdmissionUsage usage = admission_->usage();
   r->set_memory_budget_bytes(admission_->limits().memory_budget_bytes);
   r->set_memory_used_bytes(usage.memory_bytes);

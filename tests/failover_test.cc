@@ -160,6 +160,11 @@ TEST_P(Failover, AStoppedShardLosesNoAcknowledgedStep) {
               ::testing::ElementsAre(static_cast<uint32_t>(killed)));
   EXPECT_EQ(st.shard_map_epoch(), 2u);
   EXPECT_EQ(st.chunks_lost(), 0u);
+  // Operators see it in the metrics too.
+  const std::string metrics = shards[live]->service()->metrics()->Text();
+  EXPECT_THAT(metrics, HasSubstr("gcomp_shard_replication_degraded{job=\"failover\",shard=\""));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("gcomp_shard_replication_degraded\\{[^}]*\\} 1"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("gcomp_shard_down_shards\\{[^}]*\\} 1"));
 }
 
 // The same, with the stopped shard started again 300 ms later (same address and index,
