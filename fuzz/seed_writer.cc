@@ -349,6 +349,36 @@ void WriteSessions() {
     AddPull(&s, "r", 0);
     Write("shard_service", "reshard", s.SerializeAsString());
   }
+  {
+    FuzzSession s;  // two shards, replicas 2: a state replicated in, a failover, a rejoin
+    s.set_shards(1);
+    s.set_replicas(1);
+    AddRegister(&s, 0);
+    AddDeclare(&s, "f", proto::DTYPE_F32, 900, true, "adam");
+    for (uint32_t c = 0; c < 4; ++c) AddPush(&s, "f", proto::DTYPE_F32, 900, c, 0, 0, 1, c);
+    proto::ReplicateRequest* r = s.add_calls()->mutable_replicate();
+    r->set_job("fuzz");
+    r->set_shard_map_epoch(1);
+    r->set_from_shard(1);
+    r->mutable_part()->set_key("f");
+    r->mutable_part()->set_chunk(1);
+    r->mutable_part()->set_elements(256);
+    r->set_completes_chunk(true);
+    proto::ReportDownRequest* d = s.add_calls()->mutable_report_down();
+    d->set_job("fuzz");
+    d->set_shard_map_epoch(1);
+    d->set_shard(1);
+    proto::InstallMapRequest* m = s.add_calls()->mutable_install_map();
+    m->mutable_map()->set_shard_map_epoch(2);  // no job: the session's config
+    m->mutable_map()->add_down_shards(1);
+    for (uint32_t c = 0; c < 4; ++c) AddPush(&s, "f", proto::DTYPE_F32, 900, c, 1, 0, 1, c + 4);
+    s.mutable_calls(s.calls_size() - 1)->mutable_push_pull()->mutable_address()->set_shard_map_epoch(2);
+    proto::RejoinRequest* j = s.add_calls()->mutable_rejoin();
+    j->set_job("fuzz");
+    j->set_shard(1);
+    s.add_calls()->mutable_reshard_status();
+    Write("shard_service", "failover", s.SerializeAsString());
+  }
 }
 
 }  // namespace

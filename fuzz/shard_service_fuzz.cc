@@ -1,14 +1,16 @@
 // Fuzz target: every request handler of server::ShardService, fed by a hostile client.
 //
 // The input is a serialized FuzzSession (fuzz_session.proto): a small cluster and a list of
-// RegisterWorker / DeclareTensor / PushPull / Pull / Stats calls and the re-sharding ones
-// (Prepare, Commit, Abort, Transfer, ReshardStatus), run in order against a fresh shard (so
+// RegisterWorker / DeclareTensor / PushPull / Pull / Stats calls, the re-sharding ones
+// (Prepare, Commit, Abort, Transfer, ReshardStatus) and the failover ones (Replicate,
+// ReportDown, InstallMap, Rejoin; peers are unreachable), run in order against a fresh shard (so
 // that a crash reproduces from its input alone; a committed re-shard switches on a thread
 // of its own, the one source of nondeterminism). Every call runs with a deadline already
 // due: a push that completes the step returns at once, one that waits for another worker
 // or a re-shard returns DeadlineExceeded or Unavailable, so no input sleeps. Properties: every
 // status is one of the codes shard_service.h documents; every block the shard answers with
 // decodes as the chunk it names; Stats counts what was accepted.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -53,6 +55,7 @@ proto::ClusterConfig SessionConfig(const FuzzSession& session) {
   config.set_step_timeout_ms(1000);
   config.set_rpc_timeout_ms(2000);
   config.mutable_limits()->set_memory_budget_bytes(uint64_t{64} << 20);
+  config.set_replicas(std::min<uint32_t>(1 + session.replicas() % 2, config.shards_size()));
   return config;
 }
 
@@ -151,6 +154,36 @@ void RunSession(const FuzzSession& session) {
         proto::ReshardStatusResponse response;
         service.ReshardStatus(&response);
         Check(!response.state().empty(), "ReshardStatus without a state");
+        break;
+      }
+      case FuzzCall::kReplicate: {
+        absl::Status s = service.AcceptReplica(call.replicate());
+        if (!s.ok()) CheckCode(s, kShardErrors, "Replicate");
+        break;
+      }
+      case FuzzCall::kReportDown: {
+        proto::ReportDownResponse response;
+        absl::Status s = service.ReportDown(call.report_down(), &response);
+        if (!s.ok()) CheckCode(s, kShardErrors, "ReportDown");
+        break;
+      }
+      case FuzzCall::kInstallMap: {
+        proto::InstallMapRequest r = call.install_map();
+        if (r.map().job().empty()) {
+          proto::ClusterConfig map = SessionConfig(session);
+          map.set_shard_map_epoch(r.map().shard_map_epoch());
+          *map.mutable_down_shards() = r.map().down_shards();
+          *map.mutable_joining_shards() = r.map().joining_shards();
+          *r.mutable_map() = std::move(map);
+        }
+        absl::Status s = service.InstallMap(r);
+        if (!s.ok()) CheckCode(s, kShardErrors, "InstallMap");
+        break;
+      }
+      case FuzzCall::kRejoin: {
+        proto::RejoinResponse response;
+        absl::Status s = service.Rejoin(call.rejoin(), &response);
+        if (!s.ok()) CheckCode(s, kShardErrors, "Rejoin");
         break;
       }
       case FuzzCall::CALL_NOT_SET:

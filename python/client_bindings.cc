@@ -111,6 +111,7 @@ class PyClient {
     d["chunks"] = st.chunks;
     d["retries"] = st.retries;
     d["map_switches"] = st.map_switches;
+    d["down_reports"] = st.down_reports;
     return d;
   }
 

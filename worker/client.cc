@@ -43,9 +43,9 @@ struct TensorInfo {
   cluster::ChunkLayout layout;
 };
 
-// A call a re-shard answered ABORTED is resent under the new map at most this many times
-// (each time after a switch to a newer epoch).
-constexpr int kMaxMapSwitches = 8;
+// A call is resent under a newer map (after a re-shard or a failover answered ABORTED), or
+// after a replicated shard stayed unreachable, at most this many times.
+constexpr int kMaxMapSwitches = 16;
 
 // The shard map a call runs under: its config (shards, epoch) and stubs. Replaced, never
 // changed, when a re-shard moves the job to a new map (docs/SERVICE.md, "Re-sharding").
@@ -164,6 +164,12 @@ struct Client::Impl {
     if (!aborted && seen.replicas > 1) ReportDown(seen, shard, st.error_message());
     absl::Status s = SwitchMap(seen, shard);
     if (s.ok()) return true;
+    if (!aborted && seen.replicas > 1 && absl::IsNotFound(s)) {
+      // Every shard answered the probe, so this one is back (a restart, catching up): its
+      // rejoin brings a new map soon. Try again (the caller bounds the rounds).
+      absl::SleepFor(absl::Milliseconds(500));
+      return true;
+    }
     if (aborted || !absl::IsNotFound(s)) *error = s;
     return false;
   }

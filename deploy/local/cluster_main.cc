@@ -48,6 +48,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
@@ -80,9 +81,12 @@ ABSL_FLAG(int, restart_after_ms, -1,
           "With --kill_shard: restart them (same address and index, empty memory) this many "
           "ms after the kill; -1: never.");
 ABSL_FLAG(int, replicas, 1, "Config replicas: copies of each chunk's state (failover needs 2).");
-ABSL_FLAG(std::string, host, "127.0.0.1", "Address the shards listen on.");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address the shards listen on; a comma-separated list gives shard k the k-th "
+          "(cycling), e.g. one network namespace per shard.");
 ABSL_FLAG(std::string, server_prefix, "",
-          "Command prefix for shard processes (e.g. 'ip netns exec NS' for the benchmark).");
+          "Command prefix for shard processes (e.g. 'ip netns exec NS' for the benchmark); "
+          "{index} stands for the shard's index.");
 ABSL_FLAG(int, base_port, 0, "First shard port; 0 picks free loopback ports.");
 ABSL_FLAG(std::string, server_bin, "", "gcomp_server path (default: from runfiles).");
 ABSL_FLAG(std::string, worker_bin, "", "gcomp_worker path (default: from runfiles).");
@@ -235,6 +239,13 @@ struct ReshardEvent {
   int shards = 0;
 };
 
+// Shard k's host from --host (a list cycles).
+std::string HostOf(int k) {
+  const std::vector<std::string> hosts =
+      absl::StrSplit(absl::GetFlag(FLAGS_host), ',', absl::SkipEmpty());
+  return hosts.empty() ? std::string("127.0.0.1") : hosts[k % hosts.size()];
+}
+
 std::string Escape(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -345,7 +356,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> shards;
   for (int k = 0; k < S; ++k) {
     int port = absl::GetFlag(FLAGS_base_port) > 0 ? absl::GetFlag(FLAGS_base_port) + k : FreePort();
-    shards.push_back(absl::StrCat(absl::GetFlag(FLAGS_host), ":", port));
+    shards.push_back(absl::StrCat(HostOf(k), ":", port));
   }
   const std::string mode = absl::GetFlag(FLAGS_mode);
   const std::string config_path = dir + "/cluster.yaml";
@@ -385,11 +396,11 @@ int main(int argc, char** argv) {
   auto start_shard = [&](const std::string& config, int k, int metrics_port) {
     std::vector<std::string> args;
     for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_server_prefix), ' ', absl::SkipEmpty())) {
-      args.emplace_back(p);
+      args.push_back(absl::StrReplaceAll(p, {{"{index}", std::to_string(k)}}));
     }
     args.insert(args.end(), {server_bin, "--config", config, "--shard", std::to_string(k),
                              absl::StrCat("--decode_threads=", absl::GetFlag(FLAGS_decode_threads)),
-                             absl::StrCat("--metrics_address=", absl::GetFlag(FLAGS_host), ":",
+                             absl::StrCat("--metrics_address=", HostOf(k), ":",
                                           metrics_port)});
     if (!events.empty()) args.push_back("--config_poll_ms=200");
     return Spawn(args, absl::StrCat(dir, "/shard", servers.size(), ".out"),
@@ -495,7 +506,7 @@ int main(int argc, char** argv) {
       std::vector<std::string> next(current.begin(),
                                     current.begin() + std::min<size_t>(current.size(), ev.shards));
       while (static_cast<int>(next.size()) < ev.shards) {
-        next.push_back(absl::StrCat(absl::GetFlag(FLAGS_host), ":", FreePort()));
+        next.push_back(absl::StrCat(HostOf(static_cast<int>(next.size())), ":", FreePort()));
       }
       const std::string next_path =
           trigger == "file" ? config_path : absl::StrCat(dir, "/cluster-epoch", epoch, ".yaml");
