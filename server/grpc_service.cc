@@ -160,8 +160,12 @@ grpc::Status ReshardingGrpcService::Rejoin(grpc::ServerContext* context,
 
 namespace {
 
-// How long a replication retry or a control call waits for a connection to a peer.
+// How long a control call waits for a connection to a peer.
 constexpr absl::Duration kPeerConnectWait = absl::Seconds(1);
+// How long a replication retry does: enough for a channel between two reconnect attempts
+// (100 ms apart at first); a backup still not there is reported, and the coordinator's
+// probe decides.
+constexpr absl::Duration kReplicaConnectWait = absl::Milliseconds(300);
 
 // Calls on peer shards, one channel per address. Moved chunk state (Send) retries
 // UNAVAILABLE (a peer still switching, or restarting) for up to a minute.
@@ -205,11 +209,10 @@ class PeerTransport {
     grpc::Status st;
     for (int attempt = 0; attempt < 2; ++attempt) {
       grpc::ClientContext ctx;
-      // The retry waits for a connection (a channel may be between reconnect attempts),
-      // for at most kPeerConnectWait: a backup that does not come is reported down.
+      // The retry waits for a connection (a channel may be between reconnect attempts).
       ctx.set_wait_for_ready(attempt > 0);
       ctx.set_deadline(absl::ToChronoTime(
-          absl::Now() + (attempt > 0 ? kPeerConnectWait : absl::Seconds(10))));
+          absl::Now() + (attempt > 0 ? kReplicaConnectWait : absl::Seconds(10))));
       proto::ReplicateResponse response;
       st = StubFor(address)->Replicate(&ctx, request, &response);
       if (st.error_code() != grpc::StatusCode::UNAVAILABLE) break;

@@ -18,8 +18,9 @@
 namespace gcomp::server {
 namespace {
 
-// How long a peer has to answer a probe before the coordinator counts it down.
-constexpr absl::Duration kProbeTimeout = absl::Milliseconds(1500);
+// How long a peer has to answer a probe (connection included) before the coordinator
+// counts it down: long against a GetConfig on a loaded shard, short against the pause.
+constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
 // Rounds of installing a map: a shard that fails to take it is down too.
 constexpr int kMaxInstallRounds = 4;
 // Lost chunks logged one by one; the install's summary line counts them all.

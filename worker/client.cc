@@ -31,8 +31,11 @@ namespace {
 
 using cluster::FromGrpc;
 
-// Longest sleep between two retries of one call, and longest reconnect backoff.
+// Longest sleep between two retries of one call.
 constexpr int64_t kMaxBackoffMs = 5000;
+// Longest wait between two connection attempts to a shard: a shard that comes back (a
+// restarted pod rejoining) is reached within a second.
+constexpr int kMaxReconnectBackoffMs = 1000;
 
 std::chrono::system_clock::time_point DeadlineIn(uint32_t ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
@@ -270,7 +273,7 @@ std::shared_ptr<MapState> Client::Impl::BuildMap(const proto::ClusterConfig& cfg
       // Reconnect on the retry schedule: gRPC's default first reconnect waits about 1 s,
       // longer than a short retry budget, so a shard that comes back would be missed.
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(cfg.retry_backoff_ms()));
-      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(kMaxBackoffMs));
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
       args.SetMaxReceiveMessageSize(static_cast<int>(cfg.max_message_bytes()));
       args.SetMaxSendMessageSize(static_cast<int>(cfg.max_message_bytes()));
       chans.push_back(security->NewChannel(cfg.shards(s), args));
