@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -134,7 +135,8 @@ class Failover : public ::testing::TestWithParam<std::tuple<std::string, int>> {
 // over and every worker ends bit-identical to an undisturbed run (and to one without
 // replicas: replication changes no result).
 TEST_P(Failover, AStoppedShardLosesNoAcknowledgedStep) {
-  const auto& [optimizer, killed] = GetParam();
+  const std::string optimizer = std::get<0>(GetParam());
+  const int killed = std::get<1>(GetParam());
   std::vector<std::vector<std::vector<float>>> undisturbed, unreplicated;
   {
     const proto::ClusterConfig c = Config(3, 1, optimizer);
@@ -171,7 +173,8 @@ TEST_P(Failover, AStoppedShardLosesNoAcknowledgedStep) {
 // empty memory, as a restarted pod): it catches up from the current owners and takes its
 // chunks back while the workers train.
 TEST_P(Failover, ARestartedShardRejoinsAndTakesItsChunksBack) {
-  const auto& [optimizer, killed] = GetParam();
+  const std::string optimizer = std::get<0>(GetParam());
+  const int killed = std::get<1>(GetParam());
   std::vector<std::vector<std::vector<float>>> undisturbed;
   {
     const proto::ClusterConfig c = Config(3, 2, optimizer);

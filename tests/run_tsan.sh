@@ -26,6 +26,7 @@ TSAN_TARGETS=(
   //cluster/...
   //tests:service_test
   //tests:reshard_test
+  //tests:failover_test
   //tests:retry_test
   //tests:admin_test
   //tests:large_test
