@@ -111,6 +111,13 @@ absl::Status ShardService::ReplicateChunk(const std::string& key, uint32_t chunk
       sent = options_.peers.send_replica(address, req);
     }
     if (sent.ok()) continue;
+    if (absl::IsAborted(sent)) {
+      // The backup has switched to a re-shard's map already while this shard finishes the
+      // old map's last steps: the chunk's state moves with the re-shard, and its new
+      // owner replicates it under the new map (no failover runs during a re-shard).
+      absl::MutexLock lock(&mu_);
+      if (phase_ == Phase::kCommitted && epoch_.load() == epoch) continue;
+    }
     const std::string what = absl::StrCat("replicating step ", snap.completed_step, " of '", key,
                                           "' chunk ", chunk, " to backup shard ", b, " (",
                                           address, "): ", sent.message());
@@ -150,9 +157,8 @@ absl::Status ShardService::AcceptReplica(const proto::ReplicateRequest& r) {
     return absl::UnavailableError(absl::StrCat("shard-map epoch ", r.shard_map_epoch(),
                                                " is not installed on this shard yet; retry"));
   }
-  if (phase_ != Phase::kServing) {
-    return absl::UnavailableError("shard is re-sharding; retry");
-  }
+  // Any phase will do: while a re-shard is prepared or committed the old map (this epoch)
+  // still runs its steps, and they are replicated as always.
   auto it = tensors_.find(part.key());
   if (it == tensors_.end()) {
     return absl::FailedPreconditionError(
@@ -173,7 +179,9 @@ absl::Status ShardService::AcceptReplica(const proto::ReplicateRequest& r) {
   }
   TensorBackup& b = backup->second;
   // Only the parts of chunks this shard backs up are held, so what a sender can make it
-  // buffer is bounded by this shard's own (budgeted) state.
+  // buffer is bounded by this shard's own (budgeted) state. The owner sends a state's
+  // first part first: whatever an interrupted earlier state left is dropped then.
+  if (part.has_value()) b.partial.Clear();
   MergeChunkStatePart(part, &b.partial);
   if (!r.completes_chunk()) return absl::OkStatus();
   proto::ChunkState whole = std::move(b.partial);
@@ -407,15 +415,20 @@ void ShardService::RejoinLoop() {
     own_epoch = epoch_.load();
     map = map_config_;
   }
-  // A job runs if a peer has tensors or a newer map; then this shard restarted into it.
+  // A job runs if a peer has tensors or a newer map; then this shard restarted into it,
+  // unless its own map is newer than every peer's: a shard a re-shard adds starts with the
+  // new config and waits for the re-shard instead.
   bool running = false;
+  uint64_t newest_peer_epoch = 0;
   for (int i = 0; i < map.shards_size() && options_.peers.status; ++i) {
     if (static_cast<uint32_t>(i) == self) continue;
     absl::StatusOr<proto::ReshardStatusResponse> st =
         options_.peers.status(map.shards(i), kProbeTimeout);
-    if (st.ok() && (st->tensors() > 0 || st->shard_map_epoch() > own_epoch)) running = true;
+    if (!st.ok()) continue;
+    newest_peer_epoch = std::max(newest_peer_epoch, st->shard_map_epoch());
+    if (st->tensors() > 0 || st->shard_map_epoch() > own_epoch) running = true;
   }
-  if (!running) {
+  if (!running || own_epoch > newest_peer_epoch) {
     absl::MutexLock lock(&mu_);
     rejoining_ = false;
     return;

@@ -1084,7 +1084,9 @@ void ShardService::RunSwitch() {
           const StepProgress p = acc->Progress();
           completed += static_cast<uint64_t>(p.completed_step + 1);
           any_chunk = true;
-          if (switch_step > 0 && (!p.started || p.completed_step < switch_step - 1 || p.pending)) {
+          // A result not yet replicated is not yet answered: the switch would cut it off.
+          if (switch_step > 0 && (!p.started || p.completed_step < switch_step - 1 || p.pending ||
+                                  p.unreplicated)) {
             at_boundary = false;
           }
         }
@@ -1170,12 +1172,12 @@ void ShardService::RunSwitch() {
     down_.assign(next.shards_size(), false);
     joining_shards_.assign(next.shards_size(), false);
     if (replicas_ > 1 && new_index >= 0) {
-      // The backups follow the new map; kept chunks send their state to them before
-      // their next answer, moved ones do after Restore.
-      for (auto& [key, t] : tensors_) {
-        AssignRolesLocked(t.get());
-        for (const auto& [c, acc] : t->chunks) acc->RequireReplication();
-      }
+      // The backups follow the new map. Moved chunks send their state to theirs before
+      // their first answer (after Restore); kept ones with their next step, so that the
+      // last old-map answers are not held up by backups still on the old map. Until then
+      // a new backup is not synced, and a failover would report such a chunk lost, never
+      // restart it empty.
+      for (auto& [key, t] : tensors_) AssignRolesLocked(t.get());
     }
     aborted_message = SupersededMessage(left_epoch_);
     moves_sent_ = false;

@@ -306,7 +306,8 @@ ChunkSnapshot StepAccumulator::Snapshot() const {
 
 StepProgress StepAccumulator::Progress() const {
   absl::ReaderMutexLock lock(&mu_);
-  return StepProgress{started_, current_step_, completed_step_, arrived_count_ > 0};
+  return StepProgress{started_, current_step_, completed_step_, arrived_count_ > 0,
+                      needs_replication_};
 }
 
 absl::Status StepAccumulator::Restore(ChunkSnapshot snap) {

@@ -66,6 +66,9 @@ struct StepProgress {
   int64_t current_step = 0;     // the step in progress, or the next one
   int64_t completed_step = -1;  // -1: none
   bool pending = false;         // contributions of current_step have arrived
+  // With replication: the state is not yet on the backups, so completed_step's result has
+  // not been given to any worker yet.
+  bool unreplicated = false;
 };
 
 struct StepAccumulatorOptions {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -49,13 +50,14 @@ const std::vector<std::pair<std::string, size_t>> kTensors = {{"w1", 5000}, {"w2
 
 // The config of a map of `addresses` at `epoch`.
 proto::ClusterConfig Config(const std::vector<std::string>& addresses, uint64_t epoch,
-                            const std::string& optimizer) {
+                            const std::string& optimizer, int replicas = 1) {
   absl::StatusOr<proto::ClusterConfig> c = cluster::ParseClusterConfig(
       "job: reshard\n", {absl::StrCat("workers=", kWorkers), "uplink.mode=lossless",
                          "downlink.mode=lossless", "chunk_bytes=2048", "optimizer.name=" + optimizer,
                          "step_timeout_ms=10000", "rpc_timeout_ms=20000",
                          "shards=" + absl::StrJoin(addresses, ","),
-                         absl::StrCat("shard_map_epoch=", epoch)});
+                         absl::StrCat("shard_map_epoch=", epoch),
+                         absl::StrCat("replicas=", replicas)});
   EXPECT_TRUE(c.ok()) << c.status();
   return *c;
 }
@@ -129,25 +131,28 @@ void PushOnes(const proto::ClusterConfig& config, size_t n, int steps) {
   });
 }
 
-class Reshard : public ::testing::TestWithParam<std::string> {};
+// (optimizer, replicas): re-sharding a replicated job moves the owners' chunks, and the
+// new backups fill from the owners' next states.
+class Reshard : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 // 2 -> 3 shards at step 4 and 3 -> 2 at step 8 while 3 workers train: every worker ends
 // with values bit-identical to the same run on 2 fixed shards.
 TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
-  const std::string optimizer = GetParam();
+  const std::string optimizer = std::get<0>(GetParam());
+  const int replicas = std::get<1>(GetParam());
   std::vector<std::vector<std::vector<float>>> fixed;
   {
     const proto::ClusterConfig c = Config({absl::StrCat("127.0.0.1:", FreePort()),
-                                           absl::StrCat("127.0.0.1:", FreePort())}, 1, optimizer);
+                                           absl::StrCat("127.0.0.1:", FreePort())}, 1, optimizer, replicas);
     auto s0 = StartShard(c, 0), s1 = StartShard(c, 1);
     fixed = Train(c, nullptr);
   }
   const std::string a = absl::StrCat("127.0.0.1:", FreePort());
   const std::string b = absl::StrCat("127.0.0.1:", FreePort());
   const std::string extra = absl::StrCat("127.0.0.1:", FreePort());
-  const proto::ClusterConfig two = Config({a, b}, 1, optimizer);
-  const proto::ClusterConfig three = Config({a, b, extra}, 2, optimizer);
-  const proto::ClusterConfig back = Config({a, b}, 3, optimizer);
+  const proto::ClusterConfig two = Config({a, b}, 1, optimizer, replicas);
+  const proto::ClusterConfig three = Config({a, b, extra}, 2, optimizer, replicas);
+  const proto::ClusterConfig back = Config({a, b}, 3, optimizer, replicas);
   auto s0 = StartShard(two, 0), s1 = StartShard(two, 1);
   std::unique_ptr<server::ShardServer> s2;
   std::vector<cluster::ReshardResult> results;
@@ -198,7 +203,9 @@ TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, Reshard, ::testing::Values("momentum", "adam"));
+INSTANTIATE_TEST_SUITE_P(OptimizersAndReplicas, Reshard,
+                         ::testing::Combine(::testing::Values("momentum", "adam"),
+                                            ::testing::Values(1, 2)));
 
 TEST(ReshardErrors, BadConfigsAreRejectedAndTheJobGoesOn) {
   const std::string a = absl::StrCat("127.0.0.1:", FreePort());
