@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/free_port.h"
 #include "proto/aggregation.grpc.pb.h"
 
 namespace gcomp {
@@ -35,17 +36,7 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kBudgetBytes = 512ull << 20;
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::FreePort;
 
 class HostileClientTest : public ::testing::Test {
  protected:

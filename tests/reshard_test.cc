@@ -22,6 +22,7 @@
 #include "cluster/reshard_coordinator.h"
 #include "proto/reshard.grpc.pb.h"
 #include "server/grpc_service.h"
+#include "tests/free_port.h"
 #include "tests/synthetic_gradient.h"
 #include "worker/client.h"
 
@@ -30,19 +31,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A loopback port nothing listens on right now.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::FreePort;
 
 constexpr int kWorkers = 3;
 constexpr int kSteps = 12;

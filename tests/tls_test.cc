@@ -22,6 +22,7 @@
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "gtest/gtest.h"
+#include "tests/free_port.h"
 #include "proto/aggregation.grpc.pb.h"
 #include "proto/grpc_health.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
@@ -37,17 +38,7 @@ using testing::TestCert;
 using testing::TestCertsDir;
 
 // A port nobody listens on right now (the kernel's next free one).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  socklen_t len = sizeof a;
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::FreePort;
 
 std::string Copy(const std::string& from, const std::string& to) {
   absl::StatusOr<std::string> bytes = ReadFile(from);
