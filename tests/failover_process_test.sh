@@ -21,7 +21,8 @@ else
   /usr/bin/python3 tests/write_npy.py "$GRAD" 262144 sine
   CHUNK=16384
 fi
-STEPS=16
+# Long enough that a shard restarted 2 s after the kill has rejoined before the end.
+STEPS=30
 echo "seed $SEED (rerun with FAILOVER_SEED=$SEED)"
 RANDOM=$SEED
 

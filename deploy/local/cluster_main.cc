@@ -35,7 +35,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -145,7 +147,7 @@ std::string FindBinary(const std::string& flag, const std::string& rel, const ch
   return rel;
 }
 
-int FreePort() {
+int UnusedPort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -159,6 +161,19 @@ int FreePort() {
   }
   close(fd);
   return ntohs(a.sin_port);
+}
+
+// A free loopback port this launcher has not handed out before: the kernel may give the
+// same free port to two probes in a row, and a shard's gRPC and metrics ports must differ.
+int FreePort() {
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard<std::mutex> lock(mu);
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int port = UnusedPort();
+    if (port <= 0 || given.insert(port).second) return port;
+  }
+  return -1;
 }
 
 pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
