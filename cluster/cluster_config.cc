@@ -626,7 +626,7 @@ std::string ClusterConfigToYaml(const proto::ClusterConfig& c) {
   out << YAML::EndSeq;
   out << YAML::Key << "shard_map_epoch" << YAML::Value << c.shard_map_epoch();
   out << YAML::Key << "chunk_bytes" << YAML::Value << c.chunk_bytes();
-  out << YAML::Key << "replicas" << YAML::Value << Replicas(c);
+  out << YAML::Key << "replicas" << YAML::Value << c.replicas();  // as given: 0 reads as 1
   EmitCodec(out, "uplink", c.uplink());
   EmitCodec(out, "downlink", c.downlink());
   const proto::OptimizerConfig& o = c.optimizer();
