@@ -241,6 +241,7 @@ class PeerTransport {
   absl::StatusOr<proto::ReshardStatusResponse> Status(const std::string& address,
                                                       absl::Duration timeout) {
     grpc::ClientContext ctx;
+    ctx.set_wait_for_ready(true);  // a peer just starting (or restarting) gets `timeout`
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     proto::ReshardStatusResponse response;
     grpc::Status st = StubFor(address)->ReshardStatus(&ctx, proto::ReshardStatusRequest(), &response);

@@ -416,17 +416,31 @@ void ShardService::RejoinLoop() {
     map = map_config_;
   }
   // A job runs if a peer has tensors or a newer map; then this shard restarted into it,
-  // unless its own map is newer than every peer's: a shard a re-shard adds starts with the
-  // new config and waits for the re-shard instead.
+  // unless its own map is newer than every peer's (a shard a re-shard adds starts with the
+  // new config and waits for the re-shard instead). No answer proves nothing, so this
+  // asks until some peer shows a running job or every peer has answered: a fresh job
+  // cannot start before all its shards are up anyway, and a restarted shard must never
+  // take an unanswered question for a fresh start.
+  std::vector<bool> answered(map.shards_size(), false);
+  answered[self] = true;
   bool running = false;
   uint64_t newest_peer_epoch = 0;
-  for (int i = 0; i < map.shards_size() && options_.peers.status; ++i) {
-    if (static_cast<uint32_t>(i) == self) continue;
-    absl::StatusOr<proto::ReshardStatusResponse> st =
-        options_.peers.status(map.shards(i), kProbeTimeout);
-    if (!st.ok()) continue;
-    newest_peer_epoch = std::max(newest_peer_epoch, st->shard_map_epoch());
-    if (st->tensors() > 0 || st->shard_map_epoch() > own_epoch) running = true;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (!running && std::find(answered.begin(), answered.end(), false) != answered.end()) {
+    for (int i = 0; i < map.shards_size() && options_.peers.status; ++i) {
+      if (answered[i]) continue;
+      absl::StatusOr<proto::ReshardStatusResponse> st =
+          options_.peers.status(map.shards(i), kProbeTimeout);
+      if (!st.ok()) continue;
+      answered[i] = true;
+      newest_peer_epoch = std::max(newest_peer_epoch, st->shard_map_epoch());
+      if (st->tensors() > 0 || st->shard_map_epoch() > own_epoch) running = true;
+    }
+    if (running || !options_.peers.status) break;
+    absl::MutexLock lock(&mu_);
+    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutting_down_; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop), backoff)) return;
+    backoff = std::min(backoff * 2, absl::Seconds(1));
   }
   if (!running || own_epoch > newest_peer_epoch) {
     absl::MutexLock lock(&mu_);
