@@ -15,14 +15,16 @@ fail() { echo "FAIL: $*"; exit 1; }
 if [[ -n "$DIR" && -f "$DIR/digits_cnn_step1.npy" ]]; then
   GRAD="$DIR/digits_cnn_step1.npy"
   CHUNK=65536
+  STEPS=40
 else
   echo "note: GCOMP_GRADIENTS_DIR unset or without digits_cnn_step1.npy; using a synthetic file"
   GRAD="$TEST_TMPDIR/synthetic.npy"
   /usr/bin/python3 tests/write_npy.py "$GRAD" 262144 sine
   CHUNK=16384
+  STEPS=60
 fi
-# Long enough that a shard restarted 2 s after the kill has rejoined before the end.
-STEPS=30
+# Either way long enough that a shard restarted 2 s after the kill has rejoined (3 maps)
+# before the job ends: at least 3 s of steps after the kill at step 2-9.
 echo "seed $SEED (rerun with FAILOVER_SEED=$SEED)"
 RANDOM=$SEED
 

@@ -37,6 +37,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -147,20 +148,31 @@ std::string FindBinary(const std::string& flag, const std::string& rel, const ch
   return rel;
 }
 
+// A loopback port nothing listens on, below the kernel's ephemeral range: the outgoing
+// connections of the workers and shards take their local ports from that range, and one
+// could take a killed shard's port before the shard restarts on it.
 int UnusedPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return -1;
+  int low = 32768;
+  {
+    std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+    int first = 0;
+    if (range >> first && first > 2048) low = first;
   }
-  close(fd);
-  return ntohs(a.sin_port);
+  static std::mt19937 rng(static_cast<uint32_t>(getpid()) ^
+                          static_cast<uint32_t>(absl::ToUnixMicros(absl::Now())));
+  const int base = std::max(1024, low / 2);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = base + static_cast<int>(rng() % static_cast<uint32_t>(low - base));
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  return -1;
 }
 
 // A free loopback port this launcher has not handed out before: the kernel may give the
