@@ -42,17 +42,10 @@ for k in 0 1 2; do
     [[ "$out" == *'"ok":true'* ]] || fail "shard $k at step $at (restart $restart): not ok"
     [[ "$out" == *'"identical_to_undisturbed":true'* ]] || fail "shard $k: results differ"
     [[ "$out" =~ \"failovers\":([0-9]+) ]] || fail "no failovers key"
-    # Without a restart: one failover. With one: also the rejoin's two maps. A restarted
-    # shard that did not rejoin (1 map) is a known intermittent defect of the process
-    # setup (docs/SERVICE.md, "Replication and failover"): results must still be exact,
-    # and it is reported here; //tests:failover_test checks the rejoin in process.
-    if ((restart < 0)); then
-      (( BASH_REMATCH[1] == 1 )) || fail "shard $k: ${BASH_REMATCH[1]} failovers, want 1"
-    elif (( BASH_REMATCH[1] == 1 )); then
-      echo "NOTE: shard $k restarted but did not rejoin (known intermittent defect)"
-    else
-      (( BASH_REMATCH[1] == 3 )) || fail "shard $k: ${BASH_REMATCH[1]} failovers, want 3"
-    fi
+    # Without a restart: one failover. With one: also the rejoin's two maps (the restarted
+    # shard asks to catch up, then takes its chunks back).
+    want=$((restart < 0 ? 1 : 3))
+    (( BASH_REMATCH[1] == want )) || fail "shard $k: ${BASH_REMATCH[1]} failovers, want $want"
   done
 done
 

@@ -55,6 +55,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/process_usage.h"
 #include "base/usage_trend.h"
@@ -188,6 +189,9 @@ int FreePort() {
   return -1;
 }
 
+// Starts a child with stdout and stderr in files. The child gets SIGTERM when the *thread*
+// that called Spawn exits (PR_SET_PDEATHSIG follows the forking thread, not the process), so
+// a thread that starts long-lived children must outlive them: see OutliveChildren.
 pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
   pid_t pid = fork();
   if (pid != 0) return pid;
@@ -204,6 +208,19 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const 
   perror("exec");
   _exit(127);
 }
+
+// Held at the top of a helper thread that starts shards: on the thread's way out it waits
+// until the launcher stops the shards itself. Without it, a shard restarted by such a thread
+// got SIGTERM as the thread returned, and died before its first log line whenever its
+// prctl ran before the thread's exit (intermittent, more often on a loaded machine).
+class OutliveChildren {
+ public:
+  explicit OutliveChildren(absl::Notification* stopping) : stopping_(stopping) {}
+  ~OutliveChildren() { stopping_->WaitForNotification(); }
+
+ private:
+  absl::Notification* stopping_;
+};
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -512,7 +529,10 @@ int main(int argc, char** argv) {
     std::string error;
   };
   std::vector<ReshardOutcome> reshards(events.size());
+  // Notified once the workers are done and the launcher is about to stop the shards.
+  absl::Notification stopping;
   std::thread resharder([&] {
+    OutliveChildren outlive(&stopping);
     std::vector<std::string> current = shards;
     for (size_t i = 0; i < events.size(); ++i) {
       const ReshardEvent& ev = events[i];
@@ -594,6 +614,7 @@ int main(int argc, char** argv) {
   std::string kill_error;
   int shard_starts = static_cast<int>(servers.size());
   std::thread killer([&] {
+    OutliveChildren outlive(&stopping);
     if (kill_shards.empty()) return;
     const int at = absl::GetFlag(FLAGS_kill_at_step);
     while (true) {
@@ -657,10 +678,11 @@ int main(int argc, char** argv) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   printer.Finish();
-  resharder.join();
-  killer.join();
   if (samples_out != nullptr) fclose(samples_out);
   if (absl::GetFlag(FLAGS_linger_ms) > 0) absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_linger_ms)));
+  stopping.Notify();
+  resharder.join();
+  killer.join();
   for (pid_t s : servers) kill(s, SIGTERM);
   for (pid_t s : servers) waitpid(s, nullptr, 0);
 
