@@ -239,6 +239,46 @@ TEST(ShardService, ChunkOfAnotherShardIsFailedPrecondition) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A peer that backs up nothing here, or sends a part above one chunk's encoded bound, is
+// refused before anything is kept; a part of the right size from the owner is taken.
+TEST(ShardService, ReplicaAboveTheChunkBoundIsResourceExhausted) {
+  auto shard = *ShardService::Create(Config(1, 3, {"chunk_bytes=64", "replicas=2"}),
+                                     ShardOptions{0, 1, {}});
+  proto::DeclareTensorResponse dr;
+  ASSERT_TRUE(shard->DeclareTensor(Declaration("big", 16 * 30), &dr).ok());
+  const size_t bound = cluster::MaxWireBytes(16, codec::DType::kF32);
+  int refused = 0;
+  for (uint32_t chunk = 0; chunk < 30; ++chunk) {
+    for (uint32_t from : {1u, 2u}) {
+      proto::ReplicateRequest r;
+      r.set_job("j");
+      r.set_shard_map_epoch(1);
+      r.set_from_shard(from);
+      proto::ChunkState* part = r.mutable_part();
+      part->set_key("big");
+      part->set_chunk(chunk);
+      part->set_elements(16);
+      part->mutable_value()->set_data(std::string(bound + 1, 'x'));
+      absl::Status s = shard->AcceptReplica(r);
+      ASSERT_NE(s.code(), absl::StatusCode::kOk) << "chunk " << chunk << " from " << from;
+      if (s.code() != absl::StatusCode::kResourceExhausted) {
+        // Not backed up here by that sender: refused for that, before the size matters.
+        EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+        continue;
+      }
+      ++refused;
+      EXPECT_THAT(std::string(s.message()),
+                  AllOf(HasSubstr(absl::StrCat(bound + 1, " bytes")),
+                        HasSubstr(absl::StrCat("bound ", bound))));
+      // The same part within the bound is taken (it does not complete the state).
+      part->mutable_value()->set_data(std::string(bound, 'x'));
+      EXPECT_TRUE(shard->AcceptReplica(r).ok()) << "chunk " << chunk << " from " << from;
+    }
+  }
+  // With 3 shards and 2 copies, shard 0 backs up some of the chunks the others own.
+  EXPECT_GT(refused, 0);
+}
+
 // The reports that opened the hostile-client work: one declaration of 2^36 f32 elements
 // (16 GB allocated within seconds) and 400 declarations of 2^25 elements (OOM killer).
 TEST(ShardServiceLimits, HugeDeclarationIsRefusedBeforeAllocating) {
