@@ -13,6 +13,7 @@
 #include "codec/internal/format.h"
 #include "codec/internal/huffman.h"
 #include "codec/internal/quantize.h"
+#include "format/block_header.h"
 
 namespace gcomp::codec {
 namespace {
@@ -39,14 +40,6 @@ void Grow(V& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
-size_t VarintBytes(uint32_t v) {
-  size_t n = 1;
-  while (v >= 128) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
 uint8_t* PutVarint(uint8_t* p, uint32_t v) {
   while (v >= 128) {
     *p++ = static_cast<uint8_t>(v | 128);
@@ -66,7 +59,7 @@ size_t PositionListBytes(const uint64_t* bitmap, size_t n, bool want) {
     while (bits) {
       size_t pos = w * 64 + __builtin_ctzll(bits);
       bits &= bits - 1;
-      bytes += VarintBytes(static_cast<uint32_t>(pos - prev));
+      bytes += format::VarintBytes(static_cast<uint32_t>(pos - prev));
       prev = pos + 1;
     }
   }
@@ -261,107 +254,89 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* d
 // ---------------------------------------------------------------------------------------------
 // Header parsing and validation: everything is checked before any allocation.
 
+// The message of the first header rule a block breaks (format::ParseHeader decides which).
+absl::Status HeaderStatus(format::HeaderError error, const format::BlockHeader& h, size_t size) {
+  using format::HeaderError;
+  switch (error) {
+    case HeaderError::kOk:
+      return absl::OkStatus();
+    case HeaderError::kTooShort:
+      return absl::DataLossError(
+          absl::StrCat("block of ", size, " bytes is shorter than its 56-byte header"));
+    case HeaderError::kBadMagic:
+      return absl::DataLossError("not a GComp block (bad magic)");
+    case HeaderError::kBadVersion:
+      return absl::DataLossError(absl::StrCat("unsupported block format version ", h.version));
+    case HeaderError::kBadDType:
+      return absl::DataLossError(absl::StrCat("bad dtype code ", h.dtype));
+    case HeaderError::kBadMode:
+      return absl::DataLossError("bad mode code");
+    case HeaderError::kBadRelBits:
+    case HeaderError::kBadAbsLog2: {
+      const Policy policy{static_cast<Mode>(h.mode), h.rel_bits, h.abs_log2};
+      return absl::DataLossError(absl::StrCat("block policy: ", ValidatePolicy(policy).message()));
+    }
+    case HeaderError::kBadZeroMapKind:
+      return absl::DataLossError("bad zero map kind");
+    case HeaderError::kBadTableKind:
+      return absl::DataLossError("bad table kind");
+    case HeaderError::kBadEmax:
+      return absl::DataLossError("bad largest exponent");
+    case HeaderError::kTooManyElements:
+      return absl::DataLossError(absl::StrCat("block claims ", h.elements, " elements (limit 2^26)"));
+    case HeaderError::kTooManyNonzeros:
+      return absl::DataLossError("more nonzeros than elements");
+    case HeaderError::kBadSizeSum:
+      return absl::DataLossError(absl::StrCat("section sizes sum to ", h.section_bytes,
+                                              " bytes but the block has ", size));
+    case HeaderError::kBadStoredSections:
+      return absl::DataLossError("stored block with inconsistent sections");
+    case HeaderError::kTableVsNonzeros:
+      return absl::DataLossError("table kind does not match the nonzero count");
+    case HeaderError::kBadEmptySections:
+      return absl::DataLossError("block without nonzeros has nonempty sections");
+    case HeaderError::kBadInlineTableSize:
+      return absl::DataLossError("bad inline table size");
+    case HeaderError::kBadReferenceSize:
+      return absl::DataLossError("bad table reference size");
+    case HeaderError::kZerosWithoutMap:
+      return absl::DataLossError("zero map kind 'none' but the block has zeros");
+    case HeaderError::kBadBitmapSize:
+      return absl::DataLossError("bad bitmap size");
+    case HeaderError::kBadPositionListSize:
+      return absl::DataLossError("bad position list size");
+    case HeaderError::kStreamTooLarge:
+      return absl::DataLossError("exponent stream larger than its symbols allow");
+    case HeaderError::kBadPlaneSize:
+      return absl::DataLossError("bad sign/mantissa plane size");
+  }
+  return absl::DataLossError("bad block header");
+}
+
 absl::StatusOr<BlockInfo> ParseBlock(absl::Span<const uint8_t> blk) {
-  if (blk.size() < kBlockHeaderBytes) {
-    return absl::DataLossError(
-        absl::StrCat("block of ", blk.size(), " bytes is shorter than its 56-byte header"));
+  format::BlockHeader header;
+  if (absl::Status st = HeaderStatus(format::ParseHeader(blk.data(), blk.size(), &header),
+                                     header, blk.size());
+      !st.ok()) {
+    return st;
   }
   const uint8_t* h = blk.data();
-  if (Load32(h + internal::kOffMagic) != internal::kBlockMagic) {
-    return absl::DataLossError("not a GComp block (bad magic)");
-  }
-  if (h[internal::kOffVersion] != internal::kBlockVersion) {
-    return absl::DataLossError(
-        absl::StrCat("unsupported block format version ", h[internal::kOffVersion]));
-  }
-  if (!internal::IsValidDType(h[internal::kOffDType])) {
-    return absl::DataLossError(absl::StrCat("bad dtype code ", h[internal::kOffDType]));
-  }
   BlockInfo b;
-  b.dtype = static_cast<DType>(h[internal::kOffDType]);
-  const FloatBits lay = internal::FloatBitsOf(b.dtype);
-  if (h[internal::kOffMode] > 1) return absl::DataLossError("bad mode code");
-  b.policy.mode = static_cast<Mode>(h[internal::kOffMode]);
-  b.policy.rel_bits = h[internal::kOffRelBits];
-  b.policy.abs_log2 = static_cast<int8_t>(h[internal::kOffAbsLog2]);
-  if (absl::Status st = ValidatePolicy(b.policy); !st.ok()) {
-    return absl::DataLossError(absl::StrCat("block policy: ", st.message()));
-  }
-  if (h[internal::kOffZeroMap] > 3) return absl::DataLossError("bad zero map kind");
-  if (h[internal::kOffTable] > 3) return absl::DataLossError("bad table kind");
-  b.zero_map = static_cast<ZeroMapKind>(h[internal::kOffZeroMap]);
-  b.table = static_cast<TableKind>(h[internal::kOffTable]);
-  b.emax = h[internal::kOffEmax];
-  if (b.emax >= lay.all_ones()) return absl::DataLossError("bad largest exponent");
-  b.elements = Load32(h + internal::kOffElements);
-  b.nonzeros = Load32(h + internal::kOffNonzeros);
-  b.mantissa_bytes = Load32(h + internal::kOffMantissaBytes);
-  b.zero_map_bytes = Load32(h + internal::kOffZeroMapBytes);
-  b.table_bytes = Load32(h + internal::kOffTableBytes);
-  for (int s = 0; s < 4; ++s) {
-    b.stream_bytes[s] = Load32(h + internal::kOffStreamBytes + 4 * s);
-    b.exponent_bytes += b.stream_bytes[s];
-  }
+  b.dtype = static_cast<DType>(header.dtype);
+  b.policy.mode = static_cast<Mode>(header.mode);
+  b.policy.rel_bits = header.rel_bits;
+  b.policy.abs_log2 = header.abs_log2;
+  b.zero_map = static_cast<ZeroMapKind>(header.zero_map);
+  b.table = static_cast<TableKind>(header.table);
+  b.emax = header.emax;
+  b.elements = header.elements;
+  b.nonzeros = header.nonzeros;
+  b.mantissa_bytes = header.mantissa_bytes;
+  b.zero_map_bytes = header.zero_map_bytes;
+  b.table_bytes = header.table_bytes;
+  for (int s = 0; s < 4; ++s) b.stream_bytes[s] = header.stream_bytes[s];
+  b.exponent_bytes = header.exponent_bytes;
   b.total_bytes = blk.size();
-  const size_t n = b.elements, nnz = b.nonzeros;
-  if (n > kMaxBlockElements) {
-    return absl::DataLossError(absl::StrCat("block claims ", n, " elements (limit 2^26)"));
-  }
-  if (nnz > n) return absl::DataLossError("more nonzeros than elements");
-  const uint64_t sum = uint64_t{b.mantissa_bytes} + b.zero_map_bytes + b.table_bytes +
-                       b.exponent_bytes + kBlockHeaderBytes;
-  if (sum != blk.size()) {
-    return absl::DataLossError(
-        absl::StrCat("section sizes sum to ", sum, " bytes but the block has ", blk.size()));
-  }
-  const size_t elem_bytes = DTypeBytes(b.dtype);
-  if (b.table == TableKind::kStored) {
-    if (b.zero_map != ZeroMapKind::kNone || b.zero_map_bytes || b.table_bytes || b.exponent_bytes ||
-        nnz != n || b.mantissa_bytes != n * elem_bytes) {
-      return absl::DataLossError("stored block with inconsistent sections");
-    }
-  } else {
-    if ((b.table == TableKind::kNone) != (nnz == 0)) {
-      return absl::DataLossError("table kind does not match the nonzero count");
-    }
-    if (b.table == TableKind::kNone && (b.table_bytes || b.exponent_bytes || b.mantissa_bytes)) {
-      return absl::DataLossError("block without nonzeros has nonempty sections");
-    }
-    if (b.table == TableKind::kInline && (b.table_bytes < 3 || b.table_bytes > 130)) {
-      return absl::DataLossError("bad inline table size");
-    }
-    if (b.table == TableKind::kReference && b.table_bytes != 8) {
-      return absl::DataLossError("bad table reference size");
-    }
-    const size_t zeros = n - nnz;
-    switch (b.zero_map) {
-      case ZeroMapKind::kNone:
-        if (zeros != 0 || b.zero_map_bytes != 0) {
-          return absl::DataLossError("zero map kind 'none' but the block has zeros");
-        }
-        break;
-      case ZeroMapKind::kBitmap:
-        if (b.zero_map_bytes != (n + 7) / 8) return absl::DataLossError("bad bitmap size");
-        break;
-      case ZeroMapKind::kZeroPositions:
-      case ZeroMapKind::kNonzeroPositions: {
-        const size_t entries = b.zero_map == ZeroMapKind::kZeroPositions ? zeros : nnz;
-        if (b.zero_map_bytes < entries || b.zero_map_bytes > 4 * entries) {
-          return absl::DataLossError("bad position list size");
-        }
-        break;
-      }
-    }
-    for (int s = 0; s < 4; ++s) {
-      if (b.stream_bytes[s] > (internal::StreamCount(nnz, s) * internal::kMaxCodeLen + 7) / 8) {
-        return absl::DataLossError("exponent stream larger than its symbols allow");
-      }
-    }
-    if (b.mantissa_bytes > (nnz * (lay.mant_bits + 1) + 7) / 8 ||
-        b.mantissa_bytes < (nnz + 7) / 8) {
-      return absl::DataLossError("bad sign/mantissa plane size");
-    }
-  }
   if (Load64(h + internal::kOffChecksum) != Checksum(h, blk.size())) {
     return absl::DataLossError("block checksum mismatch");
   }

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "format/block_format.h"
 #include "absl/types/span.h"
 
 namespace gcomp {
@@ -120,8 +121,8 @@ class CodeTableStore {
 // ---------------------------------------------------------------------------------------------
 // Blocks: one self-contained, checksummed unit of at most kMaxBlockElements elements.
 
-inline constexpr size_t kMaxBlockElements = size_t{1} << 26;
-inline constexpr size_t kBlockHeaderBytes = 56;
+inline constexpr size_t kMaxBlockElements = format::kMaxElements;  // 2^26
+inline constexpr size_t kBlockHeaderBytes = format::kHeaderBytes;   // 56
 
 struct BlockEncodeOptions {
   Policy policy;

@@ -1,72 +1,62 @@
-// Block header layout, dtype bit layouts and the per-symbol mantissa widths shared by the
-// encoder and decoder. Internal to codec/; docs/FORMAT.md is the specification.
+// The block format as codec/ uses it: the names of format/ (the single definition, shared
+// with the GPU kernels), plus the few helpers that take codec.h's enums. Internal to
+// codec/; docs/FORMAT.md is the specification.
 #ifndef GCOMP_CODEC_INTERNAL_FORMAT_H_
 #define GCOMP_CODEC_INTERNAL_FORMAT_H_
 
-#include <algorithm>
 #include <cstdint>
 
 #include "codec/codec.h"
+#include "format/block_format.h"
 
 namespace gcomp::codec::internal {
 
-inline constexpr uint32_t kBlockMagic = 0x31424347;  // "GCB1"
-inline constexpr uint8_t kBlockVersion = 1;
-inline constexpr uint32_t kFrameMagic = 0x31464347;  // "GCF1"
-inline constexpr uint8_t kFrameVersion = 1;
+using format::FloatBits;
+using format::HeaderOffset;
+using format::kBlockMagic;
+using format::kBlockVersion;
+using format::kFrameMagic;
+using format::kFrameVersion;
+using format::kOffAbsLog2;
+using format::kOffChecksum;
+using format::kOffDType;
+using format::kOffElements;
+using format::kOffEmax;
+using format::kOffMagic;
+using format::kOffMantissaBytes;
+using format::kOffMode;
+using format::kOffNonzeros;
+using format::kOffRelBits;
+using format::kOffStreamBytes;
+using format::kOffTable;
+using format::kOffTableBytes;
+using format::kOffVersion;
+using format::kOffZeroMap;
+using format::kOffZeroMapBytes;
 
-// Byte offsets in the 56-byte block header.
-enum HeaderOffset : size_t {
-  kOffMagic = 0,
-  kOffVersion = 4,
-  kOffDType = 5,
-  kOffMode = 6,
-  kOffRelBits = 7,
-  kOffAbsLog2 = 8,
-  kOffZeroMap = 9,
-  kOffTable = 10,
-  kOffEmax = 11,
-  kOffElements = 12,
-  kOffNonzeros = 16,
-  kOffMantissaBytes = 20,
-  kOffZeroMapBytes = 24,
-  kOffTableBytes = 28,
-  kOffStreamBytes = 32,  // 4 x u32
-  kOffChecksum = 48,
-};
-
-// Bit layout of a dtype: sign | exponent field (exp_bits) | mantissa (mant_bits).
-struct FloatBits {
-  int total_bits;
-  int exp_bits;
-  int mant_bits;
-  int alphabet() const { return 1 << exp_bits; }
-  int all_ones() const { return alphabet() - 1; }
-};
+// codec.h's enums store the format's codes as they are.
+static_assert(static_cast<uint8_t>(DType::kF32) == format::kDTypeF32 &&
+              static_cast<uint8_t>(DType::kBF16) == format::kDTypeBF16 &&
+              static_cast<uint8_t>(DType::kF16) == format::kDTypeF16);
+static_assert(static_cast<uint8_t>(Mode::kNearLossless) == format::kModeNearLossless);
+static_assert(static_cast<uint8_t>(ZeroMapKind::kNonzeroPositions) ==
+                  format::kZeroMapNonzeroPositions &&
+              static_cast<uint8_t>(ZeroMapKind::kZeroPositions) == format::kZeroMapZeroPositions &&
+              static_cast<uint8_t>(ZeroMapKind::kBitmap) == format::kZeroMapBitmap);
+static_assert(static_cast<uint8_t>(TableKind::kStored) == format::kTableStored &&
+              static_cast<uint8_t>(TableKind::kReference) == format::kTableReference &&
+              static_cast<uint8_t>(TableKind::kInline) == format::kTableInline);
 
 inline FloatBits FloatBitsOf(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return {32, 8, 23};
-    case DType::kBF16:
-      return {16, 8, 7};
-    case DType::kF16:
-      return {16, 5, 10};
-  }
-  return {32, 8, 23};
+  return format::FloatBitsOfCode(static_cast<uint8_t>(dtype));
 }
 
-inline bool IsValidDType(uint8_t v) { return v >= 1 && v <= 3; }
+inline bool IsValidDType(uint8_t v) { return format::IsValidDTypeCode(v); }
 
 // Mantissa bits k kept for an element whose (rounded) exponent field is `sym`.
-// Subnormals (field 0), the largest finite field and non-finite values keep every bit, which
-// also means rounding can never carry a finite value into Inf.
 inline int MantissaWidth(const FloatBits& lay, Mode mode, int rel_bits, int abs_log2, int emax,
                          int sym) {
-  if (mode == Mode::kLossless || sym == 0 || sym >= lay.all_ones() - 1) return lay.mant_bits;
-  const int d = emax - sym;
-  const int k = std::clamp(-abs_log2 - 1 - d, 0, rel_bits);
-  return std::min(k, lay.mant_bits);
+  return format::MantissaWidth(lay, static_cast<int>(mode), rel_bits, abs_log2, emax, sym);
 }
 
 }  // namespace gcomp::codec::internal

@@ -8,86 +8,21 @@
 #include "absl/strings/str_cat.h"
 #include "codec/internal/bits.h"
 #include "codec/internal/cpu.h"
+#include "format/huffman_code.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
 namespace gcomp::codec::internal {
-namespace {
-
-// Plain Huffman lengths by the two-queue method over leaves sorted by (freq, symbol), so the
-// result depends only on the frequencies.
-void HuffmanLengths(const std::vector<std::pair<uint64_t, int>>& leaves, uint8_t* len) {
-  const size_t m = leaves.size();
-  std::vector<uint64_t> weight(2 * m);
-  std::vector<int> parent(2 * m, -1);
-  for (size_t i = 0; i < m; ++i) weight[i] = leaves[i].first;
-  size_t next_leaf = 0, next_inner = m, end_inner = m;
-  auto pop = [&]() -> size_t {
-    if (next_leaf < m && (next_inner == end_inner || weight[next_leaf] <= weight[next_inner])) {
-      return next_leaf++;
-    }
-    return next_inner++;
-  };
-  for (size_t k = 0; k + 1 < m; ++k) {
-    size_t a = pop(), b = pop();
-    weight[end_inner] = weight[a] + weight[b];
-    parent[a] = parent[b] = static_cast<int>(end_inner);
-    ++end_inner;
-  }
-  // Depths: the root is the last inner node; parents always come after children.
-  std::vector<int> depth(2 * m, 0);
-  for (size_t i = end_inner - 1; i-- > 0;) depth[i] = depth[parent[i]] + 1;
-  for (size_t i = 0; i < m; ++i) len[leaves[i].second] = static_cast<uint8_t>(depth[i]);
-}
-
-uint16_t Reverse(uint16_t code, int len) {
-  uint16_t r = 0;
-  for (int i = 0; i < len; ++i) r |= ((code >> i) & 1) << (len - 1 - i);
-  return r;
-}
-
-}  // namespace
 
 void BuildLengths(const uint64_t* freq, int alphabet, HuffmanCode* code) {
   code->alphabet = alphabet;
-  std::memset(code->len, 0, sizeof(code->len));
-  std::vector<std::pair<uint64_t, int>> leaves;
-  for (int s = 0; s < alphabet; ++s) {
-    if (freq[s] > 0) leaves.push_back({freq[s], s});
-  }
-  code->num_symbols = static_cast<int>(leaves.size());
-  code->single_symbol = leaves.size() == 1 ? leaves[0].second : -1;
-  if (leaves.size() <= 1) return;  // empty, or one symbol coded in 0 bits
-  std::sort(leaves.begin(), leaves.end());
-  // Rebuild with flattened frequencies until the cap holds (always reached: 256 <= 2^11).
-  for (;;) {
-    HuffmanLengths(leaves, code->len);
-    int max_len = 0;
-    for (const auto& leaf : leaves) max_len = std::max<int>(max_len, code->len[leaf.second]);
-    if (max_len <= kMaxCodeLen) return;
-    for (auto& leaf : leaves) leaf.first = (leaf.first + 1) / 2;
-    std::sort(leaves.begin(), leaves.end());
-  }
+  format::HuffmanWork work;
+  code->num_symbols = format::BuildLengths(freq, alphabet, work, code->len, &code->single_symbol);
 }
 
-void AssignCodes(HuffmanCode* code) {
-  std::memset(code->code, 0, sizeof(code->code));
-  int count[kMaxCodeLen + 2] = {};
-  for (int s = 0; s < code->alphabet; ++s) ++count[code->len[s]];
-  count[0] = 0;
-  uint32_t next[kMaxCodeLen + 2] = {};
-  uint32_t c = 0;
-  for (int l = 1; l <= kMaxCodeLen; ++l) {
-    c = (c + count[l - 1]) << 1;
-    next[l] = c;
-  }
-  for (int s = 0; s < code->alphabet; ++s) {
-    int l = code->len[s];
-    if (l > 0) code->code[s] = Reverse(static_cast<uint16_t>(next[l]++), l);
-  }
-}
+void AssignCodes(HuffmanCode* code) { format::AssignCodes(code->len, code->alphabet, code->code); }
 
 uint64_t CodedBits(const HuffmanCode& code, const uint64_t* freq) {
   uint64_t bits = 0;
@@ -104,16 +39,9 @@ uint64_t CodedBits(const HuffmanCode& code, const uint64_t* freq) {
 }
 
 void SerializeTable(const HuffmanCode& code, std::string* out) {
-  int lo = code.single_symbol, hi = code.single_symbol;
-  if (code.num_symbols != 1) {
-    lo = hi = -1;
-    for (int s = 0; s < code.alphabet; ++s) {
-      if (code.len[s] > 0) {
-        if (lo < 0) lo = s;
-        hi = s;
-      }
-    }
-  }
+  int lo = 0, hi = 0;
+  format::TableRange(code.len, code.alphabet, code.num_symbols == 1 ? code.single_symbol : -1,
+                     &lo, &hi);
   out->push_back(static_cast<char>(lo));
   out->push_back(static_cast<char>(hi - lo));
   for (int s = lo; s <= hi; s += 2) {
@@ -124,42 +52,29 @@ void SerializeTable(const HuffmanCode& code, std::string* out) {
 
 absl::Status ParseTable(absl::Span<const uint8_t> bytes, int alphabet, HuffmanCode* code) {
   code->alphabet = alphabet;
-  code->single_symbol = -1;
-  std::memset(code->len, 0, sizeof(code->len));
-  if (bytes.size() < 2) return absl::DataLossError("code table: too short");
-  const int lo = bytes[0];
-  const int count = bytes[1] + 1;
-  if (lo + count > alphabet) {
-    return absl::DataLossError(absl::StrCat("code table: symbols ", lo, "..", lo + count - 1,
-                                            " outside the alphabet of ", alphabet));
-  }
-  if (bytes.size() != 2 + static_cast<size_t>((count + 1) / 2)) {
-    return absl::DataLossError("code table: size does not match its symbol count");
-  }
-  uint32_t kraft = 0;
   int present = 0;
-  for (int i = 0; i < count; ++i) {
-    int l = (bytes[2 + i / 2] >> (4 * (i & 1))) & 15;
-    if (l > kMaxCodeLen) return absl::DataLossError("code table: code length above 11");
-    code->len[lo + i] = static_cast<uint8_t>(l);
-    if (l > 0) {
-      kraft += 1u << (kMaxCodeLen - l);
-      ++present;
-    }
-  }
-  if (count % 2 == 1 && (bytes.back() >> 4) != 0) {
-    return absl::DataLossError("code table: nonzero padding nibble");
-  }
-  if (count == 1 && present == 0) {
-    code->num_symbols = 1;  // single-symbol code: 0 bits per symbol
-    code->single_symbol = lo;
-    return absl::OkStatus();
-  }
-  if (present < 2 || kraft != (1u << kMaxCodeLen)) {
-    return absl::DataLossError("code table: lengths do not form a complete prefix code");
+  const format::TableError error = format::ParseTable(bytes.data(), bytes.size(), alphabet,
+                                                      code->len, &code->single_symbol, &present);
+  switch (error) {
+    case format::TableError::kOk:
+      break;
+    case format::TableError::kTooShort:
+      return absl::DataLossError("code table: too short");
+    case format::TableError::kOutsideAlphabet:
+      return absl::DataLossError(absl::StrCat("code table: symbols ", int{bytes[0]}, "..",
+                                              int{bytes[0]} + int{bytes[1]},
+                                              " outside the alphabet of ", alphabet));
+    case format::TableError::kSizeMismatch:
+      return absl::DataLossError("code table: size does not match its symbol count");
+    case format::TableError::kLengthTooLong:
+      return absl::DataLossError("code table: code length above 11");
+    case format::TableError::kBadPadding:
+      return absl::DataLossError("code table: nonzero padding nibble");
+    case format::TableError::kIncomplete:
+      return absl::DataLossError("code table: lengths do not form a complete prefix code");
   }
   code->num_symbols = present;
-  AssignCodes(code);
+  if (code->single_symbol < 0) AssignCodes(code);
   return absl::OkStatus();
 }
 

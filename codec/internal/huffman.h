@@ -10,12 +10,14 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "codec/internal/cpu.h"
+#include "format/block_format.h"
 
 namespace gcomp::codec::internal {
 
-inline constexpr int kMaxCodeLen = 11;
-inline constexpr int kDecodeTableSize = 1 << kMaxCodeLen;
-inline constexpr int kNumStreams = 4;
+using format::kDecodeTableSize;
+using format::kMaxCodeLen;
+using format::kNumStreams;
+using format::StreamCount;
 
 // A prefix code over an alphabet of up to 256 symbols. len[s] == 0 means "absent", except in
 // a single-symbol code, where the one symbol takes 0 bits.
@@ -41,9 +43,6 @@ absl::Status ParseTable(absl::Span<const uint8_t> bytes, int alphabet, HuffmanCo
 
 // Entry: symbol | length << 8.
 void BuildDecodeTable(const HuffmanCode& code, uint16_t* table /*[kDecodeTableSize]*/);
-
-// Sizes of the 4 quarters of n symbols: n/4 each, the first n%4 get one more.
-inline size_t StreamCount(size_t n, int s) { return n / 4 + (static_cast<size_t>(s) < n % 4); }
 
 // freq[s] = occurrences of s in syms[0, n) (overwrites all 256 entries).
 void CountSymbols(const uint8_t* syms, size_t n, uint64_t freq[256]);

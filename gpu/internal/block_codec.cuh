@@ -16,19 +16,32 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "codec/internal/format.h"
+#include "format/block_format.h"
+#include "format/block_header.h"
+#include "format/huffman_code.h"
+#include "format/portable.h"
 
 namespace gcomp::gpu::internal {
 
-namespace fmt = ::gcomp::codec::internal;
-
-#define GCOMP_HD __host__ __device__ __forceinline__
+// The format's one definition (format/): constants, header rules, Huffman code construction.
+namespace fmt = ::gcomp::format;
+using fmt::AssignCodes;
+using fmt::BuildLengths;
+using fmt::CeilDiv;
+using fmt::FloatBits;
+using fmt::FloatBitsOfCode;
+using fmt::HuffmanWork;
+using fmt::kDecodeTableSize;
+using fmt::kHeaderBytes;
+using fmt::kMaxCodeLen;
+using fmt::LoadLE32;
+using fmt::LoadLE64;
+using fmt::StreamCount;
+using fmt::StreamStart;
+using fmt::TableRange;
+using fmt::VarintBytes;
 
 inline constexpr int kTeamThreads = 256;  // also the symbol tables' size: one worker per symbol
-inline constexpr uint32_t kHeaderBytes = 56;
-inline constexpr int kMaxCodeLen = 11;
-inline constexpr int kDecodeTableSize = 1 << kMaxCodeLen;
-inline constexpr uint32_t kMaxElements = uint32_t{1} << 26;
 
 // Per-block result codes written to device memory by the decoder; 0 is success.
 enum BlockStatus : int32_t {
@@ -123,28 +136,6 @@ GCOMP_HD int Popc64(uint64_t v) {
 // ---------------------------------------------------------------------------------------------
 // Bytes, dtypes, policies.
 
-// Little-endian loads from bytes of any alignment.
-GCOMP_HD uint32_t LoadLE32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-GCOMP_HD uint64_t LoadLE64(const uint8_t* p) {
-  return uint64_t{LoadLE32(p)} | uint64_t{LoadLE32(p + 4)} << 32;
-}
-
-struct FloatBits {
-  int total_bits;
-  int exp_bits;
-  int mant_bits;
-  GCOMP_HD int alphabet() const { return 1 << exp_bits; }
-  GCOMP_HD int all_ones() const { return (1 << exp_bits) - 1; }
-  GCOMP_HD int elem_bytes() const { return total_bits / 8; }
-};
-GCOMP_HD FloatBits FloatBitsOfCode(int dtype_code) {
-  if (dtype_code == 2) return {16, 8, 7};
-  if (dtype_code == 3) return {16, 5, 10};
-  return {32, 8, 23};
-}
-
 struct BlockPolicy {
   int mode;  // 0 lossless, 1 near-lossless
   int rel_bits;
@@ -153,10 +144,7 @@ struct BlockPolicy {
 
 // Mantissa bits kept for symbol s (docs/FORMAT.md, "the mantissa widths").
 GCOMP_HD int MantissaWidth(const FloatBits& lay, const BlockPolicy& p, int emax, int s) {
-  if (p.mode == 0 || s == 0 || s >= lay.all_ones() - 1) return lay.mant_bits;
-  int k = -p.abs_log2 - 1 - (emax - s);
-  k = k < 0 ? 0 : (k > p.rel_bits ? p.rel_bits : k);
-  return k < lay.mant_bits ? k : lay.mant_bits;
+  return fmt::MantissaWidth(lay, p.mode, p.rel_bits, p.abs_log2, emax, s);
 }
 
 // Elements are read and written as unsigned integers of the dtype's width.
@@ -349,165 +337,7 @@ class ByteBitReader {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Canonical, length-limited Huffman codes (the same construction as codec/internal/huffman.cc:
-// two-queue Huffman over leaves sorted by (frequency, symbol), frequencies halved until the
-// longest code fits in 11 bits).
-
-struct HuffmanWork {
-  uint64_t leaf_freq[256];
-  uint16_t leaf_sym[256];
-  uint64_t weight[512];
-  int16_t parent[512];
-  uint8_t depth[512];
-};
-
-GCOMP_HD void SortLeaves(HuffmanWork& w, int m) {
-  for (int i = 1; i < m; ++i) {  // insertion sort; (freq, symbol) keys are unique
-    const uint64_t f = w.leaf_freq[i];
-    const uint16_t s = w.leaf_sym[i];
-    int j = i - 1;
-    while (j >= 0 && (w.leaf_freq[j] > f || (w.leaf_freq[j] == f && w.leaf_sym[j] > s))) {
-      w.leaf_freq[j + 1] = w.leaf_freq[j];
-      w.leaf_sym[j + 1] = w.leaf_sym[j];
-      --j;
-    }
-    w.leaf_freq[j + 1] = f;
-    w.leaf_sym[j + 1] = s;
-  }
-}
-
-// Code lengths into len[0, 256); returns the number of symbols present; *single gets the
-// symbol of a single-symbol code (else -1).
-GCOMP_HD int BuildLengths(const uint32_t* freq, int alphabet, HuffmanWork& w, uint8_t* len,
-                          int* single) {
-  int m = 0;
-  for (int s = 0; s < 256; ++s) len[s] = 0;
-  for (int s = 0; s < alphabet; ++s) {
-    if (freq[s] > 0) {
-      w.leaf_freq[m] = freq[s];
-      w.leaf_sym[m] = static_cast<uint16_t>(s);
-      ++m;
-    }
-  }
-  *single = m == 1 ? w.leaf_sym[0] : -1;
-  if (m <= 1) return m;
-  SortLeaves(w, m);
-  for (;;) {
-    for (int i = 0; i < m; ++i) w.weight[i] = w.leaf_freq[i];
-    int next_leaf = 0, next_inner = m, end_inner = m;
-    for (int k = 0; k + 1 < m; ++k) {
-      int ab[2];
-      for (int q = 0; q < 2; ++q) {
-        if (next_leaf < m &&
-            (next_inner == end_inner || w.weight[next_leaf] <= w.weight[next_inner])) {
-          ab[q] = next_leaf++;
-        } else {
-          ab[q] = next_inner++;
-        }
-      }
-      w.weight[end_inner] = w.weight[ab[0]] + w.weight[ab[1]];
-      w.parent[ab[0]] = w.parent[ab[1]] = static_cast<int16_t>(end_inner);
-      ++end_inner;
-    }
-    w.depth[end_inner - 1] = 0;
-    int max_len = 0;
-    for (int i = end_inner - 1; i-- > 0;) {
-      w.depth[i] = static_cast<uint8_t>(w.depth[w.parent[i]] + 1);
-      if (i < m && w.depth[i] > max_len) max_len = w.depth[i];
-    }
-    for (int i = 0; i < m; ++i) len[w.leaf_sym[i]] = w.depth[i];
-    if (max_len <= kMaxCodeLen) return m;
-    for (int i = 0; i < m; ++i) w.leaf_freq[i] = (w.leaf_freq[i] + 1) / 2;
-    SortLeaves(w, m);
-  }
-}
-
-GCOMP_HD uint16_t ReverseBits(uint32_t code, int len) {
-  uint32_t r = 0;
-  for (int i = 0; i < len; ++i) r |= ((code >> i) & 1u) << (len - 1 - i);
-  return static_cast<uint16_t>(r);
-}
-
-// Canonical codes (by length, then symbol), bit-reversed for LSB-first emission.
-GCOMP_HD void AssignCodes(const uint8_t* len, int alphabet, uint16_t* code) {
-  int count[kMaxCodeLen + 2] = {};
-  for (int s = 0; s < 256; ++s) code[s] = 0;
-  for (int s = 0; s < alphabet; ++s) ++count[len[s]];
-  count[0] = 0;
-  uint32_t next[kMaxCodeLen + 2] = {};
-  uint32_t c = 0;
-  for (int l = 1; l <= kMaxCodeLen; ++l) {
-    c = (c + count[l - 1]) << 1;
-    next[l] = c;
-  }
-  for (int s = 0; s < alphabet; ++s) {
-    const int l = len[s];
-    if (l > 0) code[s] = ReverseBits(next[l]++, l);
-  }
-}
-
-// Serialized table bounds: min symbol `lo`, max symbol `hi`.
-GCOMP_HD void TableRange(const uint8_t* len, int alphabet, int single, int* lo, int* hi) {
-  if (single >= 0) {
-    *lo = *hi = single;
-    return;
-  }
-  *lo = *hi = -1;
-  for (int s = 0; s < alphabet; ++s) {
-    if (len[s] > 0) {
-      if (*lo < 0) *lo = s;
-      *hi = s;
-    }
-  }
-}
-
-// Parses an inline table (docs/FORMAT.md, section 3) into len[]; false if invalid.
-GCOMP_HD bool ParseTable(const uint8_t* t, size_t size, int alphabet, uint8_t* len, int* single) {
-  for (int s = 0; s < 256; ++s) len[s] = 0;
-  *single = -1;
-  if (size < 2) return false;
-  const int lo = t[0];
-  const int count = t[1] + 1;
-  if (lo + count > alphabet) return false;
-  if (size != 2 + static_cast<size_t>((count + 1) / 2)) return false;
-  uint32_t kraft = 0;
-  int present = 0;
-  for (int i = 0; i < count; ++i) {
-    const int l = (t[2 + i / 2] >> (4 * (i & 1))) & 15;
-    if (l > kMaxCodeLen) return false;
-    len[lo + i] = static_cast<uint8_t>(l);
-    if (l > 0) {
-      kraft += 1u << (kMaxCodeLen - l);
-      ++present;
-    }
-  }
-  if (count % 2 == 1 && (t[size - 1] >> 4) != 0) return false;
-  if (count == 1 && present == 0) {
-    *single = lo;
-    return true;
-  }
-  return present >= 2 && kraft == (1u << kMaxCodeLen);
-}
-
-GCOMP_HD uint32_t StreamCount(uint32_t n, int s) {
-  return n / 4 + (static_cast<uint32_t>(s) < n % 4 ? 1u : 0u);
-}
-GCOMP_HD uint32_t StreamStart(uint32_t n, int s) {
-  uint32_t start = 0;
-  for (int i = 0; i < s; ++i) start += StreamCount(n, i);
-  return start;
-}
-
-GCOMP_HD uint32_t VarintBytes(uint32_t v) {
-  uint32_t n = 1;
-  while (v >= 128) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
-GCOMP_HD uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+// Segments.
 
 // Elements per worker segment: a multiple of 64, so bitmap words have a single owner.
 GCOMP_HD uint32_t SegmentElems(uint32_t n) {
@@ -726,22 +556,22 @@ GCOMP_HD void EncodeChunk(const Team& team, EncodeShared& sh, int dtype_code,
     }
     const uint32_t nnz = sh.nnz, zeros = n - nnz;
     if (zeros == 0) {
-      sh.zmap_kind = 0;
+      sh.zmap_kind = fmt::kZeroMapNone;
       sh.zmap_bytes = 0;
     } else {
       uint32_t best = (n + 7) / 8;
-      sh.zmap_kind = 1;
-      if (zb < best) best = zb, sh.zmap_kind = 2;
-      if (nzb < best) best = nzb, sh.zmap_kind = 3;
+      sh.zmap_kind = fmt::kZeroMapBitmap;
+      if (zb < best) best = zb, sh.zmap_kind = fmt::kZeroMapZeroPositions;
+      if (nzb < best) best = nzb, sh.zmap_kind = fmt::kZeroMapNonzeroPositions;
       sh.zmap_bytes = best;
     }
-    sh.table_kind = 0;
+    sh.table_kind = fmt::kTableNone;
     sh.table_bytes = 0;
     if (nnz > 0) {
       BuildLengths(sh.hist, lay.alphabet(), sh.huff, sh.len, &sh.single);
       AssignCodes(sh.len, lay.alphabet(), sh.code);
       TableRange(sh.len, lay.alphabet(), sh.single, &sh.table_lo, &sh.table_hi);
-      sh.table_kind = 1;
+      sh.table_kind = fmt::kTableInline;
       sh.table_bytes = 2 + (sh.table_hi - sh.table_lo + 2) / 2;
     }
   });
@@ -821,7 +651,7 @@ GCOMP_HD void EncodeChunk(const Team& team, EncodeShared& sh, int dtype_code,
         w.Finish();
       }
       // Zero map.
-      if (sh.zmap_kind == 1) {
+      if (sh.zmap_kind == fmt::kZeroMapBitmap) {
         const uint64_t begin = zmap_off * 8 + lo;
         const uint64_t end = zmap_off * 8 + (t + 1 < kTeamThreads && hi < n
                                                  ? uint64_t{hi}
@@ -832,8 +662,8 @@ GCOMP_HD void EncodeChunk(const Team& team, EncodeShared& sh, int dtype_code,
           w.Put64(job.bitmap[b / 64], cnt);
         }
         w.Finish();
-      } else if (sh.zmap_kind >= 2) {
-        const bool want = sh.zmap_kind == 3;
+      } else if (sh.zmap_kind >= fmt::kZeroMapZeroPositions) {
+        const bool want = sh.zmap_kind == fmt::kZeroMapNonzeroPositions;
         const uint32_t off = want ? sh.seg_nzlist[t] : sh.seg_zlist[t];
         const uint32_t next_off = t + 1 < kTeamThreads
                                       ? (want ? sh.seg_nzlist[t + 1] : sh.seg_zlist[t + 1])
@@ -878,7 +708,7 @@ GCOMP_HD void EncodeChunk(const Team& team, EncodeShared& sh, int dtype_code,
         w.Finish();
       }
       // Code table.
-      if (t == 0 && sh.table_kind == 1) {
+      if (t == 0 && sh.table_kind == fmt::kTableInline) {
         RangeBitWriter w(out, table_off * 8, (table_off + sh.table_bytes) * 8);
         w.Put(static_cast<uint32_t>(sh.table_lo), 8);
         w.Put(static_cast<uint32_t>(sh.table_hi - sh.table_lo), 8);
@@ -899,8 +729,8 @@ GCOMP_HD void EncodeChunk(const Team& team, EncodeShared& sh, int dtype_code,
     h[0] = fmt::kBlockMagic;
     h[1] = uint32_t{fmt::kBlockVersion} | uint32_t(dtype_code) << 8 |
            uint32_t(pol.mode) << 16 | uint32_t(pol.rel_bits) << 24;
-    const uint32_t zkind = stored ? 0 : sh.zmap_kind;
-    const uint32_t tkind = stored ? 3 : sh.table_kind;
+    const uint32_t zkind = stored ? fmt::kZeroMapNone : sh.zmap_kind;
+    const uint32_t tkind = stored ? fmt::kTableStored : sh.table_kind;
     h[2] = uint32_t(static_cast<uint8_t>(static_cast<int8_t>(pol.abs_log2))) | zkind << 8 |
            tkind << 16 | sh.emax << 24;
     h[3] = n;
@@ -961,78 +791,46 @@ struct DecodeJob {
   int32_t* status;
 };
 
-// Header checks of docs/FORMAT.md before the checksum, in the codec's order; fills sh
-// (and the checksum seed) on success.
+// The per-block status of the first header rule a block breaks.
+GCOMP_HD int32_t StatusOfHeaderError(fmt::HeaderError e) {
+  using fmt::HeaderError;
+  switch (e) {
+    case HeaderError::kOk: return kBlockOk;
+    case HeaderError::kTooShort: return kBlockTooShort;
+    case HeaderError::kBadMagic: return kBlockBadMagic;
+    case HeaderError::kBadVersion: return kBlockBadVersion;
+    case HeaderError::kBadDType: return kBlockBadDType;
+    case HeaderError::kBadMode:
+    case HeaderError::kBadRelBits:
+    case HeaderError::kBadAbsLog2: return kBlockBadPolicy;
+    case HeaderError::kBadZeroMapKind:
+    case HeaderError::kBadTableKind: return kBlockBadKind;
+    case HeaderError::kBadEmax: return kBlockBadEmax;
+    case HeaderError::kTooManyElements:
+    case HeaderError::kTooManyNonzeros: return kBlockBadCounts;
+    case HeaderError::kBadSizeSum: return kBlockBadSizeSum;
+    default: return kBlockBadSections;  // the rules on each section's size
+  }
+}
+
+// Header checks of docs/FORMAT.md before the checksum (format::ParseHeader, as the CPU
+// decoder runs them); fills sh (and the checksum seed) on success.
 GCOMP_HD int32_t ParseHeader(const uint8_t* h, uint32_t size, DecodeShared& sh) {
-  if (size < kHeaderBytes) return kBlockTooShort;
-  if (LoadLE32(h + fmt::kOffMagic) != fmt::kBlockMagic) return kBlockBadMagic;
-  if (h[fmt::kOffVersion] != fmt::kBlockVersion) return kBlockBadVersion;
-  const int dt = h[fmt::kOffDType];
-  if (dt < 1 || dt > 3) return kBlockBadDType;
-  const FloatBits lay = FloatBitsOfCode(dt);
-  if (h[fmt::kOffMode] > 1) return kBlockBadPolicy;
-  sh.pol.mode = h[fmt::kOffMode];
-  sh.pol.rel_bits = h[fmt::kOffRelBits];
-  sh.pol.abs_log2 = static_cast<int8_t>(h[fmt::kOffAbsLog2]);
-  if (sh.pol.rel_bits > 23 || sh.pol.abs_log2 > 0) return kBlockBadPolicy;
-  if (h[fmt::kOffZeroMap] > 3 || h[fmt::kOffTable] > 3) return kBlockBadKind;
-  sh.zmap_kind = h[fmt::kOffZeroMap];
-  sh.table_kind = h[fmt::kOffTable];
-  sh.emax = h[fmt::kOffEmax];
-  if (sh.emax >= static_cast<uint32_t>(lay.all_ones())) return kBlockBadEmax;
-  const uint32_t n = LoadLE32(h + fmt::kOffElements), nnz = LoadLE32(h + fmt::kOffNonzeros);
-  sh.n = n;
-  sh.nnz = nnz;
-  sh.mant_bytes = LoadLE32(h + fmt::kOffMantissaBytes);
-  sh.zmap_bytes = LoadLE32(h + fmt::kOffZeroMapBytes);
-  sh.table_bytes = LoadLE32(h + fmt::kOffTableBytes);
-  uint64_t exp_bytes = 0;
-  for (int s = 0; s < 4; ++s) {
-    sh.stream_bytes[s] = LoadLE32(h + fmt::kOffStreamBytes + 4 * s);
-    exp_bytes += sh.stream_bytes[s];
-  }
-  if (n > kMaxElements || nnz > n) return kBlockBadCounts;
-  const uint64_t sum = uint64_t{sh.mant_bytes} + sh.zmap_bytes + sh.table_bytes + exp_bytes +
-                       kHeaderBytes;
-  if (sum != size) return kBlockBadSizeSum;
-  const uint32_t eb = static_cast<uint32_t>(lay.elem_bytes());
-  if (sh.table_kind == 3) {
-    if (sh.zmap_kind != 0 || sh.zmap_bytes || sh.table_bytes || exp_bytes || nnz != n ||
-        uint64_t{sh.mant_bytes} != uint64_t{n} * eb) {
-      return kBlockBadSections;
-    }
-  } else {
-    if ((sh.table_kind == 0) != (nnz == 0)) return kBlockBadSections;
-    if (sh.table_kind == 0 && (sh.table_bytes || exp_bytes || sh.mant_bytes)) {
-      return kBlockBadSections;
-    }
-    if (sh.table_kind == 1 && (sh.table_bytes < 3 || sh.table_bytes > 130)) {
-      return kBlockBadSections;
-    }
-    if (sh.table_kind == 2 && sh.table_bytes != 8) return kBlockBadSections;
-    const uint32_t zeros = n - nnz;
-    switch (sh.zmap_kind) {
-      case 0:
-        if (zeros != 0 || sh.zmap_bytes != 0) return kBlockBadSections;
-        break;
-      case 1:
-        if (sh.zmap_bytes != (n + 7) / 8) return kBlockBadSections;
-        break;
-      default: {
-        const uint64_t entries = sh.zmap_kind == 2 ? zeros : nnz;
-        if (sh.zmap_bytes < entries || sh.zmap_bytes > 4 * entries) return kBlockBadSections;
-      }
-    }
-    for (int s = 0; s < 4; ++s) {
-      if (sh.stream_bytes[s] > CeilDiv(uint64_t{StreamCount(nnz, s)} * kMaxCodeLen, 8)) {
-        return kBlockBadSections;
-      }
-    }
-    if (sh.mant_bytes > CeilDiv(uint64_t{nnz} * (lay.mant_bits + 1), 8) ||
-        sh.mant_bytes < CeilDiv(nnz, 8)) {
-      return kBlockBadSections;
-    }
-  }
+  fmt::BlockHeader b;
+  const int32_t status = StatusOfHeaderError(fmt::ParseHeader(h, size, &b));
+  if (status != kBlockOk) return status;
+  sh.pol.mode = b.mode;
+  sh.pol.rel_bits = b.rel_bits;
+  sh.pol.abs_log2 = b.abs_log2;
+  sh.zmap_kind = b.zero_map;
+  sh.table_kind = b.table;
+  sh.emax = b.emax;
+  sh.n = b.elements;
+  sh.nnz = b.nonzeros;
+  sh.mant_bytes = b.mantissa_bytes;
+  sh.zmap_bytes = b.zero_map_bytes;
+  sh.table_bytes = b.table_bytes;
+  for (int s = 0; s < fmt::kNumStreams; ++s) sh.stream_bytes[s] = b.stream_bytes[s];
   sh.xx_seed = ChecksumSeed(h);
   return kBlockOk;
 }
@@ -1042,7 +840,7 @@ GCOMP_HD int32_t CheckExpected(const uint8_t* h, int dtype_code, uint32_t expect
                                const DecodeShared& sh) {
   if (h[fmt::kOffDType] != dtype_code) return kBlockWrongDType;
   if (sh.n != expected_n) return kBlockWrongCount;
-  if (sh.table_kind == 2) return kBlockTableReference;
+  if (sh.table_kind == fmt::kTableReference) return kBlockTableReference;
   return kBlockOk;
 }
 
@@ -1090,8 +888,8 @@ GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
   const FloatBits lay = FloatBitsOfCode(dtype_code);
   const uint32_t n = sh.n, nnz = sh.nnz;
   const uint8_t* const plane = blk + kHeaderBytes;
-  if (sh.table_kind == 3 || nnz == 0) {  // stored, or no nonzeros
-    const bool stored = sh.table_kind == 3;
+  if (sh.table_kind == fmt::kTableStored || nnz == 0) {  // stored, or no nonzeros
+    const bool stored = sh.table_kind == fmt::kTableStored;
     team.ForEach([&](int t) {
       for (uint32_t i = t; i < n; i += kTeamThreads) {
         out[i] = stored ? LoadElemBytes<U>(plane + uint64_t{i} * sizeof(U)) : U{0};
@@ -1107,7 +905,9 @@ GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
   // 2. Code table (worker 0), then the 2048-entry decode table (all workers).
   team.ForEach([&](int t) {
     if (t != 0) return;
-    if (!ParseTable(tbl, sh.table_bytes, lay.alphabet(), sh.len, &sh.single)) {
+    int present = 0;
+    if (fmt::ParseTable(tbl, sh.table_bytes, lay.alphabet(), sh.len, &sh.single, &present) !=
+        fmt::TableError::kOk) {
       sh.status = kBlockBadTable;
       return;
     }
@@ -1158,7 +958,7 @@ GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
   const uint32_t words = (n + 63) / 64;
   const uint64_t last_mask = n % 64 ? (uint64_t{1} << (n % 64)) - 1 : ~uint64_t{0};
   if (sh.zmap_kind <= 1) {
-    const bool none = sh.zmap_kind == 0;
+    const bool none = sh.zmap_kind == fmt::kZeroMapNone;
     team.ForEach([&](int t) {
       for (uint32_t w = t; w < words; w += kTeamThreads) {
         uint64_t v;
@@ -1176,7 +976,7 @@ GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
   } else {
     team.ForEach([&](int t) {
       if (t != 0) return;
-      const bool want = sh.zmap_kind == 3;
+      const bool want = sh.zmap_kind == fmt::kZeroMapNonzeroPositions;
       const uint32_t entries = want ? nnz : n - nnz;
       for (uint32_t w = 0; w < words; ++w) {
         job.bitmap[w] = want ? 0 : (w + 1 == words ? last_mask : ~uint64_t{0});
