@@ -1,0 +1,267 @@
+// Private to the client (worker/client*.cc): Client::Impl, the shard map a call runs under
+// (MapState), and the retry and map-switch rules every call shares.
+#ifndef GCOMP_WORKER_CLIENT_IMPL_H_
+#define GCOMP_WORKER_CLIENT_IMPL_H_
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "base/metrics_exposer.h"
+#include "cluster/cluster_config.h"
+#include "cluster/credentials.h"
+#include "cluster/grpc_status.h"
+#include "cluster/shard_map.h"
+#include "cluster/wire_block.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/aggregation.grpc.pb.h"
+#include "proto/reshard.grpc.pb.h"
+#include "worker/client.h"
+#include "worker/client_metrics.h"
+
+namespace gcomp::worker {
+
+using cluster::FromGrpc;
+
+
+// Longest sleep between two retries of one call.
+constexpr int64_t kMaxBackoffMs = 5000;
+// Longest wait between two connection attempts to a shard: a shard that comes back (a
+// restarted pod rejoining) is reached within a second.
+constexpr int kMaxReconnectBackoffMs = 1000;
+
+inline std::chrono::system_clock::time_point DeadlineIn(uint32_t ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
+struct TensorInfo {
+  codec::DType dtype = codec::DType::kF32;
+  cluster::ChunkLayout layout;
+};
+
+// A call is resent under a newer map (after a re-shard or a failover answered ABORTED), or
+// after a replicated shard stayed unreachable, at most this many times.
+constexpr int kMaxMapSwitches = 16;
+
+// The shard map a call runs under: its config (shards, epoch) and stubs. Replaced, never
+// changed, when a re-shard moves the job to a new map (docs/SERVICE.md, "Re-sharding").
+struct MapState {
+  proto::ClusterConfig config;
+  cluster::ShardMap map{1, 1};
+  uint32_t replicas = 1;
+  std::vector<bool> down;     // by shard: taken out by a failover
+  std::vector<bool> joining;  // by shard: back, catching up, owning nothing yet
+  // stubs[shard][channel] and one Resharding stub per shard.
+  std::vector<std::vector<std::unique_ptr<proto::Aggregation::Stub>>> stubs;
+  std::vector<std::unique_ptr<proto::Resharding::Stub>> reshard;
+
+  uint64_t epoch() const { return config.shard_map_epoch(); }
+  // Each chunk's live replica set, owner first (ShardMap::LiveReplicas).
+  std::vector<uint32_t> Holders(const std::string& key, const TensorInfo& t) const {
+    return map.LiveReplicas(key, t.layout, replicas, down, joining);
+  }
+  // Each chunk's owner; ShardMap::kNone when every shard that could hold it is down.
+  std::vector<uint32_t> Owners(const std::string& key, const TensorInfo& t) const {
+    if (replicas == 1) return map.Assign(key, t.layout);  // the common case, without ranking
+    const std::vector<uint32_t> live = Holders(key, t);
+    std::vector<uint32_t> owner(t.layout.num_chunks);
+    for (size_t c = 0; c < owner.size(); ++c) owner[c] = live[c * replicas];
+    return owner;
+  }
+  // Why chunk `c` has no owner: its shards, all down.
+  absl::Status NoOwner(const std::string& key, const TensorInfo& t, uint32_t c) const {
+    const std::vector<uint32_t> all = map.LiveReplicas(key, t.layout, replicas, {});
+    std::vector<std::string> names;
+    for (uint32_t j = 0; j < replicas; ++j) {
+      const uint32_t k = all[c * replicas + j];
+      names.push_back(absl::StrCat("shard ", k, " (", config.shards(k), ")"));
+    }
+    return absl::UnavailableError(absl::StrCat("chunk ", c, " of '", key, "': its shards ",
+                                               absl::StrJoin(names, " and "),
+                                               " and every other shard are down"));
+  }
+};
+
+struct Client::Impl {
+  // Fields other than `shards` and `shard_map_epoch` never change; those two live in the
+  // current MapState.
+  proto::ClusterConfig config;
+  ClientOptions options;
+  cluster::DirectionCodec uplink;
+  std::unique_ptr<cluster::ClientSecurity> security;
+  std::atomic<uint64_t> next_channel{0};
+
+  mutable absl::Mutex map_mu;
+  std::shared_ptr<const MapState> map ABSL_GUARDED_BY(map_mu);
+  // Channels by address, reused by later maps.
+  std::map<std::string, std::vector<std::shared_ptr<grpc::Channel>>> channels ABSL_GUARDED_BY(map_mu);
+  absl::Mutex switch_mu;  // one map switch at a time
+
+  mutable absl::Mutex mu;
+  absl::flat_hash_map<std::string, TensorInfo> tensors ABSL_GUARDED_BY(mu);
+
+  std::atomic<uint64_t> raw_sent{0}, raw_received{0}, wire_sent{0}, wire_received{0};
+  std::atomic<uint64_t> chunks{0}, retries{0};
+  std::atomic<uint64_t> map_switches{0};
+  std::atomic<uint64_t> down_reports{0};
+
+  ClientStats Stats() const {
+    ClientStats s;
+    s.raw_bytes_sent = raw_sent;
+    s.raw_bytes_received = raw_received;
+    s.wire_bytes_sent = wire_sent;
+    s.wire_bytes_received = wire_received;
+    s.chunks = chunks;
+    s.retries = retries;
+    s.map_switches = map_switches;
+    s.down_reports = down_reports;
+    return s;
+  }
+  // Null without ClientOptions::metrics_address. The exposer is declared last so that it
+  // stops serving before the metrics it reads go away.
+  std::shared_ptr<ClientMetrics> metrics;
+  std::unique_ptr<MetricsExposer> metrics_exposer;
+
+  std::shared_ptr<const MapState> Map() const {
+    absl::MutexLock lock(&map_mu);
+    return map;
+  }
+
+  proto::Aggregation::Stub* Stub(const MapState& m, uint32_t shard) {
+    auto& v = m.stubs[shard];
+    return v[next_channel.fetch_add(1, std::memory_order_relaxed) % v.size()].get();
+  }
+
+  // A MapState for `config` (its shards and epoch), with channels reused by address.
+  std::shared_ptr<MapState> BuildMap(const proto::ClusterConfig& config);
+  // Registers this worker with every shard of `m`.
+  absl::Status RegisterAll(const MapState& m, bool wait_for_ready);
+  // Declares `key` on every shard of `m`; `initial` as in Client::Declare.
+  // `may_switch`: a shard answering ABORTED moves this client to the newer map and the
+  // declaration is redone there (else the ABORTED status is returned).
+  absl::Status DeclareOn(const MapState& m, const std::string& key, const TensorInfo& t,
+                         size_t elements, const void* initial, bool may_switch = true);
+  // After shard `shard` of `seen` answered ABORTED, or could not be reached: fetches the
+  // config from it, else from the other shards, and moves this client to a newer map
+  // (registered, every tensor declared), unless another call already did. NotFound when
+  // no shard knows a newer map.
+  absl::Status SwitchMap(const MapState& seen, uint32_t shard);
+  // Whether a failed call should be resent under a newer map: ABORTED always (an error
+  // if none can be found), UNAVAILABLE when a shard knows one (a shard a re-shard
+  // removed may already be stopped). Fills *error when the call should fail.
+  bool ResendAfterSwitch(const grpc::Status& st, const MapState& seen, uint32_t shard,
+                         absl::Status* error) {
+    const bool aborted = st.error_code() == grpc::StatusCode::ABORTED;
+    if (!aborted && st.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+    // With replicas, a shard that stays unreachable is reported, so that its backups take
+    // its chunks over (docs/SERVICE.md, "Replication and failover").
+    if (!aborted && seen.replicas > 1) ReportDown(seen, shard, st.error_message());
+    absl::Status s = SwitchMap(seen, shard);
+    if (s.ok()) return true;
+    if (!aborted && seen.replicas > 1 && absl::IsNotFound(s)) {
+      // Every shard answered the probe, so this one is back (a restart, catching up): its
+      // rejoin brings a new map soon. Try again (the caller bounds the rounds).
+      absl::SleepFor(absl::Milliseconds(500));
+      return true;
+    }
+    if (aborted || !absl::IsNotFound(s)) *error = s;
+    return false;
+  }
+
+  // Tells the first other live shard that answers that `shard` of `seen` is unreachable.
+  void ReportDown(const MapState& seen, uint32_t shard, const std::string& why) {
+    proto::ReportDownRequest req;
+    req.set_job(config.job());
+    req.set_shard_map_epoch(seen.epoch());
+    req.set_shard(shard);
+    req.set_reason(absl::StrCat(options.name, ": ", why));
+    for (uint32_t k = 0; k < seen.stubs.size(); ++k) {
+      if (k == shard || seen.down[k]) continue;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(DeadlineIn(30000));
+      proto::ReportDownResponse resp;
+      if (seen.reshard[k]->ReportDown(&ctx, req, &resp).ok()) {
+        ++down_reports;
+        return;
+      }
+    }
+  }
+
+  absl::StatusOr<TensorInfo> Find(const std::string& key) const {
+    absl::MutexLock lock(&mu);
+    auto it = tensors.find(key);
+    if (it == tensors.end()) {
+      return absl::NotFoundError(absl::StrCat("tensor '", key, "' not declared on this client"));
+    }
+    return it->second;
+  }
+
+  // One unary call, retried on UNAVAILABLE and CANCELLED; with `map`, not once this client
+  // has moved past it (the shard may be one a re-shard removed and stopped).
+  template <typename Call>
+  grpc::Status WithRetries(Call&& call, const MapState* map = nullptr) {
+    grpc::Status s;
+    for (uint32_t attempt = 0;; ++attempt) {
+      s = call();
+      if (map != nullptr && !s.ok() && Map()->epoch() > map->epoch()) return s;
+      // UNAVAILABLE: the shard could not be reached. CANCELLED: the shard dropped the call
+      // (e.g. while draining for shutdown); this client never cancels its own calls. Both
+      // are safe to retry, since pushes are idempotent on the shard.
+      const bool retryable = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             s.error_code() == grpc::StatusCode::CANCELLED;
+      if (!retryable || attempt >= config.max_retries()) return s;
+      ++retries;
+      const int64_t backoff_ms =
+          std::min<int64_t>(int64_t{config.retry_backoff_ms()} << std::min(attempt, 10u), kMaxBackoffMs);
+      absl::SleepFor(absl::Milliseconds(backoff_ms));
+    }
+  }
+
+  // One unary call to `shard` of map `m` with the config's call deadline, retried as
+  // WithRetries does. `rpc(stub, context)` makes the call.
+  template <typename Rpc>
+  grpc::Status CallShard(const MapState& m, uint32_t shard, Rpc&& rpc) {
+    return WithRetries([&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
+      return rpc(Stub(m, shard), &ctx);
+    }, &m);
+  }
+
+  absl::Status RunPushPull(const std::string& key, int64_t step, const void* input, void* output);
+
+  // Chunk c's current value from its shard (Pull, with retries).
+  absl::StatusOr<proto::CompressedBlock> PullChunk(const std::string& key, const TensorInfo& t,
+                                                   uint32_t c) {
+    for (int switches = 0;; ++switches) {
+      std::shared_ptr<const MapState> m = Map();
+      const uint32_t shard = m->Owners(key, t)[c];
+      if (shard == cluster::ShardMap::kNone) return m->NoOwner(key, t, c);
+      proto::PullRequest req;
+      req.set_job(config.job());
+      req.set_key(key);
+      req.set_chunk(c);
+      req.set_shard_map_epoch(m->epoch());
+      proto::CompressedBlock resp;
+      grpc::Status st = CallShard(*m, shard, [&](auto* stub, grpc::ClientContext* ctx) {
+        return stub->Pull(ctx, req, &resp);
+      });
+      absl::Status error;
+      if (!st.ok() && switches < kMaxMapSwitches && ResendAfterSwitch(st, *m, shard, &error)) continue;
+      if (!error.ok()) return error;
+      if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
+      return resp;
+    }
+  }
+};
+
+}  // namespace gcomp::worker
+
+#endif  // GCOMP_WORKER_CLIENT_IMPL_H_
