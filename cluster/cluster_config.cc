@@ -15,297 +15,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "cluster/config_fields.h"
+#include "cluster/optimizer.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "yaml-cpp/yaml.h"
 
 namespace gcomp::cluster {
 namespace {
 
-absl::Status FieldError(absl::string_view field, absl::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("cluster config field '", field, "': ", what));
-}
-
-// Whether `s` is well-formed UTF-8 (RFC 3629: shortest forms, no surrogates, <= U+10FFFF).
-bool IsUtf8(absl::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t len;
-    uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (s.size() - i < len) return false;
-    for (size_t k = 1; k < len; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += len;
-  }
-  return true;
-}
-
-absl::StatusOr<std::string> Scalar(const YAML::Node& node, absl::string_view field) {
-  if (!node.IsScalar()) return FieldError(field, "expected a scalar value");
-  // Strings land in proto3 string fields, which must hold UTF-8 (YAML text is UTF-8 too;
-  // the emitter would replace stray bytes, so the config would not round-trip).
-  if (!IsUtf8(node.Scalar())) return FieldError(field, "not valid UTF-8 text");
-  return node.Scalar();
-}
-
-absl::StatusOr<uint64_t> ParseU64(const YAML::Node& node, absl::string_view field,
-                                  uint64_t max = std::numeric_limits<uint64_t>::max()) {
-  absl::StatusOr<std::string> s = Scalar(node, field);
-  if (!s.ok()) return s.status();
-  uint64_t v = 0;
-  if (!absl::SimpleAtoi(*s, &v)) {
-    return FieldError(field, absl::StrCat("expected a non-negative integer, got '", *s, "'"));
-  }
-  if (v > max) return FieldError(field, absl::StrCat("must be at most ", max, ", got ", v));
-  return v;
-}
-
-absl::StatusOr<int64_t> ParseI64(const YAML::Node& node, absl::string_view field) {
-  absl::StatusOr<std::string> s = Scalar(node, field);
-  if (!s.ok()) return s.status();
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(*s, &v)) {
-    return FieldError(field, absl::StrCat("expected an integer, got '", *s, "'"));
-  }
-  return v;
-}
-
-absl::StatusOr<double> ParseDouble(const YAML::Node& node, absl::string_view field) {
-  absl::StatusOr<std::string> s = Scalar(node, field);
-  if (!s.ok()) return s.status();
-  double v = 0;
-  if (!absl::SimpleAtod(*s, &v) || !std::isfinite(v)) {
-    return FieldError(field, absl::StrCat("expected a finite number, got '", *s, "'"));
-  }
-  return v;
-}
-
-using Setter = std::function<absl::Status(const YAML::Node&, proto::ClusterConfig*)>;
-
-Setter U32(absl::string_view field, void (proto::ClusterConfig::*set)(uint32_t)) {
-  std::string name(field);
-  return [name, set](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
-    absl::StatusOr<uint64_t> v = ParseU64(n, name, std::numeric_limits<uint32_t>::max());
-    if (!v.ok()) return v.status();
-    (c->*set)(static_cast<uint32_t>(*v));
-    return absl::OkStatus();
-  };
-}
-
-Setter U64(absl::string_view field, void (proto::ClusterConfig::*set)(uint64_t)) {
-  std::string name(field);
-  return [name, set](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
-    absl::StatusOr<uint64_t> v = ParseU64(n, name);
-    if (!v.ok()) return v.status();
-    (c->*set)(*v);
-    return absl::OkStatus();
-  };
-}
-
-// A field of a nested message: `get` reaches the message, `set` stores the value.
-template <typename Msg, typename T>
-Setter NestedUnsigned(std::string field, Msg* (proto::ClusterConfig::*get)(), void (Msg::*set)(T)) {
-  return [field, get, set](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
-    absl::StatusOr<uint64_t> v = ParseU64(n, field, std::numeric_limits<T>::max());
-    if (!v.ok()) return v.status();
-    ((c->*get)()->*set)(static_cast<T>(*v));
-    return absl::OkStatus();
-  };
-}
-
-template <typename Msg>
-Setter NestedString(std::string field, Msg* (proto::ClusterConfig::*get)(),
-                    void (Msg::*set)(const std::string&)) {
-  return [field, get, set](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
-    absl::StatusOr<std::string> s = Scalar(n, field);
-    if (!s.ok()) return s.status();
-    ((c->*get)()->*set)(*s);
-    return absl::OkStatus();
-  };
-}
-
-// `shards: {count: N, address: "gcomp-shard-{index}.gcomp-shard:7000"}`: the list of a
-// StatefulSet's N pods, {index} replaced by 0..N-1.
-absl::Status ExpandShardTemplate(const YAML::Node& n, proto::ClusterConfig* c) {
-  std::optional<uint64_t> count;
-  std::optional<std::string> address;
-  for (const auto& kv : n) {
-    if (!kv.first.IsScalar()) return FieldError("shards", "keys must be count and address");
-    const std::string key = kv.first.Scalar();
-    if (key == "count") {
-      absl::StatusOr<std::string> v = Scalar(kv.second, "shards.count");
-      if (!v.ok()) return v.status();
-      uint64_t parsed = 0;
-      if (!absl::SimpleAtoi(*v, &parsed) || parsed < 1 || parsed > 4096) {
-        return FieldError("shards.count", absl::StrCat("must be in [1, 4096], got '", *v, "'"));
-      }
-      count = parsed;
-    } else if (key == "address") {
-      absl::StatusOr<std::string> v = Scalar(kv.second, "shards.address");
-      if (!v.ok()) return v.status();
-      if (v->find("{index}") == std::string::npos) {
-        return FieldError("shards.address",
-                          absl::StrCat("must contain {index} (each shard's number), got '", *v, "'"));
-      }
-      address = *v;
-    } else {
-      return FieldError(absl::StrCat("shards.", key), "unknown field (count, address)");
-    }
-  }
-  if (!count) return FieldError("shards.count", "required with shards.address");
-  if (!address) return FieldError("shards.address", "required with shards.count");
-  for (uint64_t i = 0; i < *count; ++i) {
-    c->add_shards(absl::StrReplaceAll(*address, {{"{index}", absl::StrCat(i)}}));
-  }
-  return absl::OkStatus();
-}
-
-// Every settable field, by dotted name.
-const std::map<std::string, Setter>& Setters() {
-  static const auto* setters = [] {
-    auto* m = new std::map<std::string, Setter>;
-    (*m)["job"] = [](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
-      absl::StatusOr<std::string> s = Scalar(n, "job");
-      if (!s.ok()) return s.status();
-      c->set_job(*s);
-      return absl::OkStatus();
-    };
-    (*m)["workers"] = U32("workers", &proto::ClusterConfig::set_workers);
-    (*m)["shards"] = [](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
-      c->clear_shards();
-      if (n.IsScalar()) {
-        absl::StatusOr<std::string> list = Scalar(n, "shards");
-        if (!list.ok()) return list.status();
-        for (absl::string_view s : absl::StrSplit(*list, ',', absl::SkipEmpty())) {
-          c->add_shards(std::string(s));
-        }
-        return absl::OkStatus();
-      }
-      if (n.IsMap()) return ExpandShardTemplate(n, c);
-      if (!n.IsSequence()) {
-        return FieldError("shards", "expected a list of host:port, or {count: N, address: "
-                                    "\"name-{index}.service:port\"}");
-      }
-      for (size_t i = 0; i < n.size(); ++i) {
-        absl::StatusOr<std::string> s = Scalar(n[i], absl::StrCat("shards[", i, "]"));
-        if (!s.ok()) return s.status();
-        c->add_shards(*s);
-      }
-      return absl::OkStatus();
-    };
-    (*m)["shard_map_epoch"] = U64("shard_map_epoch", &proto::ClusterConfig::set_shard_map_epoch);
-    (*m)["chunk_bytes"] = U64("chunk_bytes", &proto::ClusterConfig::set_chunk_bytes);
-    for (const char* dir : {"uplink", "downlink"}) {
-      auto get = std::string(dir) == "uplink" ? &proto::ClusterConfig::mutable_uplink
-                                              : &proto::ClusterConfig::mutable_downlink;
-      std::string d(dir);
-      (*m)[d + ".mode"] = [get, d](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
-        absl::StatusOr<std::string> s = Scalar(n, d + ".mode");
-        if (!s.ok()) return s.status();
-        (c->*get)()->set_mode(*s);
-        return absl::OkStatus();
-      };
-      (*m)[d + ".rel_bits"] = [get, d](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
-        absl::StatusOr<int64_t> v = ParseI64(n, d + ".rel_bits");
-        if (!v.ok()) return v.status();
-        (c->*get)()->set_rel_bits(static_cast<int32_t>(std::clamp<int64_t>(*v, -1000, 1000)));
-        return absl::OkStatus();
-      };
-      (*m)[d + ".abs_log2"] = [get, d](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
-        absl::StatusOr<int64_t> v = ParseI64(n, d + ".abs_log2");
-        if (!v.ok()) return v.status();
-        (c->*get)()->set_abs_log2(static_cast<int32_t>(std::clamp<int64_t>(*v, -1000, 1000)));
-        return absl::OkStatus();
-      };
-    }
-    (*m)["optimizer.name"] = [](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
-      absl::StatusOr<std::string> s = Scalar(n, "optimizer.name");
-      if (!s.ok()) return s.status();
-      c->mutable_optimizer()->set_name(*s);
-      return absl::OkStatus();
-    };
-    using OptSet = void (proto::OptimizerConfig::*)(double);
-    for (auto [name, set] : std::vector<std::pair<std::string, OptSet>>{
-             {"learning_rate", &proto::OptimizerConfig::set_learning_rate},
-             {"momentum", &proto::OptimizerConfig::set_momentum},
-             {"beta1", &proto::OptimizerConfig::set_beta1},
-             {"beta2", &proto::OptimizerConfig::set_beta2},
-             {"epsilon", &proto::OptimizerConfig::set_epsilon}}) {
-      std::string field = "optimizer." + name;
-      (*m)[field] = [field, set = set](const YAML::Node& n, proto::ClusterConfig* c) -> absl::Status {
-        absl::StatusOr<double> v = ParseDouble(n, field);
-        if (!v.ok()) return v.status();
-        (c->mutable_optimizer()->*set)(*v);
-        return absl::OkStatus();
-      };
-    }
-    (*m)["step_timeout_ms"] = U32("step_timeout_ms", &proto::ClusterConfig::set_step_timeout_ms);
-    (*m)["replicas"] = U32("replicas", &proto::ClusterConfig::set_replicas);
-    (*m)["rpc_timeout_ms"] = U32("rpc_timeout_ms", &proto::ClusterConfig::set_rpc_timeout_ms);
-    (*m)["connect_timeout_ms"] =
-        U32("connect_timeout_ms", &proto::ClusterConfig::set_connect_timeout_ms);
-    (*m)["channels_per_shard"] =
-        U32("channels_per_shard", &proto::ClusterConfig::set_channels_per_shard);
-    (*m)["max_inflight_chunks"] =
-        U32("max_inflight_chunks", &proto::ClusterConfig::set_max_inflight_chunks);
-    (*m)["max_retries"] = U32("max_retries", &proto::ClusterConfig::set_max_retries);
-    (*m)["retry_backoff_ms"] = U32("retry_backoff_ms", &proto::ClusterConfig::set_retry_backoff_ms);
-    (*m)["max_message_bytes"] =
-        U64("max_message_bytes", &proto::ClusterConfig::set_max_message_bytes);
-    using P = proto::ClusterConfig;
-    using Sec = proto::SecurityConfig;
-    for (auto [name, set] : std::vector<std::pair<std::string, void (Sec::*)(const std::string&)>>{
-             {"ca_file", &Sec::set_ca_file},
-             {"cert_file", &Sec::set_cert_file},
-             {"key_file", &Sec::set_key_file},
-             {"token_file", &Sec::set_token_file}}) {
-      (*m)["security." + name] = NestedString("security." + name, &P::mutable_security, set);
-    }
-    (*m)["security.health_port"] =
-        NestedUnsigned("security.health_port", &P::mutable_security, &Sec::set_health_port);
-    (*m)["security.cert_refresh_s"] =
-        NestedUnsigned("security.cert_refresh_s", &P::mutable_security, &Sec::set_cert_refresh_s);
-    using Lim = proto::LimitsConfig;
-    (*m)["limits.memory_budget_bytes"] = NestedUnsigned(
-        "limits.memory_budget_bytes", &P::mutable_limits, &Lim::set_memory_budget_bytes);
-    (*m)["limits.max_tensors"] =
-        NestedUnsigned("limits.max_tensors", &P::mutable_limits, &Lim::set_max_tensors);
-    (*m)["limits.max_key_bytes"] =
-        NestedUnsigned("limits.max_key_bytes", &P::mutable_limits, &Lim::set_max_key_bytes);
-    (*m)["limits.max_pending_steps"] = NestedUnsigned(
-        "limits.max_pending_steps", &P::mutable_limits, &Lim::set_max_pending_steps);
-    (*m)["limits.max_pending_bytes"] = NestedUnsigned(
-        "limits.max_pending_bytes", &P::mutable_limits, &Lim::set_max_pending_bytes);
-    (*m)["limits.max_calls_per_client"] = NestedUnsigned(
-        "limits.max_calls_per_client", &P::mutable_limits, &Lim::set_max_calls_per_client);
-    using Ck = proto::CheckpointConfig;
-    (*m)["checkpoint.dir"] = NestedString("checkpoint.dir", &P::mutable_checkpoint, &Ck::set_dir);
-    (*m)["checkpoint.every_steps"] =
-        NestedUnsigned("checkpoint.every_steps", &P::mutable_checkpoint, &Ck::set_every_steps);
-    (*m)["checkpoint.keep"] =
-        NestedUnsigned("checkpoint.keep", &P::mutable_checkpoint, &Ck::set_keep);
-    return m;
-  }();
-  return *setters;
-}
+using config_fields::FieldError;
 
 absl::Status ApplyNode(const YAML::Node& node, const std::string& prefix,
                        proto::ClusterConfig* config) {
@@ -320,15 +38,12 @@ absl::Status ApplyNode(const YAML::Node& node, const std::string& prefix,
     }
     std::string key = kv.first.Scalar();
     std::string field = prefix.empty() ? key : prefix + "." + key;
-    auto it = Setters().find(field);
-    if (it != Setters().end()) {
-      absl::Status s = it->second(kv.second, config);
+    if (const config_fields::Field* f = config_fields::Find(field)) {
+      absl::Status s = config_fields::Set(*f, kv.second, config);
       if (!s.ok()) return s;
       continue;
     }
-    if ((field == "uplink" || field == "downlink" || field == "optimizer" ||
-         field == "security" || field == "limits" || field == "checkpoint") &&
-        kv.second.IsMap()) {
+    if (config_fields::IsGroup(field) && kv.second.IsMap()) {
       absl::Status s = ApplyNode(kv.second, field, config);
       if (!s.ok()) return s;
       continue;
@@ -362,54 +77,9 @@ bool ValidAddress(absl::string_view a) {
   return absl::SimpleAtoi(a.substr(colon + 1), &port) && port >= 1 && port <= 65535;
 }
 
-void EmitCodec(YAML::Emitter& out, const char* name, const proto::CodecConfig& c) {
-  out << YAML::Key << name << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "mode" << YAML::Value << c.mode();
-  out << YAML::Key << "rel_bits" << YAML::Value << c.rel_bits();
-  out << YAML::Key << "abs_log2" << YAML::Value << c.abs_log2();
-  out << YAML::EndMap;
-}
-
 }  // namespace
 
-proto::ClusterConfig DefaultClusterConfig() {
-  proto::ClusterConfig c;
-  c.set_job("default");
-  c.set_workers(1);
-  c.set_shard_map_epoch(1);
-  c.set_chunk_bytes(1 << 20);
-  for (proto::CodecConfig* d : {c.mutable_uplink(), c.mutable_downlink()}) {
-    d->set_mode("near-lossless");
-    d->set_rel_bits(7);
-    d->set_abs_log2(-16);
-  }
-  proto::OptimizerConfig* o = c.mutable_optimizer();
-  o->set_name("none");
-  o->set_learning_rate(0.01);
-  o->set_momentum(0.9);
-  o->set_beta1(0.9);
-  o->set_beta2(0.999);
-  o->set_epsilon(1e-8);
-  c.set_step_timeout_ms(10000);
-  c.set_rpc_timeout_ms(30000);
-  c.set_connect_timeout_ms(5000);
-  c.set_channels_per_shard(2);
-  c.set_max_inflight_chunks(8);
-  c.set_max_retries(5);
-  c.set_retry_backoff_ms(50);
-  c.set_max_message_bytes(0);  // 0: derived from chunk_bytes
-  c.set_replicas(1);
-  c.mutable_security()->set_cert_refresh_s(60);
-  proto::LimitsConfig* l = c.mutable_limits();
-  l->set_memory_budget_bytes(0);  // 0: derived from the cgroup limit or physical memory
-  l->set_max_tensors(16384);
-  l->set_max_key_bytes(1024);
-  l->set_max_pending_steps(65536);
-  l->set_max_pending_bytes(0);  // 0: only the memory budget bounds them
-  l->set_max_calls_per_client(1024);
-  c.mutable_checkpoint()->set_keep(2);
-  return c;
-}
+proto::ClusterConfig DefaultClusterConfig() { return config_fields::Defaults(); }
 
 // Matches shards.count's range; a map this size is already far beyond any deployment, and a
 // bound keeps a config from a network peer (a re-shard's Prepare) cheap to check.
@@ -450,24 +120,18 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
   s = ValidateCodec(c.downlink(), "downlink");
   if (!s.ok()) return s;
   const proto::OptimizerConfig& o = c.optimizer();
-  if (o.name() != "none" && o.name() != "sgd" && o.name() != "momentum" && o.name() != "adam") {
+  if (!ParseOptimizerKind(o.name()).ok()) {
     return FieldError("optimizer.name",
                       absl::StrCat("must be none, sgd, momentum or adam, got '", o.name(), "'"));
   }
-  if (!(o.learning_rate() > 0)) {
-    return FieldError("optimizer.learning_rate", absl::StrCat("must be > 0, got ", o.learning_rate()));
-  }
-  if (!(o.momentum() >= 0 && o.momentum() < 1)) {
-    return FieldError("optimizer.momentum", absl::StrCat("must be in [0, 1), got ", o.momentum()));
-  }
-  if (!(o.beta1() >= 0 && o.beta1() < 1)) {
-    return FieldError("optimizer.beta1", absl::StrCat("must be in [0, 1), got ", o.beta1()));
-  }
-  if (!(o.beta2() >= 0 && o.beta2() < 1)) {
-    return FieldError("optimizer.beta2", absl::StrCat("must be in [0, 1), got ", o.beta2()));
-  }
-  if (!(o.epsilon() > 0)) {
-    return FieldError("optimizer.epsilon", absl::StrCat("must be > 0, got ", o.epsilon()));
+  OptimizerOptions options;
+  options.learning_rate = o.learning_rate();
+  options.momentum = o.momentum();
+  options.beta1 = o.beta1();
+  options.beta2 = o.beta2();
+  options.epsilon = o.epsilon();
+  if (std::optional<OptimizerOptionError> e = CheckOptimizerOptions(options)) {
+    return FieldError(absl::StrCat("optimizer.", e->option), e->rule);
   }
   if (c.step_timeout_ms() < 1) return FieldError("step_timeout_ms", "must be at least 1");
   if (c.rpc_timeout_ms() <= c.step_timeout_ms()) {
@@ -594,9 +258,9 @@ absl::StatusOr<proto::ClusterConfig> ParseClusterConfig(
           absl::StrCat("cluster config override '", o, "': expected field=value"));
     }
     std::string field = o.substr(0, eq);
-    auto it = Setters().find(field);
-    if (it == Setters().end()) return FieldError(field, "unknown field");
-    absl::Status s = it->second(YAML::Node(o.substr(eq + 1)), &config);
+    const config_fields::Field* f = config_fields::Find(field);
+    if (f == nullptr) return FieldError(field, "unknown field");
+    absl::Status s = config_fields::Set(*f, YAML::Node(o.substr(eq + 1)), &config);
     if (!s.ok()) return s;
   }
   absl::Status s = ValidateClusterConfig(config);
@@ -618,59 +282,7 @@ absl::StatusOr<proto::ClusterConfig> LoadClusterConfig(const std::string& path,
 
 std::string ClusterConfigToYaml(const proto::ClusterConfig& c) {
   YAML::Emitter out;
-  out << YAML::BeginMap;
-  out << YAML::Key << "job" << YAML::Value << c.job();
-  out << YAML::Key << "workers" << YAML::Value << c.workers();
-  out << YAML::Key << "shards" << YAML::Value << YAML::BeginSeq;
-  for (const std::string& s : c.shards()) out << s;
-  out << YAML::EndSeq;
-  out << YAML::Key << "shard_map_epoch" << YAML::Value << c.shard_map_epoch();
-  out << YAML::Key << "chunk_bytes" << YAML::Value << c.chunk_bytes();
-  out << YAML::Key << "replicas" << YAML::Value << c.replicas();  // as given: 0 reads as 1
-  EmitCodec(out, "uplink", c.uplink());
-  EmitCodec(out, "downlink", c.downlink());
-  const proto::OptimizerConfig& o = c.optimizer();
-  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "name" << YAML::Value << o.name();
-  out << YAML::Key << "learning_rate" << YAML::Value << YAML::Precision(17) << o.learning_rate();
-  out << YAML::Key << "momentum" << YAML::Value << o.momentum();
-  out << YAML::Key << "beta1" << YAML::Value << o.beta1();
-  out << YAML::Key << "beta2" << YAML::Value << o.beta2();
-  out << YAML::Key << "epsilon" << YAML::Value << o.epsilon();
-  out << YAML::EndMap;
-  out << YAML::Key << "step_timeout_ms" << YAML::Value << c.step_timeout_ms();
-  out << YAML::Key << "rpc_timeout_ms" << YAML::Value << c.rpc_timeout_ms();
-  out << YAML::Key << "connect_timeout_ms" << YAML::Value << c.connect_timeout_ms();
-  out << YAML::Key << "channels_per_shard" << YAML::Value << c.channels_per_shard();
-  out << YAML::Key << "max_inflight_chunks" << YAML::Value << c.max_inflight_chunks();
-  out << YAML::Key << "max_retries" << YAML::Value << c.max_retries();
-  out << YAML::Key << "retry_backoff_ms" << YAML::Value << c.retry_backoff_ms();
-  out << YAML::Key << "max_message_bytes" << YAML::Value << c.max_message_bytes();
-  const proto::SecurityConfig& sec = c.security();
-  out << YAML::Key << "security" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "ca_file" << YAML::Value << sec.ca_file();
-  out << YAML::Key << "cert_file" << YAML::Value << sec.cert_file();
-  out << YAML::Key << "key_file" << YAML::Value << sec.key_file();
-  out << YAML::Key << "token_file" << YAML::Value << sec.token_file();
-  out << YAML::Key << "health_port" << YAML::Value << sec.health_port();
-  out << YAML::Key << "cert_refresh_s" << YAML::Value << sec.cert_refresh_s();
-  out << YAML::EndMap;
-  const proto::LimitsConfig& l = c.limits();
-  out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "memory_budget_bytes" << YAML::Value << l.memory_budget_bytes();
-  out << YAML::Key << "max_tensors" << YAML::Value << l.max_tensors();
-  out << YAML::Key << "max_key_bytes" << YAML::Value << l.max_key_bytes();
-  out << YAML::Key << "max_pending_steps" << YAML::Value << l.max_pending_steps();
-  out << YAML::Key << "max_pending_bytes" << YAML::Value << l.max_pending_bytes();
-  out << YAML::Key << "max_calls_per_client" << YAML::Value << l.max_calls_per_client();
-  out << YAML::EndMap;
-  const proto::CheckpointConfig& ck = c.checkpoint();
-  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "dir" << YAML::Value << ck.dir();
-  out << YAML::Key << "every_steps" << YAML::Value << ck.every_steps();
-  out << YAML::Key << "keep" << YAML::Value << ck.keep();
-  out << YAML::EndMap;
-  out << YAML::EndMap;
+  config_fields::Emit(c, out);
   return std::string(out.c_str()) + "\n";
 }
 

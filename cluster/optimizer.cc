@@ -17,26 +17,28 @@ absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name) {
       absl::StrCat("optimizer must be none, sgd, momentum or adam, got '", name, "'"));
 }
 
-absl::Status ValidateOptimizerOptions(const OptimizerOptions& o) {
+std::optional<OptimizerOptionError> CheckOptimizerOptions(const OptimizerOptions& o) {
   if (!(o.learning_rate > 0) || !std::isfinite(o.learning_rate)) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer learning_rate must be > 0, got ",
-                                                   o.learning_rate));
+    return OptimizerOptionError{"learning_rate", absl::StrCat("must be > 0, got ", o.learning_rate)};
   }
   if (!(o.momentum >= 0 && o.momentum < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer momentum must be in [0, 1), got ",
-                                                   o.momentum));
+    return OptimizerOptionError{"momentum", absl::StrCat("must be in [0, 1), got ", o.momentum)};
   }
   if (!(o.beta1 >= 0 && o.beta1 < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer beta1 must be in [0, 1), got ",
-                                                   o.beta1));
+    return OptimizerOptionError{"beta1", absl::StrCat("must be in [0, 1), got ", o.beta1)};
   }
   if (!(o.beta2 >= 0 && o.beta2 < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer beta2 must be in [0, 1), got ",
-                                                   o.beta2));
+    return OptimizerOptionError{"beta2", absl::StrCat("must be in [0, 1), got ", o.beta2)};
   }
   if (!(o.epsilon > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer epsilon must be > 0, got ",
-                                                   o.epsilon));
+    return OptimizerOptionError{"epsilon", absl::StrCat("must be > 0, got ", o.epsilon)};
+  }
+  return std::nullopt;
+}
+
+absl::Status ValidateOptimizerOptions(const OptimizerOptions& o) {
+  if (std::optional<OptimizerOptionError> e = CheckOptimizerOptions(o)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer ", e->option, " ", e->rule));
   }
   return absl::OkStatus();
 }

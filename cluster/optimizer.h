@@ -11,6 +11,8 @@
 #define GCOMP_CLUSTER_OPTIMIZER_H_
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,7 +34,15 @@ struct OptimizerOptions {
 
 // "none" | "sgd" | "momentum" | "adam"; InvalidArgument otherwise.
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name);
-// InvalidArgument naming the bad field ("learning_rate", ...).
+// The first option out of its range: the option's name ("learning_rate", ...) and the rule
+// it breaks ("must be > 0, got 0"). One definition of the ranges for this class and for the
+// cluster config's `optimizer.*` fields.
+struct OptimizerOptionError {
+  std::string option;
+  std::string rule;
+};
+std::optional<OptimizerOptionError> CheckOptimizerOptions(const OptimizerOptions& options);
+// InvalidArgument "optimizer <option> <rule>" (CheckOptimizerOptions).
 absl::Status ValidateOptimizerOptions(const OptimizerOptions& options);
 
 // An optimizer's whole state, for checkpoints and moving a chunk between shards. Vectors
