@@ -60,6 +60,7 @@
 #include "base/process_usage.h"
 #include "base/usage_trend.h"
 #include "base/progress.h"
+#include "deploy/local/launcher_support.h"
 
 ABSL_FLAG(int, shards, 2, "Shard processes.");
 ABSL_FLAG(int, workers, 2, "Worker processes.");
@@ -128,154 +129,20 @@ ABSL_FLAG(int, linger_ms, 0,
 
 namespace {
 
-bool Exists(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0;
-}
-
-std::string FindBinary(const std::string& flag, const std::string& rel, const char* argv0) {
-  if (!flag.empty()) return flag;
-  std::vector<std::string> candidates;
-  for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
-    if (const char* d = getenv(env)) candidates.push_back(absl::StrCat(d, "/gcomp_ps/", rel));
-  }
-  candidates.push_back(absl::StrCat(argv0, ".runfiles/gcomp_ps/", rel));
-  std::string dir(argv0);
-  dir = dir.substr(0, dir.rfind('/') + 1);
-  candidates.push_back(dir + "../../" + rel);
-  for (const std::string& c : candidates) {
-    if (Exists(c)) return c;
-  }
-  return rel;
-}
-
-// A loopback port nothing listens on, below the kernel's ephemeral range: the outgoing
-// connections of the workers and shards take their local ports from that range, and one
-// could take a killed shard's port before the shard restarts on it.
-int UnusedPort() {
-  int low = 32768;
-  {
-    std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
-    int first = 0;
-    if (range >> first && first > 2048) low = first;
-  }
-  static std::mt19937 rng(static_cast<uint32_t>(getpid()) ^
-                          static_cast<uint32_t>(absl::ToUnixMicros(absl::Now())));
-  const int base = std::max(1024, low / 2);
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int port = base + static_cast<int>(rng() % static_cast<uint32_t>(low - base));
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    close(fd);
-    if (free) return port;
-  }
-  return -1;
-}
-
-// A free loopback port this launcher has not handed out before: the kernel may give the
-// same free port to two probes in a row, and a shard's gRPC and metrics ports must differ.
-int FreePort() {
-  static std::mutex mu;
-  static std::set<int> given;
-  std::lock_guard<std::mutex> lock(mu);
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    const int port = UnusedPort();
-    if (port <= 0 || given.insert(port).second) return port;
-  }
-  return -1;
-}
-
-// Starts a child with stdout and stderr in files. The child gets SIGTERM when the *thread*
-// that called Spawn exits (PR_SET_PDEATHSIG follows the forking thread, not the process), so
-// a thread that starts long-lived children must outlive them: see OutliveChildren.
-pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
-  pid_t pid = fork();
-  if (pid != 0) return pid;
-  // A launcher killed by a signal must not leave its shards and workers running.
-  prctl(PR_SET_PDEATHSIG, SIGTERM);
-  int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  dup2(o, 1);
-  dup2(e, 2);
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  execvp(argv[0], argv.data());
-  perror("exec");
-  _exit(127);
-}
-
-// Held at the top of a helper thread that starts shards: on the thread's way out it waits
-// until the launcher stops the shards itself. Without it, a shard restarted by such a thread
-// got SIGTERM as the thread returned, and died before its first log line whenever its
-// prctl ran before the thread's exit (intermittent, more often on a loaded machine).
-class OutliveChildren {
- public:
-  explicit OutliveChildren(absl::Notification* stopping) : stopping_(stopping) {}
-  ~OutliveChildren() { stopping_->WaitForNotification(); }
-
- private:
-  absl::Notification* stopping_;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// The raw text of "key": value in a flat JSON line written by gcomp_worker.
-std::optional<std::string> Field(const std::string& json, const std::string& key) {
-  const std::string k = absl::StrCat("\"", key, "\":");
-  size_t p = json.find(k);
-  if (p == std::string::npos) return std::nullopt;
-  p += k.size();
-  if (json[p] == '"') {
-    size_t e = p + 1;
-    while (e < json.size() && !(json[e] == '"' && json[e - 1] != '\\')) ++e;
-    return json.substr(p + 1, e - p - 1);
-  }
-  if (json[p] == '[') return json.substr(p + 1, json.find(']', p) - p - 1);
-  size_t e = json.find_first_of(",}", p);
-  return json.substr(p, e - p);
-}
-
-double Num(const std::string& json, const std::string& key) {
-  double v = 0;
-  if (auto f = Field(json, key)) (void)absl::SimpleAtod(*f, &v);
-  return v;
-}
-
-// What gcomp_worker --progress_file holds: "steps raw_bytes wire_bytes".
-struct Progress {
-  int64_t steps = 0;
-  uint64_t raw_bytes = 0;
-  uint64_t wire_bytes = 0;
-};
-
-std::optional<Progress> ReadProgress(const std::string& path) {
-  std::vector<std::string> words =
-      absl::StrSplit(ReadFile(path), absl::ByAnyChar(" \n"), absl::SkipEmpty());
-  Progress p;
-  if (words.size() != 3 || !absl::SimpleAtoi(words[0], &p.steps) ||
-      !absl::SimpleAtoi(words[1], &p.raw_bytes) || !absl::SimpleAtoi(words[2], &p.wire_bytes)) {
-    return std::nullopt;
-  }
-  return p;
-}
-
-// Resident memory and open files of one process, sampled from the soak check's first step
-// (--soak_from_step) to one step before the end.
-struct SoakTrack {
-  std::string name;
-  pid_t pid = 0;
-  std::vector<gcomp::ProcessUsage> samples;
-};
+using gcomp::launcher::Escape;
+using gcomp::launcher::Field;
+using gcomp::launcher::FindBinary;
+using gcomp::launcher::FreePort;
+using gcomp::launcher::Num;
+using gcomp::launcher::OutliveChildren;
+using gcomp::launcher::Progress;
+using gcomp::launcher::ReadFile;
+using gcomp::launcher::ReadProgress;
+using gcomp::launcher::ReadWorkerResults;
+using gcomp::launcher::WorkerResults;
+using gcomp::launcher::CheckSoak;
+using gcomp::launcher::SoakTrack;
+using gcomp::launcher::Spawn;
 
 // One --reshard_at entry.
 struct ReshardEvent {
@@ -288,15 +155,6 @@ std::string HostOf(int k) {
   const std::vector<std::string> hosts =
       absl::StrSplit(absl::GetFlag(FLAGS_host), ',', absl::SkipEmpty());
   return hosts.empty() ? std::string("127.0.0.1") : hosts[k % hosts.size()];
-}
-
-std::string Escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += (c == '\n') ? ' ' : c;
-  }
-  return o;
 }
 
 }  // namespace
@@ -686,37 +544,14 @@ int main(int argc, char** argv) {
   for (pid_t s : servers) kill(s, SIGTERM);
   for (pid_t s : servers) waitpid(s, nullptr, 0);
 
-  bool ok = true, bound_ok = true, identical = true, bound_checked = false;
-  double raw = 0, wire = 0, max_err = 0;
-  std::string digest, first_error;
-  std::vector<double> step_ms;
-  int done_steps = steps;
-  for (int w = 0; w < W; ++w) {
-    std::string out = ReadFile(absl::StrCat(dir, "/worker", w, ".json"));
-    if (out.find("\"worker\"") == std::string::npos) {
-      ok = false;
-      if (first_error.empty()) {
-        first_error = absl::StrCat("worker-", w, " died (wait status ", status[w], ")");
-      }
-      continue;
-    }
-    if (Field(out, "ok") != "true") ok = false;
-    if (Field(out, "bound_ok") != "true") bound_ok = false;
-    if (Field(out, "bound_checked") == "true") bound_checked = true;
-    std::string e = Field(out, "error").value_or("");
-    if (!e.empty() && first_error.empty()) first_error = absl::StrCat("worker-", w, ": ", e);
-    std::string d = Field(out, "digest").value_or("");
-    if (digest.empty()) digest = d;
-    if (d != digest) identical = false;
-    raw += Num(out, "raw_bytes");
-    wire += Num(out, "wire_bytes");
-    max_err = std::max(max_err, Num(out, "max_abs_error"));
-    done_steps = std::min(done_steps, static_cast<int>(Num(out, "steps")));
-    for (absl::string_view v : absl::StrSplit(Field(out, "step_ms").value_or(""), ',', absl::SkipEmpty())) {
-      double x = 0;
-      if (absl::SimpleAtod(v, &x)) step_ms.push_back(x);
-    }
-  }
+  const WorkerResults results = ReadWorkerResults(dir, status, steps);
+  const bool ok = results.ok, bound_ok = results.bound_ok, identical = results.identical;
+  const bool bound_checked = results.bound_checked;
+  const double raw = results.raw_bytes, wire = results.wire_bytes, max_err = results.max_abs_error;
+  const int done_steps = results.steps;
+  const std::string& digest = results.digest;
+  std::string first_error = results.first_error;
+  std::vector<double> step_ms = results.step_ms;
   std::sort(step_ms.begin(), step_ms.end());
   const double p50 = step_ms.empty() ? 0 : step_ms[step_ms.size() / 2];
   double grad_bytes = 0;
@@ -726,41 +561,10 @@ int main(int argc, char** argv) {
   }
   const double gbps = p50 > 0 ? grad_bytes * W / (p50 / 1e3) / 1e9 : 0;
   bool soak_ok = true;
-  double rss_growth = 0, fd_growth = 0, rss_peak_growth = 0;
   std::string soak_json;
   if (soak_from >= 0) {
-    for (const SoakTrack& t : soak) {
-      if (t.samples.size() < 2) {
-        soak_ok = false;
-        if (first_error.empty()) {
-          first_error = absl::StrCat("soak check: fewer than two samples of ", t.name,
-                                     " at or after step ", soak_from);
-        }
-        continue;
-      }
-      const gcomp::UsageTrend trend = gcomp::MeasureUsageTrend(t.samples);
-      rss_growth = std::max(rss_growth, trend.rss_growth_pct);
-      fd_growth = std::max(fd_growth, trend.fd_growth_pct);
-      rss_peak_growth = std::max(rss_peak_growth, trend.rss_peak_growth_pct);
-      constexpr double kMiB = 1048576.0;
-      fprintf(stderr,
-              "soak %-9s rss %7.1f -> %7.1f MiB (%+.2f%%, medians of %zu of %zu samples; peaks "
-              "%.1f -> %.1f %+.2f%%; single %.1f -> %.1f)  fds %lu -> %lu (%+.2f%%)\n",
-              t.name.c_str(), trend.first_median.rss_bytes / kMiB,
-              trend.last_median.rss_bytes / kMiB, trend.rss_growth_pct, trend.window,
-              trend.samples, trend.first_max.rss_bytes / kMiB, trend.last_max.rss_bytes / kMiB,
-              trend.rss_peak_growth_pct, trend.first.rss_bytes / kMiB,
-              trend.last.rss_bytes / kMiB,
-              static_cast<unsigned long>(trend.first_median.open_fds),
-              static_cast<unsigned long>(trend.last_median.open_fds), trend.fd_growth_pct);
-    }
-    const double limit = absl::GetFlag(FLAGS_soak_max_growth_pct);
-    if (rss_growth > limit || fd_growth > limit) soak_ok = false;
-    soak_json = absl::StrFormat(",\"soak_from_step\":%d,\"rss_growth_pct\":%.3f,"
-                                "\"fd_growth_pct\":%.3f,\"soak_ok\":%s,"
-                                "\"rss_peak_growth_pct\":%.3f",
-                                soak_from, rss_growth, fd_growth, soak_ok ? "true" : "false",
-                                rss_peak_growth);
+    soak_ok = CheckSoak(soak, soak_from, absl::GetFlag(FLAGS_soak_max_growth_pct), &soak_json,
+                        &first_error);
   }
   std::string reshard_json;
   bool reshards_ok = true;

@@ -1,0 +1,222 @@
+// Processes, ports and files of the local cluster launcher (deploy/local/cluster_main.cc).
+#include "deploy/local/launcher_support.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "base/usage_trend.h"
+#include "absl/time/clock.h"
+
+namespace gcomp::launcher {
+
+bool Exists(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0;
+}
+
+std::string FindBinary(const std::string& flag, const std::string& rel, const char* argv0) {
+  if (!flag.empty()) return flag;
+  std::vector<std::string> candidates;
+  for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
+    if (const char* d = getenv(env)) candidates.push_back(absl::StrCat(d, "/gcomp_ps/", rel));
+  }
+  candidates.push_back(absl::StrCat(argv0, ".runfiles/gcomp_ps/", rel));
+  std::string dir(argv0);
+  dir = dir.substr(0, dir.rfind('/') + 1);
+  candidates.push_back(dir + "../../" + rel);
+  for (const std::string& c : candidates) {
+    if (Exists(c)) return c;
+  }
+  return rel;
+}
+
+int UnusedPort() {
+  int low = 32768;
+  {
+    std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+    int first = 0;
+    if (range >> first && first > 2048) low = first;
+  }
+  static std::mt19937 rng(static_cast<uint32_t>(getpid()) ^
+                          static_cast<uint32_t>(absl::ToUnixMicros(absl::Now())));
+  const int base = std::max(1024, low / 2);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = base + static_cast<int>(rng() % static_cast<uint32_t>(low - base));
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  return -1;
+}
+
+int FreePort() {
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard<std::mutex> lock(mu);
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int port = UnusedPort();
+    if (port <= 0 || given.insert(port).second) return port;
+  }
+  return -1;
+}
+
+pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  // A launcher killed by a signal must not leave its shards and workers running.
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  dup2(o, 1);
+  dup2(e, 2);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  perror("exec");
+  _exit(127);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::optional<std::string> Field(const std::string& json, const std::string& key) {
+  const std::string k = absl::StrCat("\"", key, "\":");
+  size_t p = json.find(k);
+  if (p == std::string::npos) return std::nullopt;
+  p += k.size();
+  if (json[p] == '"') {
+    size_t e = p + 1;
+    while (e < json.size() && !(json[e] == '"' && json[e - 1] != '\\')) ++e;
+    return json.substr(p + 1, e - p - 1);
+  }
+  if (json[p] == '[') return json.substr(p + 1, json.find(']', p) - p - 1);
+  size_t e = json.find_first_of(",}", p);
+  return json.substr(p, e - p);
+}
+
+double Num(const std::string& json, const std::string& key) {
+  double v = 0;
+  if (auto f = Field(json, key)) (void)absl::SimpleAtod(*f, &v);
+  return v;
+}
+
+std::optional<Progress> ReadProgress(const std::string& path) {
+  std::vector<std::string> words =
+      absl::StrSplit(ReadFile(path), absl::ByAnyChar(" \n"), absl::SkipEmpty());
+  Progress p;
+  if (words.size() != 3 || !absl::SimpleAtoi(words[0], &p.steps) ||
+      !absl::SimpleAtoi(words[1], &p.raw_bytes) || !absl::SimpleAtoi(words[2], &p.wire_bytes)) {
+    return std::nullopt;
+  }
+  return p;
+}
+
+std::string Escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += (c == '\n') ? ' ' : c;
+  }
+  return o;
+}
+
+WorkerResults ReadWorkerResults(const std::string& dir, const std::vector<int>& wait_status,
+                                int steps) {
+  WorkerResults r;
+  r.steps = steps;
+  for (size_t w = 0; w < wait_status.size(); ++w) {
+    const std::string out = ReadFile(absl::StrCat(dir, "/worker", w, ".json"));
+    if (out.find("\"worker\"") == std::string::npos) {
+      r.ok = false;
+      if (r.first_error.empty()) {
+        r.first_error = absl::StrCat("worker-", w, " died (wait status ", wait_status[w], ")");
+      }
+      continue;
+    }
+    if (Field(out, "ok") != "true") r.ok = false;
+    if (Field(out, "bound_ok") != "true") r.bound_ok = false;
+    if (Field(out, "bound_checked") == "true") r.bound_checked = true;
+    const std::string e = Field(out, "error").value_or("");
+    if (!e.empty() && r.first_error.empty()) r.first_error = absl::StrCat("worker-", w, ": ", e);
+    const std::string d = Field(out, "digest").value_or("");
+    if (r.digest.empty()) r.digest = d;
+    if (d != r.digest) r.identical = false;
+    r.raw_bytes += Num(out, "raw_bytes");
+    r.wire_bytes += Num(out, "wire_bytes");
+    r.max_abs_error = std::max(r.max_abs_error, Num(out, "max_abs_error"));
+    r.steps = std::min(r.steps, static_cast<int>(Num(out, "steps")));
+    for (absl::string_view v :
+         absl::StrSplit(Field(out, "step_ms").value_or(""), ',', absl::SkipEmpty())) {
+      double x = 0;
+      if (absl::SimpleAtod(v, &x)) r.step_ms.push_back(x);
+    }
+  }
+  return r;
+}
+
+bool CheckSoak(const std::vector<SoakTrack>& tracks, int from_step, double max_growth_pct,
+               std::string* json, std::string* first_error) {
+  bool ok = true;
+  double rss_growth = 0, fd_growth = 0, rss_peak_growth = 0;
+  for (const SoakTrack& t : tracks) {
+    if (t.samples.size() < 2) {
+      ok = false;
+      if (first_error->empty()) {
+        *first_error = absl::StrCat("soak check: fewer than two samples of ", t.name,
+                                    " at or after step ", from_step);
+      }
+      continue;
+    }
+    const UsageTrend trend = MeasureUsageTrend(t.samples);
+    rss_growth = std::max(rss_growth, trend.rss_growth_pct);
+    fd_growth = std::max(fd_growth, trend.fd_growth_pct);
+    rss_peak_growth = std::max(rss_peak_growth, trend.rss_peak_growth_pct);
+    constexpr double kMiB = 1048576.0;
+    fprintf(stderr,
+            "soak %-9s rss %7.1f -> %7.1f MiB (%+.2f%%, medians of %zu of %zu samples; peaks "
+            "%.1f -> %.1f %+.2f%%; single %.1f -> %.1f)  fds %lu -> %lu (%+.2f%%)\n",
+            t.name.c_str(), trend.first_median.rss_bytes / kMiB,
+            trend.last_median.rss_bytes / kMiB, trend.rss_growth_pct, trend.window,
+            trend.samples, trend.first_max.rss_bytes / kMiB, trend.last_max.rss_bytes / kMiB,
+            trend.rss_peak_growth_pct, trend.first.rss_bytes / kMiB, trend.last.rss_bytes / kMiB,
+            static_cast<unsigned long>(trend.first_median.open_fds),
+            static_cast<unsigned long>(trend.last_median.open_fds), trend.fd_growth_pct);
+  }
+  if (rss_growth > max_growth_pct || fd_growth > max_growth_pct) ok = false;
+  *json = absl::StrFormat(",\"soak_from_step\":%d,\"rss_growth_pct\":%.3f,"
+                          "\"fd_growth_pct\":%.3f,\"soak_ok\":%s,"
+                          "\"rss_peak_growth_pct\":%.3f",
+                          from_step, rss_growth, fd_growth, ok ? "true" : "false",
+                          rss_peak_growth);
+  return ok;
+}
+
+}  // namespace gcomp::launcher

@@ -1,0 +1,106 @@
+// Processes, ports and files of the local cluster launcher (deploy/local/cluster_main.cc):
+// starting children, free loopback ports, and reading what the workers write.
+#ifndef GCOMP_DEPLOY_LOCAL_LAUNCHER_SUPPORT_H_
+#define GCOMP_DEPLOY_LOCAL_LAUNCHER_SUPPORT_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "base/process_usage.h"
+
+namespace gcomp::launcher {
+
+// Whether a file exists at `p`.
+bool Exists(const std::string& p);
+
+// `flag` if set, else `rel` (a path inside this workspace) found beside the launcher: in
+// its runfiles, or relative to bazel-bin.
+std::string FindBinary(const std::string& flag, const std::string& rel, const char* argv0);
+
+// A loopback port nothing listens on, below the kernel's ephemeral range: the outgoing
+// connections of the workers and shards take their local ports from that range, and one
+// could take a killed shard's port before the shard restarts on it. -1 if none is found.
+int UnusedPort();
+
+// A free loopback port this launcher has not handed out before: the kernel may give the
+// same free port to two probes in a row, and a shard's gRPC and metrics ports must differ.
+int FreePort();
+
+// Starts a child with stdout and stderr in files. The child gets SIGTERM when the *thread*
+// that called Spawn exits (PR_SET_PDEATHSIG follows the forking thread, not the process), so
+// a thread that starts long-lived children must outlive them: see OutliveChildren.
+pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err);
+
+// Held at the top of a helper thread that starts shards: on the thread's way out it waits
+// until the launcher stops the shards itself. Without it, a shard restarted by such a thread
+// got SIGTERM as the thread returned, and died before its first log line whenever its
+// prctl ran before the thread's exit (intermittent, more often on a loaded machine).
+class OutliveChildren {
+ public:
+  explicit OutliveChildren(absl::Notification* stopping) : stopping_(stopping) {}
+  ~OutliveChildren() { stopping_->WaitForNotification(); }
+
+ private:
+  absl::Notification* stopping_;
+};
+
+// The whole file; empty if it cannot be read.
+std::string ReadFile(const std::string& path);
+
+// The raw text of "key": value in a flat JSON line written by gcomp_worker.
+std::optional<std::string> Field(const std::string& json, const std::string& key);
+// The number at "key" (0 if absent).
+double Num(const std::string& json, const std::string& key);
+
+// What gcomp_worker --progress_file holds: "steps raw_bytes wire_bytes".
+struct Progress {
+  int64_t steps = 0;
+  uint64_t raw_bytes = 0;
+  uint64_t wire_bytes = 0;
+};
+
+std::optional<Progress> ReadProgress(const std::string& path);
+
+// What the workers' JSON lines (dir/workerW.json) say together.
+struct WorkerResults {
+  bool ok = true;             // every worker wrote a line with "ok": true
+  bool bound_ok = true;       // every worker's error bound held
+  bool bound_checked = false;  // some worker checked the bound
+  bool identical = true;      // every worker's digest is the same
+  double raw_bytes = 0, wire_bytes = 0, max_abs_error = 0;
+  int steps = 0;              // the fewest steps any worker finished
+  std::string digest;         // the first worker's
+  std::string first_error;    // the first worker's error, or which worker died
+  std::vector<double> step_ms;  // every worker's step times
+};
+// Reads dir/worker0.json .. for the workers whose wait statuses are `wait_status`, of a job
+// of `steps` steps.
+WorkerResults ReadWorkerResults(const std::string& dir, const std::vector<int>& wait_status,
+                                int steps);
+
+// Resident memory and open files of one process, sampled from the soak check's first step
+// (--soak_from_step) to one step before the end.
+struct SoakTrack {
+  std::string name;
+  pid_t pid = 0;
+  std::vector<ProcessUsage> samples;
+};
+
+// The soak check (--soak_from_step): prints each process's trend to stderr, fills *json
+// with the JSON line's soak keys, and returns whether every process's resident memory and
+// open files grew at most `max_growth_pct` (a process with fewer than two samples fails,
+// named in *first_error if that is still empty).
+bool CheckSoak(const std::vector<SoakTrack>& tracks, int from_step, double max_growth_pct,
+               std::string* json, std::string* first_error);
+
+// `s` as the inside of a JSON string: quotes and backslashes escaped, newlines as spaces.
+std::string Escape(const std::string& s);
+
+}  // namespace gcomp::launcher
+
+#endif  // GCOMP_DEPLOY_LOCAL_LAUNCHER_SUPPORT_H_

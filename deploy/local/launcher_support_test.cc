@@ -1,0 +1,106 @@
+#include "deploy/local/launcher_support.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace gcomp::launcher {
+namespace {
+
+std::string TempDir() {
+  const char* d = getenv("TEST_TMPDIR");
+  return d != nullptr ? d : "/tmp";
+}
+
+TEST(LauncherSupport, FieldsOfAFlatJsonLine) {
+  const std::string json = R"({"ok":true,"steps":12,"error":"a \"b\"","digest":"ab12"})";
+  EXPECT_EQ(Field(json, "ok"), "true");
+  EXPECT_EQ(Field(json, "digest"), "ab12");
+  EXPECT_EQ(Num(json, "steps"), 12);
+  EXPECT_EQ(Num(json, "absent"), 0);
+  EXPECT_EQ(Field(json, "absent"), std::nullopt);
+  EXPECT_EQ(Escape("say \"hi\"\\\nnow"), "say \\\"hi\\\"\\\\ now");
+}
+
+TEST(LauncherSupport, ProgressFile) {
+  const std::string path = TempDir() + "/progress";
+  std::ofstream(path) << "7 1000 250\n";
+  std::optional<Progress> p = ReadProgress(path);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->steps, 7);
+  EXPECT_EQ(p->raw_bytes, 1000u);
+  EXPECT_EQ(p->wire_bytes, 250u);
+  EXPECT_FALSE(ReadProgress(TempDir() + "/no-such-file").has_value());
+}
+
+TEST(LauncherSupport, WorkerResultsTogether) {
+  const std::string dir = TempDir() + "/results";
+  ASSERT_EQ(system(("mkdir -p " + dir).c_str()), 0);
+  std::ofstream(dir + "/worker0.json")
+      << R"({"worker":0,"ok":true,"bound_ok":true,"bound_checked":true,"steps":5,)"
+      << R"("raw_bytes":100,"wire_bytes":40,"max_abs_error":0.5,"digest":"aa","step_ms":"3,1"})";
+  std::ofstream(dir + "/worker1.json")
+      << R"({"worker":1,"ok":true,"bound_ok":true,"steps":4,"raw_bytes":100,"wire_bytes":60,)"
+      << R"("max_abs_error":0.25,"digest":"bb","step_ms":"2","error":""})";
+  WorkerResults r = ReadWorkerResults(dir, {0, 0}, 5);
+  EXPECT_TRUE(r.ok);
+  EXPECT_TRUE(r.bound_checked);
+  EXPECT_FALSE(r.identical);  // digests differ
+  EXPECT_EQ(r.raw_bytes, 200);
+  EXPECT_EQ(r.wire_bytes, 100);
+  EXPECT_EQ(r.max_abs_error, 0.5);
+  EXPECT_EQ(r.steps, 4);
+  EXPECT_EQ(r.digest, "aa");
+  EXPECT_EQ(r.step_ms.size(), 3u);
+  // A third worker wrote nothing: it died, and says so with its wait status.
+  r = ReadWorkerResults(dir, {0, 0, 9}, 5);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.first_error, "worker-2 died (wait status 9)");
+}
+
+TEST(LauncherSupport, PortsAreFreeAndNeverHandedOutTwice) {
+  std::set<int> seen;
+  for (int i = 0; i < 20; ++i) {
+    const int port = FreePort();
+    ASSERT_GT(port, 1023);
+    EXPECT_TRUE(seen.insert(port).second) << port;
+  }
+}
+
+// The reason OutliveChildren exists: a child spawned by a thread that then exits gets
+// SIGTERM; one spawned by a thread that waits for the notification does not.
+TEST(LauncherSupport, ChildOfAnExitedThreadIsTerminatedUnlessTheThreadOutlivesIt) {
+  const std::string out = TempDir() + "/child.out", err = TempDir() + "/child.err";
+  for (bool outlive : {false, true}) {
+    absl::Notification stopping, spawned;
+    pid_t child = -1;
+    std::thread t([&] {
+      std::optional<OutliveChildren> hold;
+      if (outlive) hold.emplace(&stopping);
+      child = Spawn({"/bin/sleep", "1"}, out, err);
+      spawned.Notify();
+      usleep(200 * 1000);  // the child reaches its prctl before this thread leaves
+    });
+    spawned.WaitForNotification();
+    int st = 0;
+    ASSERT_EQ(waitpid(child, &st, 0), child);
+    if (outlive) {
+      EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+    } else {
+      EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM) << "status " << st;
+    }
+    stopping.Notify();
+    t.join();
+  }
+}
+
+}  // namespace
+}  // namespace gcomp::launcher
