@@ -23,6 +23,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -143,6 +144,11 @@ using gcomp::launcher::WorkerResults;
 using gcomp::launcher::CheckSoak;
 using gcomp::launcher::SoakTrack;
 using gcomp::launcher::Spawn;
+
+double CpuSeconds(const struct rusage& u) {
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+void FormatSeconds(std::string* out, double s) { absl::StrAppendFormat(out, "%.3f", s); }
 
 // One --reshard_at entry.
 struct ReshardEvent {
@@ -336,6 +342,7 @@ int main(int argc, char** argv) {
   for (int k = 0; k < S; ++k) soak.push_back({absl::StrCat("shard-", k), servers[k], {}});
   for (int w = 0; w < W; ++w) soak.push_back({absl::StrCat("worker-", w), workers[w], {}});
   std::vector<int> status(W, -1);
+  std::vector<double> worker_cpu_s(W, 0.0);  // user + system seconds, once reaped
   std::atomic<int> left{W};  // workers still running (the re-shard thread reads it too)
   bool soak_started = false;
   absl::Time next_sample = absl::Now();
@@ -517,11 +524,13 @@ int main(int argc, char** argv) {
       }
     }
     int st = 0;
-    pid_t p = waitpid(-1, &st, WNOHANG);
+    struct rusage usage {};
+    pid_t p = wait4(-1, &st, WNOHANG, &usage);
     if (p > 0) {
       for (int w = 0; w < W; ++w) {
         if (workers[w] == p) {
           status[w] = st;
+          worker_cpu_s[w] = CpuSeconds(usage);
           --left;
           for (SoakTrack& t : soak) {
             if (t.pid == p) t.pid = 0;  // reaped: its pid may be reused
@@ -542,7 +551,12 @@ int main(int argc, char** argv) {
   resharder.join();
   killer.join();
   for (pid_t s : servers) kill(s, SIGTERM);
-  for (pid_t s : servers) waitpid(s, nullptr, 0);
+  // CPU time of the shards running at the end (a killed one's time went with it).
+  std::vector<double> shard_cpu_s;
+  for (pid_t s : servers) {
+    struct rusage usage {};
+    shard_cpu_s.push_back(wait4(s, nullptr, 0, &usage) == s ? CpuSeconds(usage) : 0.0);
+  }
 
   const WorkerResults results = ReadWorkerResults(dir, status, steps);
   const bool ok = results.ok, bound_ok = results.bound_ok, identical = results.identical;
@@ -621,13 +635,17 @@ int main(int argc, char** argv) {
   printf("{\"steps\":%d,\"workers\":%d,\"shards\":%d,\"raw_bytes\":%.0f,\"wire_bytes\":%.0f,"
          "\"ratio\":%.4f,\"max_abs_error\":%.9g,\"bound_ok\":%s,\"step_ms_p50\":%.3f,"
          "\"mode\":\"%s\",\"optimizer\":\"%s\",\"identical\":%s,\"ok\":%s,\"raw_gb_per_s\":%.4f,"
-         "\"label\":\"%s\",\"bound_checked\":%s%s%s%s,\"metrics_ports\":[%s],\"digest\":\"%s\","
+         "\"label\":\"%s\",\"bound_checked\":%s%s%s%s%s,\"metrics_ports\":[%s],\"digest\":\"%s\","
          "\"error\":\"%s\"}\n",
          done_steps, W, S, raw, wire, wire > 0 ? raw / wire : 0.0, max_err,
          bound_ok ? "true" : "false", p50, mode.c_str(), absl::GetFlag(FLAGS_optimizer).c_str(),
          identical ? "true" : "false", all_ok ? "true" : "false", gbps,
          Escape(absl::GetFlag(FLAGS_label)).c_str(), bound_checked ? "true" : "false",
          soak_json.c_str(), reshard_json.c_str(), failover_json.c_str(),
+         absl::StrFormat(",\"shard_cpu_s\":[%s],\"worker_cpu_s\":[%s]",
+                         absl::StrJoin(shard_cpu_s, ",", FormatSeconds),
+                         absl::StrJoin(worker_cpu_s, ",", FormatSeconds))
+             .c_str(),
          absl::StrJoin(metrics_ports, ",").c_str(),
          digest.c_str(), Escape(first_error).c_str());
   fflush(stdout);
