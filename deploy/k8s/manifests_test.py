@@ -106,3 +106,112 @@ def test_the_config_is_one_gcomp_accepts(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "gcomp-shard-2.gcomp-shard:7000" in r.stdout
+
+
+# The mTLS overlay (deploy/k8s/overlays/mtls): rendered here as kustomize would, by applying
+# its strategic-merge patches to the base, then checked like the base.
+MTLS = os.path.join(HERE, "overlays", "mtls")
+# Strategic-merge keys of the lists the overlay patches (Kubernetes' patchMergeKey).
+MERGE_KEYS = {"containers": "name", "volumes": "name", "volumeMounts": "mountPath",
+              "ports": "containerPort"}
+
+
+def strategic_merge(base, patch, key=None):
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = strategic_merge(base[k], v, k) if k in base else v
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
+        mk = MERGE_KEYS[key]
+        out = list(base)
+        for item in patch:
+            at = [i for i, b in enumerate(out) if b.get(mk) == item.get(mk)]
+            if at:
+                out[at[0]] = strategic_merge(out[at[0]], item)
+            else:
+                out.append(item)
+        return out
+    return patch
+
+
+def render_mtls():
+    k = yaml.safe_load(open(os.path.join(MTLS, "kustomization.yaml")))
+    assert k["resources"] == ["../../base"]
+    rendered = {kind: d for kind, d in docs().items() if kind != "Kustomization"}
+    for p in k["patches"]:
+        patch = yaml.safe_load(open(os.path.join(MTLS, p["path"])))
+        kind = patch["kind"]
+        assert rendered[kind]["metadata"]["name"] == patch["metadata"]["name"], p
+        rendered[kind] = strategic_merge(rendered[kind], patch)
+    return rendered
+
+
+def test_strategic_merge_merges_lists_by_key():
+    base = {"containers": [{"name": "a", "ports": [{"containerPort": 1}]}]}
+    patch = {"containers": [{"name": "a", "ports": [{"containerPort": 2}]}, {"name": "b"}]}
+    assert strategic_merge(base, patch) == {
+        "containers": [{"name": "a", "ports": [{"containerPort": 1}, {"containerPort": 2}]},
+                       {"name": "b"}]}
+
+
+def test_mtls_overlay_renders_valid_manifests(node_modules, tmp_path):
+    files = []
+    for kind, doc in render_mtls().items():
+        f = tmp_path / (kind + ".yaml")
+        f.write_text(yaml.safe_dump(doc))
+        files.append(str(f))
+    r = validate(node_modules, files)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len([l for l in r.stdout.splitlines() if l.startswith("ok ")]) == len(files)
+
+
+def test_mtls_overlay_mounts_what_its_config_reads_and_probes_the_health_port():
+    d = render_mtls()
+    config = yaml.safe_load(d["ConfigMap"]["data"]["cluster.yaml"])
+    base = yaml.safe_load(docs()["ConfigMap"]["data"]["cluster.yaml"])
+    security = config.pop("security")
+    assert config == base  # the overlay's config is the base's plus its security section
+    pod = d["StatefulSet"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"tls": "gcomp-tls", "token": "gcomp-job-token"}
+    for name in secrets:
+        assert mounts[name]["readOnly"] is True
+        assert "subPath" not in mounts[name]  # a subPath mount never sees Secret updates
+    for field, volume, key in (("ca_file", "tls", "ca.crt"), ("cert_file", "tls", "tls.crt"),
+                               ("key_file", "tls", "tls.key"),
+                               ("token_file", "token", "token")):
+        assert security[field] == mounts[volume]["mountPath"] + "/" + key, field
+    port = security["health_port"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == port
+    assert port in [p["containerPort"] for p in c["ports"]]
+    # The rest of the base's pod is kept: config and checkpoint mounts, non-root.
+    assert {"config", "checkpoints"} <= set(mounts)
+    assert pod["securityContext"]["runAsUser"] == 10001
+
+
+def test_the_mtls_config_is_one_gcomp_accepts(tmp_path):
+    admin = os.path.join(ROOT, "bazel-bin", "admin", "gcomp_admin")
+    if not os.access(admin, os.X_OK):
+        pytest.skip("bazel build //admin:gcomp_admin first")
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make test certificates")
+    pki = tmp_path / "pki"
+    subprocess.run([os.path.join(ROOT, "tools", "make_test_certs.sh"), str(pki)], check=True,
+                   capture_output=True, timeout=120)
+    text = render_mtls()["ConfigMap"]["data"]["cluster.yaml"]
+    for mounted, made in (("/etc/gcomp/tls/ca.crt", "ca.pem"), ("/etc/gcomp/tls/tls.crt", "client.pem"),
+                          ("/etc/gcomp/tls/tls.key", "client.key"),
+                          ("/etc/gcomp/token/token", "token")):
+        assert mounted in text
+        text = text.replace(mounted, str(pki / made))
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    # Exit 1: the config and its files were read, the shards just are not there.
+    r = subprocess.run([admin, "status", "--config", str(path), "--timeout_ms", "200"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "gcomp-shard-2.gcomp-shard:7000" in r.stdout
