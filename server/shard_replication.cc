@@ -1,7 +1,7 @@
 // ShardService's replication and failover (docs/SERVICE.md, "Replication and failover"):
 // owners send each completed step's chunk state to the chunk's backups before answering,
 // a coordinator takes unreachable shards out of the map, and backups take their chunks
-// over. The rest of the class is in shard_service.cc.
+// over. The rest of the class is in shard_service.cc and the files it names.
 #include <algorithm>
 #include <thread>
 #include <utility>
@@ -142,9 +142,7 @@ absl::Status ShardService::ReplicateChunk(const std::string& key, uint32_t chunk
 }
 
 absl::Status ShardService::AcceptReplica(const proto::ReplicateRequest& r) {
-  if (r.job() != config_.job()) {
-    return absl::NotFoundError(absl::StrCat("unknown job '", r.job(), "'"));
-  }
+  if (absl::Status s = CheckJob(r.job(), /*name_ours=*/false); !s.ok()) return s;
   const proto::ChunkState& part = r.part();
   if (absl::Status s = CheckKey(part.key()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
@@ -152,11 +150,7 @@ absl::Status ShardService::AcceptReplica(const proto::ReplicateRequest& r) {
   if (replicas_ < 2) {
     return absl::FailedPreconditionError("this job keeps no replicas (config replicas: 1)");
   }
-  if (r.shard_map_epoch() < epoch_.load()) return absl::AbortedError(SupersededMessage(r.shard_map_epoch()));
-  if (r.shard_map_epoch() > epoch_.load()) {
-    return absl::UnavailableError(absl::StrCat("shard-map epoch ", r.shard_map_epoch(),
-                                               " is not installed on this shard yet; retry"));
-  }
+  if (absl::Status s = CheckPeerEpochLocked(r.shard_map_epoch()); !s.ok()) return s;
   // Any phase will do: while a re-shard is prepared or committed the old map (this epoch)
   // still runs its steps, and they are replicated as always.
   auto it = tensors_.find(part.key());
@@ -165,17 +159,12 @@ absl::Status ShardService::AcceptReplica(const proto::ReplicateRequest& r) {
         absl::StrCat("replicated chunk of tensor '", part.key(), "', not declared here"));
   }
   Tensor& t = *it->second;
-  if (part.chunk() >= t.layout.num_chunks) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", part.chunk(), " out of range: '",
-                                                   part.key(), "' has ", t.layout.num_chunks,
-                                                   " chunks"));
-  }
+  if (absl::Status s = t.CheckChunk(part.chunk()); !s.ok()) return s;
   auto backup = t.backups.find(part.chunk());
   if (backup == t.backups.end() || t.owner[part.chunk()] != r.from_shard()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "chunk ", part.chunk(), " of '", part.key(), "' is owned by shard ", t.owner[part.chunk()],
-        " and not backed up by shard ", shard(), " under epoch ", epoch_.load(),
-        "; a replica from shard ", r.from_shard(), " is refused"));
+        t.OwnedBy(part.chunk()), " and not backed up by shard ", shard(), " under epoch ",
+        epoch_.load(), "; a replica from shard ", r.from_shard(), " is refused"));
   }
   // Each array of a part is at most one chunk's encoded size, so a peer cannot make this
   // shard hold more per backed-up chunk than its budgeted state.
@@ -212,9 +201,7 @@ absl::Status ShardService::AcceptReplica(const proto::ReplicateRequest& r) {
 
 absl::Status ShardService::ReportDown(const proto::ReportDownRequest& r,
                                       proto::ReportDownResponse* response) {
-  if (r.job() != config_.job()) {
-    return absl::NotFoundError(absl::StrCat("unknown job '", r.job(), "'"));
-  }
+  if (absl::Status s = CheckJob(r.job(), /*name_ours=*/false); !s.ok()) return s;
   if (replicas_ < 2) {
     return absl::FailedPreconditionError("this job keeps no replicas (config replicas: 1): "
                                          "a shard that is down stays down");
@@ -343,9 +330,7 @@ absl::Status ShardService::DistributeMap(proto::ClusterConfig next, const std::s
 }
 
 absl::Status ShardService::Rejoin(const proto::RejoinRequest& r, proto::RejoinResponse* response) {
-  if (r.job() != config_.job()) {
-    return absl::NotFoundError(absl::StrCat("unknown job '", r.job(), "'"));
-  }
+  if (absl::Status s = CheckJob(r.job(), /*name_ours=*/false); !s.ok()) return s;
   if (replicas_ < 2) {
     return absl::FailedPreconditionError("this job keeps no replicas (config replicas: 1)");
   }

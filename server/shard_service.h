@@ -206,13 +206,22 @@ class ShardService {
   absl::Status WriteCheckpoint(bool final, int64_t step, uint32_t shard, uint32_t shards,
                                uint64_t epoch,
                                std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks);
-  // NotFound for another job, FailedPrecondition for another shard-map epoch, Aborted for
-  // one a re-shard replaced. A call of the new map while the shard is still switching or
-  // filling waits for it (until `deadline`; then Unavailable, which clients retry).
+  // NotFound "unknown job" unless `job` is this shard's. `name_ours`: the message also
+  // names the job served here (for workers, whose config may point at the wrong cluster;
+  // peers run from the same config).
+  absl::Status CheckJob(const std::string& job, bool name_ours) const;
+  // A worker's call: NotFound for another job, FailedPrecondition for another shard-map
+  // epoch, Aborted for one a re-shard or failover replaced. A call of the new map while the
+  // shard is still switching or filling waits for it (until `deadline`; then Unavailable,
+  // which clients retry), as does one of a failover's map not installed here yet (briefly).
   absl::Status CheckJobAndEpoch(const std::string& job, uint64_t epoch,
                                 absl::Time deadline = absl::Now() + absl::Seconds(10)) const;
   absl::Status CheckEpochLocked(uint64_t epoch, absl::Time deadline) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A peer's message under `epoch`, in any phase: Aborted when a newer map is installed
+  // here, Unavailable when `epoch` is not installed yet. Never waits (the sender is
+  // answering a step).
+  absl::Status CheckPeerEpochLocked(uint64_t epoch) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The accumulator of one owned chunk, with its step reply, data and checkpoint hooks.
   std::shared_ptr<StepAccumulator> MakeAccumulator(const Tensor& t, uint32_t chunk);
   // Declares `r` (already checked) unless already declared; the tensor.
@@ -261,10 +270,9 @@ class ShardService {
   // CheckJobAndEpoch, the key's limits, then the declared tensor (NotFound if none).
   absl::StatusOr<Tensor*> FindTensor(const std::string& job, uint64_t epoch,
                                      const std::string& key, absl::Time deadline) const;
-  // The accumulator of `chunk` of `t`: InvalidArgument past the last chunk,
-  // FailedPrecondition naming the owner when another shard owns it.
+  // The accumulator of `chunk` of `t`: InvalidArgument past the last chunk, DataLoss for a
+  // lost chunk, FailedPrecondition naming the owner when another shard owns it.
   absl::StatusOr<std::shared_ptr<StepAccumulator>> OwnedChunk(const Tensor& t,
-                                                              const std::string& key,
                                                               uint32_t chunk) const;
   absl::Status PushPullImpl(const proto::CompressedBlock& request, absl::Time deadline,
                             proto::CompressedBlock* response);

@@ -279,6 +279,48 @@ TEST(ShardService, ReplicaAboveTheChunkBoundIsResourceExhausted) {
   EXPECT_GT(refused, 0);
 }
 
+// Workers and peers are refused by the same checks (CheckJob, the epoch checks,
+// Tensor::CheckChunk); a worker is also told which job the shard serves.
+TEST(ShardService, WorkersAndPeersGetTheSameRefusals) {
+  auto shard = *ShardService::Create(Config(1, 3, {"chunk_bytes=64", "replicas=2"}),
+                                     ShardOptions{0, 1, {}});
+  proto::DeclareTensorResponse dr;
+  ASSERT_TRUE(shard->DeclareTensor(Declaration("big", 16 * 30), &dr).ok());
+  std::vector<float> v(16, 1.0f);
+  proto::CompressedBlock push, out;
+  ASSERT_TRUE(cluster::EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), 16, &push).ok());
+  push.mutable_address()->set_job("j");
+  push.mutable_address()->set_key("big");
+  push.mutable_address()->set_shard_map_epoch(1);
+  proto::ReplicateRequest replica;
+  replica.set_job("j");
+  replica.set_shard_map_epoch(1);
+  replica.mutable_part()->set_key("big");
+  auto push_status = [&] { return shard->PushPull(push, absl::Now() + absl::Milliseconds(50), &out); };
+
+  push.mutable_address()->set_job("other");
+  replica.set_job("other");
+  EXPECT_EQ(push_status(), absl::NotFoundError("unknown job 'other' (shard serves job 'j')"));
+  EXPECT_EQ(shard->AcceptReplica(replica), absl::NotFoundError("unknown job 'other'"));
+  push.mutable_address()->set_job("j");
+  replica.set_job("j");
+
+  push.mutable_address()->set_shard_map_epoch(2);
+  replica.set_shard_map_epoch(2);
+  const absl::Status not_installed =
+      absl::UnavailableError("shard-map epoch 2 is not installed on this shard yet; retry");
+  EXPECT_EQ(push_status(), not_installed);
+  EXPECT_EQ(shard->AcceptReplica(replica), not_installed);
+  push.mutable_address()->set_shard_map_epoch(1);
+  replica.set_shard_map_epoch(1);
+
+  push.mutable_address()->set_chunk(30);
+  replica.mutable_part()->set_chunk(30);
+  const absl::Status past_last = absl::InvalidArgumentError("chunk 30 out of range: 'big' has 30 chunks");
+  EXPECT_EQ(push_status(), past_last);
+  EXPECT_EQ(shard->AcceptReplica(replica), past_last);
+}
+
 // The reports that opened the hostile-client work: one declaration of 2^36 f32 elements
 // (16 GB allocated within seconds) and 400 declarations of 2^25 elements (OOM killer).
 TEST(ShardServiceLimits, HugeDeclarationIsRefusedBeforeAllocating) {

@@ -1,5 +1,5 @@
-// ShardService's per-tensor state, shared by its two source files (shard_service.cc and
-// shard_replication.cc); not part of any interface.
+// ShardService's per-tensor state, shared by its source files (shard_service.cc and the
+// files it names); not part of any interface.
 #ifndef GCOMP_SERVER_SHARD_TENSOR_H_
 #define GCOMP_SERVER_SHARD_TENSOR_H_
 
@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "cluster/optimizer.h"
 #include "cluster/shard_map.h"
 #include "cluster/wire_block.h"
@@ -59,6 +61,18 @@ struct ShardService::Tensor {
   absl::flat_hash_map<uint32_t, TensorBackup> backups;  // chunks this shard backs up
   // Chunks whose every copy went down at once: the DataLoss message their calls get.
   absl::flat_hash_map<uint32_t, std::string> lost;
+
+  // InvalidArgument past the last chunk.
+  absl::Status CheckChunk(uint32_t chunk) const {
+    if (chunk < layout.num_chunks) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk, " out of range: '", key,
+                                                   "' has ", layout.num_chunks, " chunks"));
+  }
+  // "chunk 3 of 'w' is owned by shard 1": how a refusal names the owner (mu_ held, as for
+  // `owner`).
+  std::string OwnedBy(uint32_t chunk) const {
+    return absl::StrCat("chunk ", chunk, " of '", key, "' is owned by shard ", owner[chunk]);
+  }
 
   // How this tensor is declared, for checkpoints, moved state and a joining shard.
   proto::TensorDeclaration Declaration(const proto::ClusterConfig& config) const {

@@ -1,0 +1,221 @@
+// ShardService's checkpoints (docs/CHECKPOINT.md): periodic snapshots gathered per step
+// and written by a background thread, the final checkpoint, and the start-up restore.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "server/checkpoint.h"
+#include "server/chunk_state.h"
+#include "server/shard_service.h"
+#include "server/shard_tensor.h"
+
+namespace gcomp::server {
+namespace {
+
+uint64_t SnapshotBytes(const ChunkSnapshot& s) {
+  return (s.optimizer.value.size() + s.optimizer.m.size() + s.optimizer.v.size()) * sizeof(float);
+}
+
+}  // namespace
+
+void ShardService::OnSnapshot(const std::string& key, uint32_t chunk, ChunkSnapshot snap) {
+  const int64_t step = snap.completed_step;
+  const uint64_t bytes = SnapshotBytes(snap);
+  // The copies count against the memory budget until written; a step whose snapshots do
+  // not fit is skipped (logged), and training goes on.
+  absl::Status reserved = admission_->ReserveMemory(
+      bytes, absl::StrCat("checkpoint of step ", step, " ('", key, "' chunk ", chunk, ")"));
+  absl::MutexLock lock(&ckpt_mu_);
+  auto [pending, inserted] = pending_ckpt_.try_emplace(step);
+  PendingCheckpoint& p = pending->second;
+  if (inserted) {
+    // The map the step ran under: a re-shard may switch before the set is written.
+    p.shard = shard();
+    p.epoch = epoch_.load();
+    p.shards = map_shards_.load();
+  }
+  if (!reserved.ok()) {
+    if (!p.refused) log::Warn("shard {}: skipping the checkpoint of step {}: {}", shard(), step, std::string(reserved.message()));
+    p.refused = true;
+  } else {
+    p.reserved_bytes += bytes;
+  }
+  p.chunks.emplace_back(std::make_pair(key, chunk), reserved.ok() ? std::move(snap) : ChunkSnapshot{});
+  if (p.chunks.size() >= chunks_owned_.load()) {
+    ready_ckpt_.emplace_back(step, std::move(p));
+    pending_ckpt_.erase(step);
+  }
+}
+
+void ShardService::CheckpointLoop() {
+  while (true) {
+    std::pair<int64_t, PendingCheckpoint> job;
+    {
+      absl::MutexLock lock(&ckpt_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ckpt_mu_) {
+        return ckpt_stop_ || !ready_ckpt_.empty();
+      };
+      ckpt_mu_.Await(absl::Condition(&ready));
+      if (ready_ckpt_.empty()) return;
+      job = std::move(ready_ckpt_.front());
+      ready_ckpt_.pop_front();
+      ckpt_writing_ = true;
+    }
+    if (!job.second.refused) {
+      absl::Status s = WriteCheckpoint(false, job.first, job.second.shard, job.second.shards,
+                                       job.second.epoch, std::move(job.second.chunks));
+      if (!s.ok()) log::Error("shard {}: checkpoint of step {} failed: {}", shard(), job.first, s.ToString());
+    }
+    admission_->ReleaseMemory(job.second.reserved_bytes);
+    absl::MutexLock lock(&ckpt_mu_);
+    ckpt_writing_ = false;
+  }
+}
+
+void ShardService::FlushCheckpoints() {
+  absl::MutexLock lock(&ckpt_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ckpt_mu_) {
+    return ckpt_stop_ || (ready_ckpt_.empty() && !ckpt_writing_);
+  };
+  ckpt_mu_.Await(absl::Condition(&idle));
+}
+
+absl::Status ShardService::WriteCheckpoint(
+    bool final, int64_t step, uint32_t shard, uint32_t shards, uint64_t epoch,
+    std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks) {
+  const absl::Time start = absl::Now();
+  ShardCheckpoint c;
+  c.job = config_.job();
+  c.final = final;
+  c.step = step;
+  c.shard = shard;
+  c.shards = shards;
+  c.shard_map_epoch = epoch;
+  absl::flat_hash_map<std::string, size_t> chunk_elements;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, t] : tensors_) {
+      c.declarations.push_back(t->Declaration(config_));
+    }
+    for (auto& [id, snap] : chunks) {
+      auto it = tensors_.find(id.first);
+      if (it == tensors_.end()) return absl::InternalError("snapshot of an undeclared tensor");
+      chunk_elements[absl::StrCat(id.first, "\n", id.second)] = it->second->layout.size(id.second);
+    }
+  }
+  std::sort(c.declarations.begin(), c.declarations.end(),
+            [](const auto& a, const auto& b) { return a.key() < b.key(); });
+  for (auto& [id, snap] : chunks) {
+    if (final) c.step = std::max(c.step, snap.completed_step);
+    absl::Status s = ChunkStateToProto(config_.job(), id.first, id.second,
+                                       chunk_elements[absl::StrCat(id.first, "\n", id.second)], snap,
+                                       &c.chunks.emplace_back());
+    if (!s.ok()) return s;
+    snap = ChunkSnapshot{};  // free the copy early
+  }
+  const std::string set_name = CheckpointSetName(final, c.step, c.shards);
+  const size_t chunk_count = c.chunks.size();
+  absl::StatusOr<uint64_t> bytes =
+      WriteShardCheckpoint(config_.checkpoint().dir(), std::move(c), config_.checkpoint().keep());
+  if (!bytes.ok()) return bytes.status();
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  log::Info("shard {}: checkpoint {} written: {} chunks, {} bytes in {:.3f} s", shard,
+            set_name, chunk_count, *bytes, seconds);
+  metrics_->ObserveCheckpoint(*bytes, seconds);
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::WriteFinalCheckpoint() {
+  if (config_.checkpoint().dir().empty()) {
+    return absl::FailedPreconditionError("no checkpoint.dir configured");
+  }
+  {
+    absl::MutexLock lock(&ckpt_mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ckpt_mu_) {
+      return ready_ckpt_.empty() && !ckpt_writing_;
+    };
+    if (ckpt_thread_.joinable()) ckpt_mu_.Await(absl::Condition(&idle));
+  }
+  std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks;
+  uint32_t shards = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (phase_ == Phase::kDrained) {
+      log::Info("shard {}: removed by a re-shard; its chunks live on other shards, no final checkpoint",
+                shard());
+      return absl::OkStatus();
+    }
+    shards = map_config_.shards_size();
+    for (const auto& [key, t] : tensors_) {
+      for (const auto& [c, acc] : t->chunks) chunks.emplace_back(std::make_pair(key, c), acc->Snapshot());
+    }
+  }
+  return WriteCheckpoint(true, -1, shard(), shards, epoch_.load(), std::move(chunks));
+}
+
+absl::Status ShardService::RestoreFromCheckpoint() {
+  const std::string& dir = config_.checkpoint().dir();
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir);
+  if (absl::IsNotFound(loaded.status())) {
+    log::Info("shard {}: no checkpoint in {}; starting empty", shard(), dir);
+    return absl::OkStatus();
+  }
+  if (!loaded.ok()) return loaded.status();
+  const absl::Time start = absl::Now();
+  if (loaded->job != config_.job()) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", loaded->path, " is of job '",
+                                                      loaded->job, "', not '", config_.job(), "'"));
+  }
+  absl::flat_hash_map<std::string, const proto::TensorDeclaration*> decls;
+  for (const proto::TensorDeclaration& d : loaded->declarations) {
+    if (d.chunk_bytes() != config_.chunk_bytes()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", loaded->path, ": '", d.key(), "' was cut into chunks of ", d.chunk_bytes(),
+          " bytes; the config says chunk_bytes ", config_.chunk_bytes()));
+    }
+    proto::DeclareTensorRequest r;
+    r.set_job(d.job());
+    r.set_key(d.key());
+    r.set_dtype(d.dtype());
+    r.set_elements(d.elements());
+    *r.mutable_optimizer() = d.optimizer();
+    r.set_shard_map_epoch(epoch_.load());
+    proto::DeclareTensorResponse response;
+    absl::Status s = DeclareTensor(r, &response);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("restoring checkpoint ", loaded->path, ": ", s.message()));
+    }
+    decls[d.key()] = &d;
+  }
+  uint64_t restored = 0;
+  for (const proto::ChunkState& st : loaded->chunks) {
+    std::shared_ptr<StepAccumulator> acc;
+    codec::DType dtype = codec::DType::kF32;
+    {
+      absl::MutexLock lock(&mu_);
+      Tensor* t = tensors_.at(st.key()).get();
+      auto it = t->chunks.find(st.chunk());
+      if (it == t->chunks.end()) continue;  // owned by another shard under this config
+      acc = it->second;
+      dtype = t->dtype;
+    }
+    absl::StatusOr<ChunkSnapshot> snap = ChunkStateFromProto(st, acc->elements(), dtype);
+    if (snap.ok()) StampEpoch(epoch_.load(), &*snap);
+    absl::Status s = snap.ok() ? acc->Restore(*std::move(snap)) : snap.status();
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("restoring checkpoint ", loaded->path, ": ", s.message()));
+    }
+    ++restored;
+  }
+  restored_from_ = loaded->path;
+  restored_step_ = loaded->step;
+  log::Info("shard {}: restored {} chunks of {} tensors from {} (step {}, {} bytes read, {:.3f} s){}",
+            shard(), restored, loaded->declarations.size(), loaded->path, loaded->step,
+            loaded->bytes, absl::ToDoubleSeconds(absl::Now() - start),
+            loaded->skipped.empty() ? "" : absl::StrCat("; skipped newer: ", loaded->skipped.size()));
+  return absl::OkStatus();
+}
+
+}  // namespace gcomp::server

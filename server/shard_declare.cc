@@ -1,0 +1,230 @@
+// ShardService's tensor declarations: checking a DeclareTensor, admitting its memory
+// against the budget, and making the accumulators of the chunks this shard owns.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "cluster/wire_block.h"
+#include "server/shard_service.h"
+#include "server/shard_tensor.h"
+
+namespace gcomp::server {
+namespace {
+
+// Bookkeeping per tensor and per owned chunk beyond the float arrays (the accumulator, map
+// entries, per-worker vectors): an estimate on the high side, so the budget errs safe.
+constexpr uint64_t kTensorOverheadBytes = 512;
+constexpr uint64_t kChunkOverheadBytes = 1024;
+
+bool SameOptimizer(const cluster::OptimizerOptions& a, const cluster::OptimizerOptions& b) {
+  return a.kind == b.kind && a.learning_rate == b.learning_rate && a.momentum == b.momentum &&
+         a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.epsilon == b.epsilon;
+}
+
+}  // namespace
+
+absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
+                                         proto::DeclareTensorResponse* response,
+                                         absl::Time deadline) {
+  if (absl::Status s = CheckJobAndEpoch(r.job(), r.shard_map_epoch(), deadline); !s.ok()) return s;
+  absl::Status key_ok = CheckKey(r.key());
+  if (!key_ok.ok()) return key_ok;
+  absl::StatusOr<codec::DType> dtype = cluster::FromProto(r.dtype());
+  if (!dtype.ok()) return dtype.status();
+  if (r.elements() == 0 || r.elements() > (uint64_t{1} << 36)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", r.key(), "': elements must be in [1, 2^36], got ",
+                                                   r.elements()));
+  }
+  absl::StatusOr<cluster::OptimizerOptions> opt =
+      OptimizerFrom(r.has_optimizer() ? r.optimizer() : config_.optimizer());
+  if (!opt.ok()) return opt.status();
+  const cluster::ChunkLayout layout(r.elements(), codec::DTypeBytes(*dtype), config_.chunk_bytes());
+  // Initial values are checked before anything is created, so a bad one leaves no trace.
+  for (const proto::ChunkValue& init : r.initial()) {
+    if (init.chunk() >= layout.num_chunks) {
+      return absl::InvalidArgumentError(absl::StrCat("initial value for chunk ", init.chunk(),
+                                                     " of '", r.key(), "' which has ",
+                                                     layout.num_chunks, " chunks"));
+    }
+    const size_t bytes = layout.size(init.chunk()) * codec::DTypeBytes(*dtype);
+    if (init.data().size() != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("initial value for chunk ", init.chunk(),
+                                                     " has ", init.data().size(),
+                                                     " bytes, expected ", bytes));
+    }
+  }
+
+  std::vector<std::pair<std::shared_ptr<StepAccumulator>, const proto::ChunkValue*>> initial;
+  codec::DType tensor_dtype;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("shard shutting down");
+    absl::StatusOr<Tensor*> tensor = DeclareLocked(r, *dtype, *opt, /*fresh=*/true);
+    if (!tensor.ok()) return tensor.status();
+    tensor_dtype = (*tensor)->dtype;
+    for (const proto::ChunkValue& init : r.initial()) {
+      auto it = (*tensor)->chunks.find(init.chunk());
+      if (it != (*tensor)->chunks.end()) initial.emplace_back(it->second, &init);
+      // A backup keeps the initial value until the owner replicates a state.
+      auto b = (*tensor)->backups.find(init.chunk());
+      if (b != (*tensor)->backups.end() && !b->second.has_state) {
+        b->second.initial.resize((*tensor)->layout.size(init.chunk()));
+        codec::ToF32(tensor_dtype, init.data().data(), b->second.initial.size(),
+                     b->second.initial.data());
+      }
+    }
+    for (const auto& [c, acc] : (*tensor)->chunks) response->add_owned_chunks(c);
+  }
+  // Initial values (parameters for an optimizer); chunks not owned here are ignored.
+  for (const auto& [acc, init] : initial) {
+    std::vector<float> value(acc->elements());
+    codec::ToF32(tensor_dtype, init->data().data(), value.size(), value.data());
+    acc->SetInitial(value);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
+    const proto::DeclareTensorRequest& r, codec::DType dtype, const cluster::OptimizerOptions& opt,
+    bool fresh) {
+  const cluster::ChunkLayout layout(r.elements(), codec::DTypeBytes(dtype), config_.chunk_bytes());
+  auto it = tensors_.find(r.key());
+  if (it != tensors_.end()) {
+    Tensor* t = it->second.get();
+    if (t->dtype != dtype || t->layout.elements != r.elements() || !SameOptimizer(t->optimizer, opt)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "tensor '", r.key(), "' already declared as ", codec::DTypeName(t->dtype), " x ",
+          t->layout.elements, " with a possibly different optimizer"));
+    }
+    return t;
+  }
+  if (tensors_.size() >= config_.limits().max_tensors()) {
+    admission_->CountRefusal();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", config_.job(), "' already declares ", tensors_.size(),
+        " tensors (limits.max_tensors = ", config_.limits().max_tensors(), "); '", r.key(),
+        "' refused"));
+  }
+  // The owner table first (it is what Assign allocates), then the owned chunks' state:
+  // both reserved before anything is allocated.
+  const uint64_t table_bytes = OwnerTableBytes(r.key(), layout, replicas_);
+  absl::Status reserved = admission_->ReserveMemory(
+      table_bytes, absl::StrCat("declaring '", r.key(), "' (", layout.num_chunks,
+                                " chunks, owner table)"));
+  if (!reserved.ok()) return reserved;
+  std::vector<uint32_t> live =
+      shard_map_.LiveReplicas(r.key(), layout, replicas_, down_, joining_shards_);
+  const uint32_t self = shard_index_.load();
+  uint64_t owned_bytes = 0;
+  uint32_t owned = 0;
+  // Owned and backed-up chunks alike: a backup's state is as large as its owner's.
+  for (uint32_t c = 0; c < layout.num_chunks; ++c) {
+    if (std::find(&live[c * replicas_], &live[(c + 1) * replicas_], self) ==
+        &live[(c + 1) * replicas_]) {
+      continue;
+    }
+    owned_bytes += OwnedChunkBytes(layout, dtype, opt, c);
+    ++owned;
+  }
+  reserved = admission_->ReserveMemory(
+      owned_bytes, absl::StrCat("declaring '", r.key(), "' (", codec::DTypeName(dtype), " x ",
+                                r.elements(), ", ", owned, " chunks owned here)"));
+  if (!reserved.ok()) {
+    admission_->ReleaseMemory(table_bytes);
+    return reserved;
+  }
+  auto t = std::make_unique<Tensor>();
+  t->key = r.key();
+  t->dtype = dtype;
+  t->layout = layout;
+  t->optimizer = opt;
+  t->optimizer_config = r.has_optimizer() ? r.optimizer() : config_.optimizer();
+  t->live = std::move(live);
+  t->owner.resize(layout.num_chunks);
+  for (uint32_t c = 0; c < layout.num_chunks; ++c) {
+    t->owner[c] = t->live[c * replicas_];
+    if (t->owner[c] == self) t->chunks[c] = MakeAccumulator(*t, c);
+    for (uint32_t j = 1; j < replicas_; ++j) {
+      // A joining shard's backups are synced by their owners' states, never by a declaration.
+      if (t->live[c * replicas_ + j] == self) t->backups[c].synced = fresh && !joining_shards_[self];
+    }
+  }
+  log::Info("shard {}: declared '{}' {} x {} in {} chunks, {} owned here", self, r.key(),
+            std::string(codec::DTypeName(dtype)), r.elements(), layout.num_chunks, t->chunks.size());
+  Tensor* raw = t.get();
+  chunks_owned_ += t->chunks.size();
+  tensors_[r.key()] = std::move(t);
+  metrics_->SetTensors(tensors_.size(), chunks_owned_, epoch_.load());
+  return raw;
+}
+
+uint64_t ShardService::OwnerTableBytes(const std::string& key, const cluster::ChunkLayout& layout,
+                                       uint32_t replicas) {
+  return kTensorOverheadBytes + key.size() +
+         uint64_t{layout.num_chunks} * sizeof(uint32_t) * (1 + replicas);
+}
+
+uint64_t ShardService::OwnedChunkBytes(const cluster::ChunkLayout& layout, codec::DType dtype,
+                                       const cluster::OptimizerOptions& optimizer,
+                                       uint32_t chunk) const {
+  const uint64_t n = layout.size(chunk);
+  return kChunkOverheadBytes + uint64_t{config_.workers()} * 32 +
+         n * cluster::Optimizer::StateBytesPerElement(optimizer.kind) +
+         cluster::MaxWireBytes(n, dtype);
+}
+
+std::shared_ptr<StepAccumulator> ShardService::MakeAccumulator(const Tensor& t, uint32_t c) {
+  StepAccumulatorOptions ao;
+  ao.workers = config_.workers();
+  ao.step_timeout = absl::Milliseconds(config_.step_timeout_ms());
+  ao.label = absl::StrCat("key '", t.key, "' chunk ", c);
+  ao.admission = admission_.get();
+  ShardMetrics* metrics = metrics_.get();
+  const uint64_t raw_bytes = t.layout.size(c) * codec::DTypeBytes(t.dtype);
+  ao.on_step_completed = [metrics, raw_bytes](const StepTimings& timings) {
+    metrics->ObserveStep(timings, raw_bytes);
+  };
+  ao.on_step_failed = [metrics] { metrics->CountStepFailed(); };
+  if (!config_.checkpoint().dir().empty() && config_.checkpoint().every_steps() > 0) {
+    ao.snapshot_every_steps = config_.checkpoint().every_steps();
+    ao.on_snapshot = [this, key = t.key, c](ChunkSnapshot snap) {
+      OnSnapshot(key, c, std::move(snap));
+    };
+  }
+  if (replicas_ > 1) {
+    ao.replicate = [this, key = t.key, c](const ChunkSnapshot& snap) {
+      return ReplicateChunk(key, c, snap);
+    };
+  }
+  const codec::DType dt = t.dtype;
+  const std::string key = t.key;
+  const std::string job = config_.job();
+  const cluster::DirectionCodec downlink = downlink_;
+  const std::atomic<uint64_t>* epoch = &epoch_;
+  auto finalize = [dt, key, job, epoch, c, downlink](int64_t step, absl::Span<const float> v)
+      -> absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> {
+    auto block = std::make_shared<proto::CompressedBlock>();
+    proto::BlockAddress* a = block->mutable_address();
+    a->set_job(job);
+    a->set_key(key);
+    a->set_chunk(c);
+    a->set_step(step);
+    a->set_shard_map_epoch(epoch->load());
+    absl::Status s;
+    if (dt == codec::DType::kF32) {
+      s = cluster::EncodeWireBlock(downlink, dt, v.data(), v.size(), block.get());
+    } else {
+      std::vector<uint16_t> narrow(v.size());
+      codec::FromF32(dt, v.data(), v.size(), narrow.data());
+      s = cluster::EncodeWireBlock(downlink, dt, narrow.data(), v.size(), block.get());
+    }
+    if (!s.ok()) return s;
+    return std::shared_ptr<const proto::CompressedBlock>(std::move(block));
+  };
+  return std::make_shared<StepAccumulator>(ao, cluster::Optimizer(t.optimizer, t.layout.size(c)),
+                                           std::move(finalize),
+                                           [this](uint32_t w) { return WorkerName(w); });
+}
+
+}  // namespace gcomp::server

@@ -1,0 +1,181 @@
+// ShardService's data path: finding the tensor and owned chunk of a call, PushPull (decode
+// on the pool, then the chunk's StepAccumulator) and Pull.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "base/logging.h"
+#include "cluster/wire_block.h"
+#include "server/shard_service.h"
+#include "server/shard_tensor.h"
+
+namespace gcomp::server {
+namespace {
+
+// Stats.last_error stays one table cell's worth.
+constexpr size_t kMaxLastErrorChars = 200;
+
+// At most `max` bytes of `s`, cut before a UTF-8 continuation byte (a proto3 string must
+// stay valid UTF-8).
+std::string TruncateUtf8(const std::string& s, size_t max) {
+  if (s.size() <= max) return s;
+  size_t end = max;
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
+  return s.substr(0, end);
+}
+
+}  // namespace
+
+absl::StatusOr<ShardService::Tensor*> ShardService::FindTensor(const std::string& job,
+                                                               uint64_t epoch,
+                                                               const std::string& key,
+                                                               absl::Time deadline) const {
+  if (absl::Status s = CheckJobAndEpoch(job, epoch, deadline); !s.ok()) return s;
+  absl::Status key_ok = CheckKey(key);
+  if (!key_ok.ok()) return key_ok;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("shard shutting down");
+  auto it = tensors_.find(key);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown tensor key '", key, "' (not declared)"));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<std::shared_ptr<StepAccumulator>> ShardService::OwnedChunk(const Tensor& t,
+                                                                          uint32_t chunk) const {
+  if (absl::Status s = t.CheckChunk(chunk); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto it = t.chunks.find(chunk);
+  if (auto lost = t.lost.find(chunk); lost != t.lost.end()) return absl::DataLossError(lost->second);
+  if (it == t.chunks.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        t.OwnedBy(chunk), " under shard-map epoch ", epoch_.load(), ", not shard ", shard()));
+  }
+  return it->second;
+}
+
+absl::Status ShardService::PushPull(const proto::CompressedBlock& request, absl::Time deadline,
+                                    proto::CompressedBlock* response) {
+  absl::Status s = PushPullImpl(request, deadline, response);
+  metrics_->CountPush(s.code());
+  metrics_->SetAdmission(admission_->usage(), admission_->limits().memory_budget_bytes);
+  if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded &&
+      s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kAborted) {
+    ++rejected_pushes_;
+    {
+      // Statuses name keys, chunks and workers, never the job token (it is checked in
+      // the gRPC layer and never reaches here).
+      absl::MutexLock lock(&last_error_mu_);
+      last_error_ = TruncateUtf8(s.ToString(), kMaxLastErrorChars);
+    }
+    log::Warn("shard {}: rejected push of '{}' chunk {} step {} from worker {}: {}",
+              shard(), request.address().key(), request.address().chunk(),
+              request.address().step(), request.address().worker(), s.ToString());
+  }
+  return s;
+}
+
+absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, absl::Time deadline,
+                                        proto::CompressedBlock* response) {
+  const proto::BlockAddress& a = request.address();
+  absl::StatusOr<Tensor*> found = FindTensor(a.job(), a.shard_map_epoch(), a.key(), deadline);
+  if (!found.ok()) return found.status();
+  Tensor* t = *found;
+  if (a.worker() >= config_.workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", a.worker(), " out of range: job has ",
+                                                   config_.workers(), " workers"));
+  }
+  if (a.step() < 0 || a.step() >= kMaxStep) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", a.step(), " out of range [0, 2^62)"));
+  }
+  if (absl::Status frozen = WaitWhileFrozen(a.shard_map_epoch(), a.step(), deadline); !frozen.ok()) {
+    return frozen;
+  }
+  absl::StatusOr<std::shared_ptr<StepAccumulator>> owned = OwnedChunk(*t, a.chunk());
+  if (!owned.ok()) return owned.status();
+  StepAccumulator* acc = owned->get();
+  const size_t n = t->layout.size(a.chunk());
+  if (request.dtype() != cluster::ToProto(t->dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("block dtype ", proto::DType_Name(request.dtype()),
+                                                   " does not match '", a.key(), "' (",
+                                                   codec::DTypeName(t->dtype), ")"));
+  }
+  if (request.elements() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("block holds ", request.elements(),
+                                                   " elements; chunk ", a.chunk(), " of '",
+                                                   a.key(), "' has ", n));
+  }
+  if (request.data().size() > cluster::MaxWireBytes(n, t->dtype)) {
+    return absl::ResourceExhaustedError(absl::StrCat("block of ", request.data().size(),
+                                                     " bytes exceeds the bound ",
+                                                     cluster::MaxWireBytes(n, t->dtype), " for ", n,
+                                                     " elements"));
+  }
+  absl::StatusOr<bool> duplicate = acc->Admit(a.worker(), a.step());
+  if (!duplicate.ok()) return duplicate.status();
+  std::vector<float> contribution;
+  if (!*duplicate) {
+    absl::Status decoded;
+    absl::Notification done;
+    absl::StatusOr<std::vector<float>> buffer = acc->TakeBuffer();
+    if (!buffer.ok()) return buffer.status();
+    contribution = *std::move(buffer);
+    absl::Duration decode_time;
+    pool_->Schedule([&] {
+      const absl::Time start = absl::Now();
+      if (t->dtype == codec::DType::kF32) {
+        decoded = cluster::DecodeWireBlock(request, t->dtype, n, contribution.data());
+      } else {
+        std::vector<uint16_t> narrow(n);
+        decoded = cluster::DecodeWireBlock(request, t->dtype, n, narrow.data());
+        if (decoded.ok()) codec::ToF32(t->dtype, narrow.data(), n, contribution.data());
+      }
+      decode_time = absl::Now() - start;
+      done.Notify();
+    });
+    done.WaitForNotification();
+    metrics_->ObserveDecode(n * codec::DTypeBytes(t->dtype), absl::ToDoubleSeconds(decode_time));
+    if (!decoded.ok()) {
+      acc->GiveBack(std::move(contribution));
+      return decoded;
+    }
+  }
+  ++pushes_;
+  bytes_in_ += request.data().size();
+  raw_bytes_in_ += n * codec::DTypeBytes(t->dtype);
+  metrics_->AddIn(n * codec::DTypeBytes(t->dtype), request.data().size());
+  absl::StatusOr<StepAccumulator::Outcome> outcome =
+      acc->Push(a.worker(), a.step(), std::move(contribution), deadline);
+  if (!outcome.ok()) return outcome.status();
+  if (outcome->duplicate) {
+    ++duplicate_pushes_;
+    metrics_->CountDuplicate();
+  }
+  *response = *outcome->reply;
+  response->mutable_address()->set_worker(a.worker());
+  bytes_out_ += response->data().size();
+  metrics_->AddOut(n * codec::DTypeBytes(t->dtype), response->data().size());
+  raw_bytes_out_ += n * codec::DTypeBytes(t->dtype);
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::Pull(const proto::PullRequest& r, proto::CompressedBlock* response,
+                                absl::Time deadline) {
+  absl::StatusOr<Tensor*> found = FindTensor(r.job(), r.shard_map_epoch(), r.key(), deadline);
+  if (!found.ok()) return found.status();
+  Tensor* t = *found;
+  absl::StatusOr<std::shared_ptr<StepAccumulator>> owned = OwnedChunk(*t, r.chunk());
+  if (!owned.ok()) return owned.status();
+  absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> current = (*owned)->Current();
+  if (!current.ok()) return current.status();
+  *response = **current;
+  bytes_out_ += response->data().size();
+  metrics_->AddOut(response->elements() * codec::DTypeBytes(t->dtype), response->data().size());
+  raw_bytes_out_ += t->layout.size(r.chunk()) * codec::DTypeBytes(t->dtype);
+  return absl::OkStatus();
+}
+
+}  // namespace gcomp::server
