@@ -141,6 +141,7 @@ using gcomp::launcher::ReadFile;
 using gcomp::launcher::ReadProgress;
 using gcomp::launcher::ReadWorkerResults;
 using gcomp::launcher::WorkerResults;
+using gcomp::launcher::BaselineDigest;
 using gcomp::launcher::CheckSoak;
 using gcomp::launcher::SoakTrack;
 using gcomp::launcher::Spawn;
@@ -226,33 +227,15 @@ int main(int argc, char** argv) {
   // identical_to_fixed and identical_to_undisturbed.
   std::string fixed_digest;
   if (!events.empty() || !kill_shards.empty()) {
-    std::vector<std::string> args;
-    for (int i = 0; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (absl::StartsWith(a, "--reshard_at") || absl::StartsWith(a, "--reshard_trigger") ||
-          absl::StartsWith(a, "--checkpoint_dir") || absl::StartsWith(a, "--label") ||
-          absl::StartsWith(a, "--kill_shard") || absl::StartsWith(a, "--restart_after_ms")) {
-        if (a.find('=') == std::string::npos) ++i;  // "--flag value"
-        continue;
-      }
-      args.push_back(a);
-    }
-    args.push_back("--label=fixed-shards baseline");
-    args.push_back("--progress=never");
-    char btmpl[] = "/tmp/gcomp_baseline_XXXXXX";
-    const std::string bdir = mkdtemp(btmpl);
-    pid_t child = Spawn(args, bdir + "/out.json", bdir + "/err.log");
-    int st = 0;
-    waitpid(child, &st, 0);
-    const std::string out = ReadFile(bdir + "/out.json");
-    fixed_digest = Field(out, "digest").value_or("");
+    std::string error;
+    fixed_digest = BaselineDigest(
+        argc, argv,
+        {"--reshard_at", "--reshard_trigger", "--checkpoint_dir", "--label", "--kill_shard",
+         "--restart_after_ms"},
+        &error);
     if (fixed_digest.empty()) {
-      fprintf(stderr, "cluster: the fixed-shard baseline run failed:\n%s%s\n", out.c_str(),
-              ReadFile(bdir + "/err.log").c_str());
+      fprintf(stderr, "cluster: the fixed-shard baseline run failed:\n%s\n", error.c_str());
       return 1;
-    }
-    if (system(absl::StrCat("rm -rf '", bdir, "'").c_str()) != 0) {
-      fprintf(stderr, "cluster: could not remove %s\n", bdir.c_str());
     }
   }
   const std::string server_bin = FindBinary(absl::GetFlag(FLAGS_server_bin), "server/gcomp_server", argv[0]);

@@ -7,6 +7,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -217,6 +219,36 @@ bool CheckSoak(const std::vector<SoakTrack>& tracks, int from_step, double max_g
                           from_step, rss_growth, fd_growth, ok ? "true" : "false",
                           rss_peak_growth);
   return ok;
+}
+
+std::string BaselineDigest(int argc, char** argv, const std::vector<std::string>& drop,
+                           std::string* error) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool dropped = std::any_of(drop.begin(), drop.end(), [&](const std::string& flag) {
+      return a == flag || absl::StartsWith(a, flag + "=");
+    });
+    if (dropped) {
+      if (a.find('=') == std::string::npos) ++i;  // "--flag value"
+      continue;
+    }
+    args.push_back(a);
+  }
+  args.push_back("--label=fixed-shards baseline");
+  args.push_back("--progress=never");
+  char tmpl[] = "/tmp/gcomp_baseline_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const pid_t child = Spawn(args, dir + "/out.json", dir + "/err.log");
+  int st = 0;
+  waitpid(child, &st, 0);
+  const std::string out = ReadFile(dir + "/out.json");
+  const std::string digest = Field(out, "digest").value_or("");
+  if (digest.empty()) *error = out + ReadFile(dir + "/err.log");
+  if (system(absl::StrCat("rm -rf '", dir, "'").c_str()) != 0) {
+    fprintf(stderr, "cluster: could not remove %s\n", dir.c_str());
+  }
+  return digest;
 }
 
 }  // namespace gcomp::launcher

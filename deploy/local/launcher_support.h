@@ -98,6 +98,13 @@ struct SoakTrack {
 bool CheckSoak(const std::vector<SoakTrack>& tracks, int from_step, double max_growth_pct,
                std::string* json, std::string* first_error);
 
+// Runs this launcher again (argv) without the flags in `drop` (each "--flag=v" or "--flag v")
+// and with --progress=never, and returns its JSON line's digest: the same job undisturbed,
+// for identical_to_fixed and identical_to_undisturbed. Empty, with *error holding the run's
+// output, if it failed.
+std::string BaselineDigest(int argc, char** argv, const std::vector<std::string>& drop,
+                           std::string* error);
+
 // `s` as the inside of a JSON string: quotes and backslashes escaped, newlines as spaces.
 std::string Escape(const std::string& s);
 
