@@ -12,6 +12,7 @@
 #include "codec/internal/block_scratch.h"
 #include "codec/internal/format.h"
 #include "codec/internal/huffman.h"
+#include "codec/internal/join_elements.h"
 #include "codec/internal/quantize.h"
 #include "format/block_header.h"
 

@@ -1,3 +1,4 @@
+// Detects the vector level once per process (cpu.h); GCOMP_SIMD caps it.
 #include "codec/internal/cpu.h"
 
 #include <cstdlib>

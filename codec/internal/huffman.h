@@ -1,5 +1,7 @@
 // Length-limited canonical Huffman codes for exponent symbols and their 4-stream coding.
-// Internal to codec/; the serialized table and the bit order are in docs/FORMAT.md.
+// Internal to codec/; the serialized table and the bit order are in docs/FORMAT.md. The
+// code and its tables are built in huffman.cc, which also picks the scalar, AVX2 or
+// AVX-512 version of each stream pass (huffman_scalar.cc, huffman_avx2.cc, huffman_avx512.cc).
 #ifndef GCOMP_CODEC_INTERNAL_HUFFMAN_H_
 #define GCOMP_CODEC_INTERNAL_HUFFMAN_H_
 
@@ -46,6 +48,9 @@ void BuildDecodeTable(const HuffmanCode& code, uint16_t* table /*[kDecodeTableSi
 
 // freq[s] = occurrences of s in syms[0, n) (overwrites all 256 entries).
 void CountSymbols(const uint8_t* syms, size_t n, uint64_t freq[256]);
+// CountSymbols limited to a vector level (clamped to what this CPU has), and the same
+// without any vector path (tests compare them).
+void CountSymbolsAt(VectorLevel level, const uint8_t* syms, size_t n, uint64_t freq[256]);
 void CountSymbolsScalar(const uint8_t* syms, size_t n, uint64_t freq[256]);
 
 // Codes syms[0, n) as 4 streams, written back to back at `out` (which needs
@@ -61,7 +66,7 @@ void EncodeStreamsScalar(const uint8_t* syms, size_t n, const HuffmanCode& code,
 inline size_t MaxStreamBytes(size_t n) { return (n * kMaxCodeLen + 7) / 8 + kNumStreams; }
 
 // Decodes n symbols from the 4 streams (spans of the block) into syms[0, n). DataLoss if a
-// stream does not end exactly at its last byte.
+// stream does not end exactly at its last byte. One portable version serves every level.
 absl::Status DecodeStreams(const absl::Span<const uint8_t> streams[kNumStreams],
                            const uint16_t* table, size_t n, uint8_t* syms);
 

@@ -1,9 +1,10 @@
-// The per-element passes of a block. Encoder: round each element to its mantissa width,
+// The encoder's per-element pass of a block: round each element to its mantissa width,
 // split it into symbol and sign + mantissa field, flag zeros, and write the plane, the
-// symbols and the zero bitmap (SplitElements). Decoder: the inverse (JoinElements).
-// docs/FORMAT.md ("What is a zero, the symbols, the mantissa widths") defines the
-// arithmetic; the scalar, AVX2 and AVX-512 paths compute exactly it, so they write and read
-// the same bytes.
+// symbols and the zero bitmap (SplitElements). QuantParams and WidthOf are the arithmetic
+// the decoder's inverse pass (join_elements.h) shares. docs/FORMAT.md ("What is a zero, the
+// symbols, the mantissa widths") defines it; the scalar, AVX2 and AVX-512 paths
+// (quantize_scalar.cc, quantize_avx2.cc, quantize_avx512.cc; quantize.cc picks one) compute
+// exactly it, so every level writes the same bytes.
 //
 // The widths come from a closed form instead of a per-symbol table so that the vector paths
 // can evaluate 8 or 16 elements at once.
@@ -13,8 +14,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "absl/status/status.h"
-#include "absl/types/span.h"
 #include "codec/codec.h"
 #include "codec/internal/cpu.h"
 #include "codec/internal/format.h"
@@ -58,24 +57,12 @@ size_t SplitElementsAt(VectorLevel level, DType dtype, const void* in, size_t n,
 size_t SplitElementsScalar(DType dtype, const void* in, size_t n, const QuantParams& q,
                            uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz);
 
-// The decoder's whole per-element pass: rebuilds the n elements of a block (dtype-sized, at
-// `out`, which may be unaligned) from the symbols of its nnz nonzero elements (syms needs 8
-// readable bytes past them), the sign + mantissa plane (section 1) and the nonzero bitmap
-// (null when nnz == n; otherwise its popcount must be nnz). DataLoss if the plane does not
-// end exactly at its last byte with zero padding.
-absl::Status JoinElements(DType dtype, const uint8_t* syms, size_t nnz,
-                          absl::Span<const uint8_t> plane, const QuantParams& q,
-                          const uint64_t* bitmap, size_t n, void* out);
-absl::Status JoinElementsScalar(DType dtype, const uint8_t* syms, size_t nnz,
-                                absl::Span<const uint8_t> plane, const QuantParams& q,
-                                const uint64_t* bitmap, size_t n, void* out);
-
 // The largest exponent field among the finite elements of in[0, n) (0 if none).
 int MaxFiniteExponent(DType dtype, const void* in, size_t n);
-
-// For tests: the same with the AVX2 path disabled.
+// MaxFiniteExponent limited to `level` (clamped to MaxVectorLevel()), and the same without
+// the vector path (tests compare them).
+int MaxFiniteExponentAt(VectorLevel level, DType dtype, const void* in, size_t n);
 int MaxFiniteExponentScalar(DType dtype, const void* in, size_t n);
-
 
 }  // namespace gcomp::codec::internal
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "codec/internal/join_elements.h"
 #include "codec/testing/values.h"
 #include "gtest/gtest.h"
 

@@ -1,0 +1,217 @@
+// The exponent-stream passes with AVX2 (and BMI2): stream encoding by pshufb code lookups,
+// 32 symbols a step per stream, and symbol counts by byte compares. Each function carries
+// its target attribute, so this file builds for any x86-64 CPU and its code runs only where
+// cpu.cc found AVX2.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "codec/internal/bits.h"
+#include "codec/internal/huffman.h"
+#include "codec/internal/huffman_kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+namespace gcomp::codec::internal {
+namespace {
+
+// Byte lookup in a table of 16 * NT entries held as NT 16-byte tables (each repeated in
+// both 128-bit lanes). pshufb yields 0 for an index byte with its top bit set; adding 0x70
+// with unsigned saturation sets it for every index outside the current 16 entries.
+template <int NT>
+__attribute__((target("avx2"))) inline __m256i LookupBytes(__m256i idx, const __m256i* table) {
+  const __m256i bias = _mm256_set1_epi8(0x70);
+  __m256i r = _mm256_shuffle_epi8(table[0], _mm256_adds_epu8(idx, bias));
+  for (int k = 1; k < NT; ++k) {
+    idx = _mm256_sub_epi8(idx, _mm256_set1_epi8(16));
+    r = _mm256_or_si256(r, _mm256_shuffle_epi8(table[k], _mm256_adds_epu8(idx, bias)));
+  }
+  return r;
+}
+
+// 16 lanes of (code | length << 12) -> 4 lanes of 4 concatenated codes (<= 44 bits, the first
+// code in the low bits) with their total length in bits 56-63.
+__attribute__((target("avx2"))) inline __m256i ConcatCodes(__m256i v) {
+  const __m256i lo16 = _mm256_set1_epi32(0xffff);
+  const __m256i lo32 = _mm256_set1_epi64x(0xffffffff);
+  __m256i len = _mm256_srli_epi16(v, 12);
+  __m256i code = _mm256_and_si256(v, _mm256_set1_epi16(0x0fff));
+  __m256i first = _mm256_and_si256(len, lo16);
+  code = _mm256_or_si256(_mm256_and_si256(code, lo16),
+                         _mm256_sllv_epi32(_mm256_srli_epi32(code, 16), first));
+  len = _mm256_add_epi32(first, _mm256_srli_epi32(len, 16));
+  first = _mm256_and_si256(len, lo32);
+  code = _mm256_or_si256(_mm256_and_si256(code, lo32),
+                         _mm256_sllv_epi64(_mm256_srli_epi64(code, 32), first));
+  len = _mm256_add_epi64(first, _mm256_srli_epi64(len, 32));
+  return _mm256_or_si256(code, _mm256_slli_epi64(len, 56));
+}
+
+// 4-code chunks (code | length << 56) joined in pairs within each 128-bit lane: the
+// 8-code code and length in 64-bit lane 0 of each 128-bit lane.
+__attribute__((target("avx2"))) inline void JoinFours(__m256i four, __m256i* code, __m256i* len) {
+  const __m256i c = _mm256_and_si256(four, _mm256_set1_epi64x((int64_t{1} << 56) - 1));
+  const __m256i l = _mm256_srli_epi64(four, 56);
+  *code = _mm256_or_si256(c, _mm256_sllv_epi64(_mm256_bsrli_epi128(c, 8), l));
+  *len = _mm256_add_epi64(l, _mm256_bsrli_epi128(l, 8));
+}
+
+template <int NT>
+__attribute__((target("avx2"))) inline void PiecesOf32(const uint8_t* in, __m256i min_sym,
+                                                       const __m256i* lo_table,
+                                                       const __m256i* hi_table, Pieces<4>* p) {
+  const __m256i idx =
+      _mm256_sub_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)), min_sym);
+  const __m256i lo = LookupBytes<NT>(idx, lo_table);
+  const __m256i hi = LookupBytes<NT>(idx, hi_table);
+  // unpack works within 128-bit lanes: a holds codes 0-7 of each lane's 16, b codes 8-15.
+  const __m256i a = ConcatCodes(_mm256_unpacklo_epi8(lo, hi));
+  const __m256i b = ConcatCodes(_mm256_unpackhi_epi8(lo, hi));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->four_a), a);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->four_b), b);
+  __m256i ca, la, cb, lb;
+  JoinFours(a, &ca, &la);
+  JoinFours(b, &cb, &lb);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->eight_a), ca);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->eight_a_len), la);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->eight_b), cb);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->eight_b_len), lb);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->sixteen),
+                     _mm256_or_si256(ca, _mm256_sllv_epi64(cb, la)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->sixteen_len), _mm256_add_epi64(la, lb));
+}
+
+template <int NT>
+__attribute__((target("avx2,bmi2"))) void EncodeWithTables(const StreamPlan& plan, int min_sym,
+                                                           const HuffmanCode& code,
+                                                           uint32_t sizes[kNumStreams]) {
+  // Per symbol - min_sym: the code's low byte, and its top 3 bits | length << 4.
+  alignas(32) uint8_t lo_bytes[4][16] = {}, hi_bytes[4][16] = {};
+  for (int i = 0; i < 16 * NT && min_sym + i < 256; ++i) {
+    const int s = min_sym + i;
+    lo_bytes[i / 16][i % 16] = static_cast<uint8_t>(code.code[s]);
+    hi_bytes[i / 16][i % 16] = static_cast<uint8_t>((code.code[s] >> 8) | (code.len[s] << 4));
+  }
+  __m256i lo_table[NT], hi_table[NT];
+  for (int k = 0; k < NT; ++k) {
+    lo_table[k] =
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(lo_bytes[k])));
+    hi_table[k] =
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(hi_bytes[k])));
+  }
+  const __m256i min_vec = _mm256_set1_epi8(static_cast<char>(min_sym));
+  // No pointer to a writer escapes, so each stays in registers.
+  WordWriter w0(plan.base[0]), w1(plan.base[1]), w2(plan.base[2]), w3(plan.base[3]);
+  const size_t q = plan.count[kNumStreams - 1];  // the shortest stream
+  Pieces<4> p;
+  size_t i = 0;
+  for (; i + 32 <= q; i += 32) {
+    PiecesOf32<NT>(plan.in[0] + i, min_vec, lo_table, hi_table, &p);
+    PutPieces(w0, p);
+    PiecesOf32<NT>(plan.in[1] + i, min_vec, lo_table, hi_table, &p);
+    PutPieces(w1, p);
+    PiecesOf32<NT>(plan.in[2] + i, min_vec, lo_table, hi_table, &p);
+    PutPieces(w2, p);
+    PiecesOf32<NT>(plan.in[3] + i, min_vec, lo_table, hi_table, &p);
+    PutPieces(w3, p);
+  }
+  uint32_t word[256];
+  PackedWords(code, word);
+  sizes[0] = FinishStream(w0, plan.in[0], i, plan.count[0], word);
+  sizes[1] = FinishStream(w1, plan.in[1], i, plan.count[1], word);
+  sizes[2] = FinishStream(w2, plan.in[2], i, plan.count[2], word);
+  sizes[3] = FinishStream(w3, plan.in[3], i, plan.count[3], word);
+}
+
+// Symbol counts by byte compares: per pass K symbol values, each with a vector of 32 byte
+// counters (emptied into 64-bit totals before they can wrap). Cheaper than table increments
+// when the symbols span few values, as near-lossless blocks do (about 2 - A).
+template <int K>
+__attribute__((target("avx2"))) void CountPassAvx2(const uint8_t* syms, size_t blocks, int first,
+                                                   uint64_t* freq) {
+  __m256i acc[K], value[K];
+  uint64_t total[K] = {};
+#pragma GCC unroll 8
+  for (int k = 0; k < K; ++k) value[k] = _mm256_set1_epi8(static_cast<char>(first + k));
+  for (size_t b = 0; b < blocks;) {
+    const size_t end = std::min(blocks, b + 255);
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) acc[k] = _mm256_setzero_si256();
+    for (; b < end; ++b) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(syms + 32 * b));
+#pragma GCC unroll 8
+      for (int k = 0; k < K; ++k) {
+        acc[k] = _mm256_sub_epi8(acc[k], _mm256_cmpeq_epi8(x, value[k]));
+      }
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) {
+      const __m256i sums = _mm256_sad_epu8(acc[k], _mm256_setzero_si256());
+      total[k] += static_cast<uint64_t>(_mm256_extract_epi64(sums, 0)) +
+                  static_cast<uint64_t>(_mm256_extract_epi64(sums, 1)) +
+                  static_cast<uint64_t>(_mm256_extract_epi64(sums, 2)) +
+                  static_cast<uint64_t>(_mm256_extract_epi64(sums, 3));
+    }
+  }
+  for (int k = 0; k < K; ++k) freq[first + k] += total[k];
+}
+
+// Smallest and largest of syms[0, 32 * blocks).
+__attribute__((target("avx2"))) void SymbolRangeAvx2(const uint8_t* syms, size_t blocks, int* lo,
+                                                     int* hi) {
+  __m256i mn = _mm256_set1_epi8(-1), mx = _mm256_setzero_si256();
+  for (size_t b = 0; b < blocks; ++b) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(syms + 32 * b));
+    mn = _mm256_min_epu8(mn, x);
+    mx = _mm256_max_epu8(mx, x);
+  }
+  alignas(32) uint8_t a[32], b[32];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(a), mn);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(b), mx);
+  *lo = 255;
+  *hi = 0;
+  for (int i = 0; i < 32; ++i) {
+    *lo = std::min<int>(*lo, a[i]);
+    *hi = std::max<int>(*hi, b[i]);
+  }
+}
+
+// The vector counts cover syms[0, 32 * blocks) when their values span at most this many.
+constexpr int kMaxVectorCountSpan = 24;
+
+}  // namespace
+
+void EncodePlanAvx2(const StreamPlan& plan, int min_sym, int max_sym, const HuffmanCode& code,
+                    uint32_t sizes[kNumStreams]) {
+  // 16 symbols per lookup table: NT = 1 to 4 tables.
+  using Encode = void (*)(const StreamPlan&, int, const HuffmanCode&, uint32_t*);
+  static constexpr Encode kEncode[4] = {EncodeWithTables<1>, EncodeWithTables<2>,
+                                        EncodeWithTables<3>, EncodeWithTables<4>};
+  kEncode[(max_sym - min_sym) / 16](plan, min_sym, code, sizes);
+}
+
+void CountSymbolsAvx2(const uint8_t* syms, size_t n, uint64_t freq[256]) {
+  const size_t blocks = n / 32;
+  if (blocks > 0) {
+    int lo, hi;
+    SymbolRangeAvx2(syms, blocks, &lo, &hi);
+    if (hi - lo < kMaxVectorCountSpan) {
+      CountSymbolsScalar(syms + 32 * blocks, n - 32 * blocks, freq);
+      // Passes of 8 symbol values, then one of the 0-7 left.
+      using Pass = void (*)(const uint8_t*, size_t, int, uint64_t*);
+      static constexpr Pass kPass[8] = {nullptr,          CountPassAvx2<1>, CountPassAvx2<2>,
+                                        CountPassAvx2<3>, CountPassAvx2<4>, CountPassAvx2<5>,
+                                        CountPassAvx2<6>, CountPassAvx2<7>};
+      int first = lo;
+      for (; first + 8 <= hi + 1; first += 8) CountPassAvx2<8>(syms, blocks, first, freq);
+      if (first <= hi) kPass[hi + 1 - first](syms, blocks, first, freq);
+      return;
+    }
+  }
+  CountSymbolsScalar(syms, n, freq);
+}
+
+}  // namespace gcomp::codec::internal
+
+#endif  // __x86_64__

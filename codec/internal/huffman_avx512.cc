@@ -1,0 +1,114 @@
+// The exponent-stream encoder with AVX-512 (F, BW, VL, VBMI, VBMI2): one vpermi2b looks up
+// 64 symbols in a 128-entry table, and with 64-bit puts most runs of 16 codes (about 40
+// bits in near-lossless blocks) take one put. Each function carries its target attribute,
+// so this file builds for any x86-64 CPU and its code runs only where cpu.cc found AVX-512.
+#include <cstddef>
+#include <cstdint>
+
+#include "codec/internal/bits.h"
+#include "codec/internal/cpu.h"
+#include "codec/internal/huffman.h"
+#include "codec/internal/huffman_kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#pragma GCC diagnostic push  // GCC 12's AVX-512 headers warn about their own placeholders
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace gcomp::codec::internal {
+namespace {
+
+// 32 lanes of (code | length << 12) -> 8 lanes of 4 codes (<= 44 bits) with their length in
+// bits 56-63: ConcatCodes on 512 bits.
+__attribute__((target(GCOMP_TARGET_AVX512))) inline __m512i ConcatCodes512(__m512i v) {
+  const __m512i lo16 = _mm512_set1_epi32(0xffff);
+  const __m512i lo32 = _mm512_set1_epi64(0xffffffff);
+  __m512i len = _mm512_srli_epi16(v, 12);
+  __m512i code = _mm512_and_si512(v, _mm512_set1_epi16(0x0fff));
+  __m512i first = _mm512_and_si512(len, lo16);
+  code = _mm512_or_si512(_mm512_and_si512(code, lo16),
+                         _mm512_sllv_epi32(_mm512_srli_epi32(code, 16), first));
+  len = _mm512_add_epi32(first, _mm512_srli_epi32(len, 16));
+  first = _mm512_and_si512(len, lo32);
+  code = _mm512_or_si512(_mm512_and_si512(code, lo32),
+                         _mm512_sllv_epi64(_mm512_srli_epi64(code, 32), first));
+  len = _mm512_add_epi64(first, _mm512_srli_epi64(len, 32));
+  return _mm512_or_si512(code, _mm512_slli_epi64(len, 56));
+}
+
+__attribute__((target(GCOMP_TARGET_AVX512))) inline void PiecesOf64(const uint8_t* in,
+                                                                    __m512i min_sym, __m512i lo0,
+                                                                    __m512i lo1, __m512i hi0,
+                                                                    __m512i hi1, Pieces<8>* p) {
+  const __m512i mask56 = _mm512_set1_epi64((int64_t{1} << 56) - 1);
+  const __m512i idx = _mm512_sub_epi8(_mm512_loadu_si512(in), min_sym);
+  const __m512i lo = _mm512_permutex2var_epi8(lo0, idx, lo1);
+  const __m512i hi = _mm512_permutex2var_epi8(hi0, idx, hi1);
+  // unpack works within 128-bit lanes: a holds codes 0-7 of each lane's 16, b codes 8-15.
+  const __m512i a = ConcatCodes512(_mm512_unpacklo_epi8(lo, hi));
+  const __m512i b = ConcatCodes512(_mm512_unpackhi_epi8(lo, hi));
+  _mm512_store_si512(p->four_a, a);
+  _mm512_store_si512(p->four_b, b);
+  auto eight = [&](__m512i four, __m512i * code, __m512i * len)
+      __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) {
+    const __m512i c = _mm512_and_si512(four, mask56);
+    const __m512i l = _mm512_srli_epi64(four, 56);
+    *code = _mm512_or_si512(c, _mm512_sllv_epi64(_mm512_bsrli_epi128(c, 8), l));
+    *len = _mm512_add_epi64(l, _mm512_bsrli_epi128(l, 8));
+  };
+  __m512i ca, la, cb, lb;
+  eight(a, &ca, &la);
+  eight(b, &cb, &lb);
+  _mm512_store_si512(p->eight_a, ca);
+  _mm512_store_si512(p->eight_a_len, la);
+  _mm512_store_si512(p->eight_b, cb);
+  _mm512_store_si512(p->eight_b_len, lb);
+  _mm512_store_si512(p->sixteen, _mm512_or_si512(ca, _mm512_sllv_epi64(cb, la)));
+  _mm512_store_si512(p->sixteen_len, _mm512_add_epi64(la, lb));
+}
+
+}  // namespace
+
+__attribute__((target(GCOMP_TARGET_AVX512))) void EncodePlanAvx512(const StreamPlan& plan,
+                                                                   int min_sym,
+                                                                   const HuffmanCode& code,
+                                                                   uint32_t sizes[kNumStreams]) {
+  // Per symbol - min_sym (< 128): the code's low byte, and its top 3 bits | length << 4.
+  alignas(64) uint8_t lo_bytes[128] = {}, hi_bytes[128] = {};
+  for (int i = 0; i < 128 && min_sym + i < 256; ++i) {
+    const int s = min_sym + i;
+    lo_bytes[i] = static_cast<uint8_t>(code.code[s]);
+    hi_bytes[i] = static_cast<uint8_t>((code.code[s] >> 8) | (code.len[s] << 4));
+  }
+  const __m512i lo0 = _mm512_load_si512(lo_bytes), lo1 = _mm512_load_si512(lo_bytes + 64);
+  const __m512i hi0 = _mm512_load_si512(hi_bytes), hi1 = _mm512_load_si512(hi_bytes + 64);
+  const __m512i min_vec = _mm512_set1_epi8(static_cast<char>(min_sym));
+  WordWriter w0(plan.base[0]), w1(plan.base[1]), w2(plan.base[2]), w3(plan.base[3]);
+  const size_t q = plan.count[kNumStreams - 1];  // the shortest stream
+  Pieces<8> p;
+  size_t i = 0;
+  for (; i + 64 <= q; i += 64) {
+    PiecesOf64(plan.in[0] + i, min_vec, lo0, lo1, hi0, hi1, &p);
+    PutPieces(w0, p);
+    PiecesOf64(plan.in[1] + i, min_vec, lo0, lo1, hi0, hi1, &p);
+    PutPieces(w1, p);
+    PiecesOf64(plan.in[2] + i, min_vec, lo0, lo1, hi0, hi1, &p);
+    PutPieces(w2, p);
+    PiecesOf64(plan.in[3] + i, min_vec, lo0, lo1, hi0, hi1, &p);
+    PutPieces(w3, p);
+  }
+  uint32_t word[256];
+  PackedWords(code, word);
+  sizes[0] = FinishStream(w0, plan.in[0], i, plan.count[0], word);
+  sizes[1] = FinishStream(w1, plan.in[1], i, plan.count[1], word);
+  sizes[2] = FinishStream(w2, plan.in[2], i, plan.count[2], word);
+  sizes[3] = FinishStream(w3, plan.in[3], i, plan.count[3], word);
+}
+
+}  // namespace gcomp::codec::internal
+
+#pragma GCC diagnostic pop
+
+#endif  // __x86_64__

@@ -1,0 +1,329 @@
+// The encoder's element pass with AVX2 (and BMI2, POPCNT), 8 elements a step, for every
+// policy; and the largest finite exponent. Each function carries its target attribute, so
+// this file builds for any x86-64 CPU and its code runs only where cpu.cc found AVX2.
+#include <cstddef>
+#include <cstdint>
+
+#include "codec/internal/bits.h"
+#include "codec/internal/quantize.h"
+#include "codec/internal/quantize_kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+namespace gcomp::codec::internal {
+namespace {
+
+template <typename U>
+__attribute__((target("avx2"))) inline __m256i Load8(const U* p) {
+  if constexpr (sizeof(U) == 4) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  } else {
+    return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+}
+
+template <typename U>
+__attribute__((target("avx2"))) uint32_t MaxFiniteMagAvx2(const U* in, size_t n, uint32_t mag_mask,
+                                                          uint32_t inf) {
+  const __m256i mm = _mm256_set1_epi32(static_cast<int>(mag_mask));
+  const __m256i limit = _mm256_set1_epi32(static_cast<int>(inf));
+  __m256i best = _mm256_setzero_si256();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i mag = _mm256_and_si256(Load8(in + i), mm);
+    // mag < inf (both below 2^31, so the signed compare is exact)
+    const __m256i finite = _mm256_cmpgt_epi32(limit, mag);
+    best = _mm256_max_epu32(best, _mm256_and_si256(mag, finite));
+  }
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), best);
+  uint32_t result = MaxFiniteMagScalar(in + i, n - i, mag_mask, inf);
+  for (uint32_t lane : lanes) result = lane > result ? lane : result;
+  return result;
+}
+
+// kCompact.index[m]: pshufb indices moving the bytes whose bit is set in m to the front.
+// kCompact.triples[m]: for 4 32-bit lanes, indices moving bytes 0-2 of each lane whose bit
+// is set in m (m < 16) to the front.
+struct CompactTables {
+  uint64_t index[256];
+  uint8_t triples[16][16];
+  constexpr CompactTables() : index(), triples() {
+    for (int m = 0; m < 256; ++m) {
+      uint64_t v = ~uint64_t{0};  // 0xff lanes read as zero
+      int k = 0;
+      for (int bit = 0; bit < 8; ++bit) {
+        if (m & (1 << bit)) {
+          v &= ~(uint64_t{0xff} << (8 * k));
+          v |= uint64_t(bit) << (8 * k);
+          ++k;
+        }
+      }
+      index[m] = v;
+    }
+    for (int m = 0; m < 16; ++m) {
+      int k = 0;
+      for (int lane = 0; lane < 4; ++lane) {
+        if (m & (1 << lane)) {
+          for (int b = 0; b < 3; ++b) triples[m][k++] = static_cast<uint8_t>(4 * lane + b);
+        }
+      }
+      while (k < 16) triples[m][k++] = 0xff;
+    }
+  }
+};
+constexpr CompactTables kCompact;
+
+// QuantParams broadcast to vectors, made once per block (the compiler cannot hoist the
+// loads itself: the output stores might alias the params).
+struct QuantVectors {
+  __m256i mag_mask, mant_mask, zero_test, zero_floor, offset, cap, full, special_above,
+      ordinary_limit, half_w, one, all;
+  __m128i W, top;
+};
+__attribute__((target("avx2"))) inline QuantVectors MakeQuantVectors(const QuantParams& q) {
+  QuantVectors v;
+  v.mag_mask = _mm256_set1_epi32(static_cast<int>(q.mag_mask));
+  v.mant_mask = _mm256_set1_epi32(static_cast<int>(q.mant_mask));
+  v.zero_test = _mm256_set1_epi32(static_cast<int>(q.zero_test));
+  v.zero_floor = _mm256_set1_epi32(q.zero_below - 1);
+  v.offset = _mm256_set1_epi32(q.width_offset);
+  v.cap = _mm256_set1_epi32(q.width_cap);
+  v.full = _mm256_set1_epi32(q.mant_bits);
+  v.special_above = _mm256_set1_epi32(q.special_above);
+  v.ordinary_limit = _mm256_set1_epi32(q.special_above - 1);
+  v.half_w = _mm256_set1_epi32(1 << (q.mant_bits - 1));
+  v.one = _mm256_set1_epi32(1);
+  v.all = _mm256_set1_epi32(-1);
+  v.W = _mm_cvtsi32_si128(q.mant_bits);
+  v.top = _mm_cvtsi32_si128(q.top);
+  return v;
+}
+
+// The quantization of 8 elements: value (sign + mantissa field), bits (its width, 0 for a
+// zero), sym (the rounded exponent field) and nz (all ones for a nonzero element).
+struct Quantized8 {
+  __m256i value, bits, sym, nz;
+};
+
+// Any element, any mode: the closed form of format.h with both special cases.
+__attribute__((target("avx2"))) inline Quantized8 QuantizeGeneral8(__m256i u,
+                                                                   const QuantVectors& v) {
+  const __m256i mag = _mm256_and_si256(u, v.mag_mask);
+  const __m256i e = _mm256_srl_epi32(mag, v.W);
+  const __m256i is_zero =
+      _mm256_cmpeq_epi32(_mm256_and_si256(u, v.zero_test), _mm256_setzero_si256());
+  Quantized8 r;
+  // nz = e >= zero_below && (u & zero_test) != 0
+  r.nz = _mm256_andnot_si256(is_zero, _mm256_cmpgt_epi32(e, v.zero_floor));
+  const __m256i drop =
+      _mm256_sub_epi32(v.full, WidthOf8(e, v.offset, v.cap, v.full, v.special_above));
+  const __m256i half = _mm256_srli_epi32(_mm256_sllv_epi32(v.one, drop), 1);
+  const __m256i rounded =
+      _mm256_and_si256(_mm256_add_epi32(mag, half), _mm256_sllv_epi32(v.all, drop));
+  r.sym = _mm256_srl_epi32(rounded, v.W);
+  const __m256i k2 = WidthOf8(r.sym, v.offset, v.cap, v.full, v.special_above);
+  const __m256i mant =
+      _mm256_srlv_epi32(_mm256_and_si256(rounded, v.mant_mask), _mm256_sub_epi32(v.full, k2));
+  const __m256i sign = _mm256_sllv_epi32(_mm256_srl_epi32(u, v.top), k2);
+  r.value = _mm256_and_si256(_mm256_or_si256(mant, sign), r.nz);
+  r.bits = _mm256_and_si256(_mm256_add_epi32(k2, v.one), r.nz);
+  return r;
+}
+
+// Near-lossless, when no nonzero element is special: every nonzero e is >= 1 (zero_below
+// >= 1) and <= special_above - 1, so e and the rounded e2 <= e + 1 both take the plain
+// width min(cap, max(0, s + offset)). A carry leaves a zero mantissa, which the unrounded
+// drop shifts out just as well.
+__attribute__((target("avx2"))) inline Quantized8 QuantizeOrdinary8(__m256i u, __m256i e,
+                                                                    const QuantVectors& v) {
+  const __m256i mag = _mm256_and_si256(u, v.mag_mask);
+  const __m256i zero = _mm256_setzero_si256();
+  Quantized8 r;
+  r.nz = _mm256_cmpgt_epi32(e, v.zero_floor);  // zero_below >= 1: e >= it means mag != 0
+  const __m256i k = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(e, v.offset), zero), v.cap);
+  const __m256i drop = _mm256_sub_epi32(v.full, k);
+  const __m256i rounded = _mm256_add_epi32(mag, _mm256_srlv_epi32(v.half_w, k));  // + 2^(drop-1)
+  r.sym = _mm256_srl_epi32(rounded, v.W);
+  const __m256i k2 =
+      _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(r.sym, v.offset), zero), v.cap);
+  const __m256i mant = _mm256_srlv_epi32(_mm256_and_si256(rounded, v.mant_mask), drop);
+  const __m256i sign = _mm256_sllv_epi32(_mm256_srl_epi32(u, v.top), k2);
+  r.value = _mm256_and_si256(_mm256_or_si256(mant, sign), r.nz);
+  r.bits = _mm256_and_si256(_mm256_add_epi32(k2, v.one), r.nz);
+  return r;
+}
+
+// Lossless: every nonzero element keeps all W mantissa bits; only +0.0 is a zero.
+__attribute__((target("avx2"))) inline Quantized8 QuantizeLossless8(__m256i u,
+                                                                    const QuantVectors& v) {
+  Quantized8 r;
+  r.nz = _mm256_xor_si256(_mm256_cmpeq_epi32(u, _mm256_setzero_si256()), v.all);
+  r.sym = _mm256_srl_epi32(_mm256_and_si256(u, v.mag_mask), v.W);
+  r.value = _mm256_or_si256(_mm256_and_si256(u, v.mant_mask),
+                            _mm256_sll_epi32(_mm256_srl_epi32(u, v.top), v.W));
+  r.bits = _mm256_and_si256(_mm256_add_epi32(v.full, v.one), r.nz);
+  return r;
+}
+
+// Appends 8 fields to the plane. Fields are joined in pairs (<= 48 bits), then in fours
+// when every field has <= 14 bits (near-lossless with R <= 13), and in eights (<= 64 bits)
+// when every field has <= 8 bits (R <= 7, the default).
+__attribute__((target("avx2,bmi2"))) inline void PutFields8(__m256i value, __m256i bits,
+                                                            WordWriter& w) {
+  const __m256i lo32 = _mm256_set1_epi64x(0xffffffff);
+  const __m256i first = _mm256_and_si256(bits, lo32);
+  const __m256i pv = _mm256_or_si256(_mm256_and_si256(value, lo32),
+                                     _mm256_sllv_epi64(_mm256_srli_epi64(value, 32), first));
+  const __m256i pb = _mm256_add_epi64(first, _mm256_srli_epi64(bits, 32));
+  alignas(32) uint64_t tv[4], tb[4];
+  const int over8 = _mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(8)));
+  if (__builtin_expect(over8 == 0, 1) ||
+      _mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(14))) == 0) {
+    const __m256i qv = _mm256_or_si256(pv, _mm256_sllv_epi64(_mm256_bsrli_epi128(pv, 8), pb));
+    const __m256i qb = _mm256_add_epi64(pb, _mm256_bsrli_epi128(pb, 8));
+    if (__builtin_expect(over8 == 0, 1)) {  // fours of <= 32 bits in lanes 0 and 2
+      const __m256i ov =
+          _mm256_or_si256(qv, _mm256_sllv_epi64(_mm256_permute4x64_epi64(qv, 2), qb));
+      const __m256i ob = _mm256_add_epi64(qb, _mm256_permute4x64_epi64(qb, 2));
+      w.Put(static_cast<uint64_t>(_mm_cvtsi128_si64(_mm256_castsi256_si128(ov))),
+            static_cast<unsigned>(_mm256_cvtsi256_si32(ob)));
+      return;
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tv), qv);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tb), qb);
+    w.Put(tv[0], static_cast<unsigned>(tb[0]));
+    w.Put(tv[2], static_cast<unsigned>(tb[2]));
+    return;
+  }
+  _mm256_store_si256(reinterpret_cast<__m256i*>(tv), pv);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(tb), pb);
+  for (int k = 0; k < 4; ++k) w.Put(tv[k], static_cast<unsigned>(tb[k]));
+}
+
+// Lossless f32 fields are 24 bits: whole bytes, so they are stored 3 bytes per nonzero
+// element without a bit writer. Needs 16 writable bytes past the plane's end.
+__attribute__((target("avx2,popcnt"))) inline uint8_t* PutTriples8(__m256i value, uint32_t m8,
+                                                                   uint8_t* p) {
+  const uint32_t lo = m8 & 15, hi = m8 >> 4;
+  const __m128i a =
+      _mm_shuffle_epi8(_mm256_castsi256_si128(value),
+                       _mm_load_si128(reinterpret_cast<const __m128i*>(kCompact.triples[lo])));
+  const __m128i b =
+      _mm_shuffle_epi8(_mm256_extracti128_si256(value, 1),
+                       _mm_load_si128(reinterpret_cast<const __m128i*>(kCompact.triples[hi])));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), a);
+  p += 3 * __builtin_popcount(lo);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), b);
+  return p + 3 * __builtin_popcount(hi);
+}
+
+// Byte 0 of each 32-bit lane, the lanes whose bit is set in m8 first; stored as 8 bytes.
+__attribute__((target("avx2"))) inline void PutBytes8(__m256i x, uint32_t m8, uint8_t* p) {
+  const __m256i low_bytes =
+      _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                       -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(x, low_bytes),
+                                                     _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+  const __m128i kept =
+      _mm_shuffle_epi8(_mm256_castsi256_si128(packed),
+                       _mm_cvtsi64_si128(static_cast<long long>(kCompact.index[m8])));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), kept);
+}
+
+template <typename U, SplitPath P>
+__attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, size_t n,
+                                                                  const QuantParams& q,
+                                                                  uint8_t* plane, uint8_t* syms,
+                                                                  uint64_t* bitmap, size_t* nnz) {
+  // Lossless fields of f32 (24 bits) and bf16 (8 bits) are whole bytes.
+  constexpr bool kByteFields = P == SplitPath::kLossless && sizeof(U) == 4;
+  const bool byte_fields16 = P == SplitPath::kLossless && q.mant_bits == 7;
+  const QuantVectors v = MakeQuantVectors(q);
+  uint8_t* bytes = plane;  // where byte-aligned fields go next
+  WordWriter w(plane);
+  Group g;
+  size_t j = 0;
+  for (size_t lo = 0; lo < n; lo += kGroup) {
+    const size_t count = n - lo < kGroup ? n - lo : kGroup;
+    uint64_t mask = 0;
+    size_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+      const __m256i u = Load8(in + lo + i);
+      Quantized8 r;
+      if constexpr (P == SplitPath::kLossless) {
+        r = QuantizeLossless8(u, v);
+      } else if constexpr (P == SplitPath::kNearLossless) {
+        const __m256i e = _mm256_srl_epi32(_mm256_and_si256(u, v.mag_mask), v.W);
+        if (__builtin_expect(_mm256_movemask_epi8(_mm256_cmpgt_epi32(e, v.ordinary_limit)) == 0,
+                             1)) {
+          r = QuantizeOrdinary8(u, e, v);
+        } else {
+          r = QuantizeGeneral8(u, v);
+        }
+      } else {
+        r = QuantizeGeneral8(u, v);
+      }
+      const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(r.nz)));
+      mask |= uint64_t{m8} << i;
+      if constexpr (kByteFields) {
+        bytes = PutTriples8(r.value, m8, bytes);
+      } else if (byte_fields16) {
+        PutBytes8(r.value, m8, bytes);
+        bytes += __builtin_popcount(m8);
+      } else {
+        PutFields8(r.value, r.bits, w);
+      }
+      PutBytes8(r.sym, m8, syms + j);
+      j += static_cast<size_t>(__builtin_popcount(m8));
+    }
+    if (i < count) {  // the last few elements of the block
+      mask |= QuantizeScalarTyped(in + lo + i, count - i, q, &g) << i;
+      if (kByteFields || byte_fields16) w = WordWriter(bytes);
+      PackGroupScalar(g, count - i, &w, syms, &j);
+      if (kByteFields || byte_fields16) bytes += w.Finish();
+    }
+    bitmap[lo / kGroup] = mask;
+  }
+  *nnz = j;
+  if (kByteFields || byte_fields16) return static_cast<size_t>(bytes - plane);
+  return w.Finish();
+}
+
+template <typename U>
+size_t SplitAvx2(const U* in, size_t n, const QuantParams& q, uint8_t* plane, uint8_t* syms,
+                 uint64_t* bitmap, size_t* nnz) {
+  const SplitPath path = SplitPathOf(q);
+  if (path == SplitPath::kLossless) {
+    return SplitAvx2Typed<U, SplitPath::kLossless>(in, n, q, plane, syms, bitmap, nnz);
+  }
+  if (path == SplitPath::kNearLossless) {
+    return SplitAvx2Typed<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap, nnz);
+  }
+  return SplitAvx2Typed<U, SplitPath::kGeneral>(in, n, q, plane, syms, bitmap, nnz);
+}
+
+}  // namespace
+
+size_t SplitElementsAvx2(DType dtype, const void* in, size_t n, const QuantParams& q,
+                         uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz) {
+  if (dtype == DType::kF32) {
+    return SplitAvx2(static_cast<const uint32_t*>(in), n, q, plane, syms, bitmap, nnz);
+  }
+  return SplitAvx2(static_cast<const uint16_t*>(in), n, q, plane, syms, bitmap, nnz);
+}
+
+int MaxFiniteExponentAvx2(DType dtype, const void* in, size_t n) {
+  const FloatBits lay = FloatBitsOf(dtype);
+  const uint32_t mag_mask = (uint32_t{1} << (lay.total_bits - 1)) - 1;
+  const uint32_t inf = static_cast<uint32_t>(lay.all_ones()) << lay.mant_bits;
+  const uint32_t mag = dtype == DType::kF32
+                           ? MaxFiniteMagAvx2(static_cast<const uint32_t*>(in), n, mag_mask, inf)
+                           : MaxFiniteMagAvx2(static_cast<const uint16_t*>(in), n, mag_mask, inf);
+  return static_cast<int>(mag >> lay.mant_bits);
+}
+
+}  // namespace gcomp::codec::internal
+
+#endif  // __x86_64__
