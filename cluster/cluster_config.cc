@@ -60,12 +60,12 @@ absl::Status ValidateCodec(const proto::CodecConfig& c, const std::string& dir) 
     return FieldError(dir + ".mode", absl::StrCat("must be none, lossless or near-lossless, got '",
                                                   c.mode(), "'"));
   }
-  if (c.rel_bits() < 0 || c.rel_bits() > 23) {
-    return FieldError(dir + ".rel_bits", absl::StrCat("must be in [0, 23], got ", c.rel_bits()));
-  }
-  if (c.abs_log2() < -128 || c.abs_log2() > 0) {
-    return FieldError(dir + ".abs_log2",
-                      absl::StrCat("must be in [-128, 0], got ", c.abs_log2()));
+  codec::Policy policy;
+  policy.mode = *mode;
+  policy.rel_bits = c.rel_bits();
+  policy.abs_log2 = c.abs_log2();
+  if (std::optional<codec::PolicyRangeError> e = codec::CheckPolicyRanges(policy)) {
+    return FieldError(absl::StrCat(dir, ".", e->field), e->rule);
   }
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,15 @@ struct Policy {
 };
 
 absl::Status ValidatePolicy(const Policy& policy);
+
+// The first of rel_bits and abs_log2 outside its range: the field's name and the rule it
+// breaks ("must be in [0, 23], got 24"); ValidatePolicy reports it as "<field> <rule>".
+// One definition of the ranges, for ValidatePolicy and the cluster config's codec fields.
+struct PolicyRangeError {
+  std::string field;
+  std::string rule;
+};
+std::optional<PolicyRangeError> CheckPolicyRanges(const Policy& policy);
 
 // The guaranteed error bound for a finite element x in a block whose largest finite magnitude
 // is block_max_abs (0 for kLossless).

@@ -93,17 +93,23 @@ absl::string_view ModeName(Mode mode) {
   return mode == Mode::kLossless ? "lossless" : "near-lossless";
 }
 
+std::optional<PolicyRangeError> CheckPolicyRanges(const Policy& policy) {
+  if (policy.rel_bits < 0 || policy.rel_bits > 23) {
+    return PolicyRangeError{"rel_bits", absl::StrCat("must be in [0, 23], got ", policy.rel_bits)};
+  }
+  if (policy.abs_log2 < -128 || policy.abs_log2 > 0) {
+    return PolicyRangeError{"abs_log2",
+                            absl::StrCat("must be in [-128, 0], got ", policy.abs_log2)};
+  }
+  return std::nullopt;
+}
+
 absl::Status ValidatePolicy(const Policy& policy) {
   if (policy.mode != Mode::kLossless && policy.mode != Mode::kNearLossless) {
     return absl::InvalidArgumentError("bad mode");
   }
-  if (policy.rel_bits < 0 || policy.rel_bits > 23) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rel_bits must be in [0, 23], got ", policy.rel_bits));
-  }
-  if (policy.abs_log2 < -128 || policy.abs_log2 > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("abs_log2 must be in [-128, 0], got ", policy.abs_log2));
+  if (std::optional<PolicyRangeError> e = CheckPolicyRanges(policy)) {
+    return absl::InvalidArgumentError(absl::StrCat(e->field, " ", e->rule));
   }
   return absl::OkStatus();
 }
