@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -205,23 +206,18 @@ absl::Status SetShards(const YAML::Node& n, proto::ClusterConfig* c) {
 
 // The message that holds the field named by a dotted path, and the field's descriptor.
 // Every name resolves: the table is fixed, and config_fields_test sets each entry.
-std::pair<Message*, const FieldDescriptor*> Locate(absl::string_view name, Message* root) {
-  Message* msg = root;
+// M is Message (walking creates the groups) or const Message.
+template <typename M>
+std::pair<M*, const FieldDescriptor*> Locate(absl::string_view name, M* root) {
+  M* msg = root;
   std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     const FieldDescriptor* group = msg->GetDescriptor()->FindFieldByName(std::string(parts[i]));
-    msg = msg->GetReflection()->MutableMessage(msg, group);
-  }
-  return {msg, msg->GetDescriptor()->FindFieldByName(std::string(parts.back()))};
-}
-
-std::pair<const Message*, const FieldDescriptor*> Locate(absl::string_view name,
-                                                         const Message& root) {
-  const Message* msg = &root;
-  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    const FieldDescriptor* group = msg->GetDescriptor()->FindFieldByName(std::string(parts[i]));
-    msg = &msg->GetReflection()->GetMessage(*msg, group);
+    if constexpr (std::is_const_v<M>) {
+      msg = &msg->GetReflection()->GetMessage(*msg, group);
+    } else {
+      msg = msg->GetReflection()->MutableMessage(msg, group);
+    }
   }
   return {msg, msg->GetDescriptor()->FindFieldByName(std::string(parts.back()))};
 }
@@ -251,7 +247,7 @@ bool IsGroup(absl::string_view name) {
 
 absl::Status Set(const Field& field, const YAML::Node& node, proto::ClusterConfig* config) {
   if (field.kind == Kind::kShardList) return SetShards(node, config);
-  auto [msg, fd] = Locate(field.name, config);
+  auto [msg, fd] = Locate<Message>(field.name, config);
   const Reflection* r = msg->GetReflection();
   switch (field.kind) {
     case Kind::kString: {
@@ -319,7 +315,7 @@ void Emit(const proto::ClusterConfig& config, YAML::Emitter& out) {
       out << YAML::EndSeq;
       continue;
     }
-    auto [msg, fd] = Locate(f.name, config);
+    auto [msg, fd] = Locate<const Message>(f.name, &config);
     const Reflection* r = msg->GetReflection();
     switch (fd->cpp_type()) {
       case FieldDescriptor::CPPTYPE_STRING:
