@@ -6,6 +6,12 @@ server is available, then W copies of the script as workers; each worker trains 
 of every global batch under DDP with the hook, writes its losses and byte counts to a file,
 and rank 0 also evaluates on the held-out split. The launcher prints one JSON line:
 mode, steps, train_loss, test_accuracy|test_loss, raw_bytes, wire_bytes, ratio, seconds.
+
+With --cluster-config the script is one worker of a job whose shards already run (a pod of
+a Kubernetes Indexed Job, deploy/k8s/examples/): its index comes from --worker-index (or
+JOB_COMPLETION_INDEX, or RANK), the process group meets at --master (or MASTER_ADDR and
+MASTER_PORT), the worker count and codec come from the config, and worker 0 prints the
+job's JSON line.
 """
 import argparse
 import json
@@ -37,18 +43,24 @@ PRESETS = {"aggressive": {"rel_bits": 3, "abs_log2": -10, "error_feedback": True
 
 def parse_args(description, defaults):
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--mode", choices=MODES, default="near-lossless")
-    p.add_argument("--workers", type=int, default=defaults.get("workers", 2))
+    p.add_argument("--mode", choices=MODES,
+                   help="codec on the wire (default near-lossless; with --cluster-config, the "
+                        "config's uplink mode)")
+    p.add_argument("--workers", type=int,
+                   help="worker processes (default %d; with --cluster-config, the config's "
+                        "workers)" % defaults.get("workers", 2))
     p.add_argument("--shards", type=int, default=defaults.get("shards", 2))
     p.add_argument("--steps", type=int, default=defaults["steps"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=defaults["batch"],
                    help="global batch size (split evenly across workers)")
     p.add_argument("--lr", type=float, default=defaults["lr"])
-    p.add_argument("--rel-bits", type=int, default=defaults.get("rel_bits", 7),
-                   help="near-lossless: mantissa bits kept near the block maximum")
-    p.add_argument("--abs-log2", type=int, default=defaults.get("abs_log2", -16),
-                   help="near-lossless: log2 of the error floor relative to the block maximum")
+    p.add_argument("--rel-bits", type=int,
+                   help="near-lossless: mantissa bits kept near the block maximum (default %d)"
+                        % defaults.get("rel_bits", 7))
+    p.add_argument("--abs-log2", type=int,
+                   help="near-lossless: log2 of the error floor relative to the block maximum "
+                        "(default %d)" % defaults.get("abs_log2", -16))
     p.add_argument("--error-feedback", action="store_true")
     p.add_argument("--preset", choices=sorted(PRESETS),
                    help="near-lossless settings by name (sets --rel-bits, --abs-log2 and "
@@ -60,18 +72,110 @@ def parse_args(description, defaults):
     p.add_argument("--progress", choices=progress_line.MODES, default="auto",
                    help="a progress line (step, steps/s, ratio, ETA) on stderr; auto: only "
                         "when stderr is a terminal")
+    p.add_argument("--cluster-config", metavar="FILE",
+                   help="join the running shards of this cluster config as one worker "
+                        "instead of starting a local cluster (see the module docstring)")
+    p.add_argument("--worker-index", type=int,
+                   help="with --cluster-config: this worker's index (default: "
+                        "JOB_COMPLETION_INDEX, else RANK)")
+    p.add_argument("--master", metavar="HOST:PORT",
+                   help="with --cluster-config: where worker 0 hosts the process group "
+                        "(default: MASTER_ADDR:MASTER_PORT)")
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--worker-spec", help=argparse.SUPPRESS)
     args = p.parse_args()
+    try:
+        if args.cluster_config:
+            resolve_from_config(args)
+        else:
+            for flag in ("worker_index", "master"):
+                if getattr(args, flag) is not None:
+                    raise ValueError("--%s needs --cluster-config" % flag.replace("_", "-"))
+            args.mode = args.mode or "near-lossless"
+            if args.workers is None:
+                args.workers = defaults.get("workers", 2)
+            if args.preset:
+                if args.mode != "near-lossless":
+                    raise ValueError("--preset %s is a near-lossless setting; use --mode "
+                                     "near-lossless" % args.preset)
+                for key, value in PRESETS[args.preset].items():
+                    setattr(args, key, value)
+            if args.rel_bits is None:
+                args.rel_bits = defaults.get("rel_bits", 7)
+            if args.abs_log2 is None:
+                args.abs_log2 = defaults.get("abs_log2", -16)
+    except ValueError as e:
+        p.error(str(e))
+    if args.workers < 1:
+        p.error("--workers must be at least 1")
     if args.batch % args.workers:
         p.error("--batch must be a multiple of --workers")
-    if args.preset:
-        if args.mode != "near-lossless":
-            p.error("--preset %s is a near-lossless setting; use --mode near-lossless"
-                    % args.preset)
-        for key, value in PRESETS[args.preset].items():
-            setattr(args, key, value)
     return args
+
+
+def _env_int(names):
+    for name in names:
+        if os.environ.get(name, "") != "":
+            try:
+                return int(os.environ[name])
+            except ValueError:
+                raise ValueError("%s=%r is not an integer" % (name, os.environ[name]))
+    return None
+
+
+def resolve_from_config(args):
+    """Fills the job's settings from --cluster-config and the environment; raises
+    ValueError naming a flag that disagrees with the config or a setting that is missing."""
+    import gcomp
+    from gcomp import cluster
+    if not gcomp.have_extension():
+        raise ValueError("--cluster-config needs the worker Client: %s" % gcomp.extension_error())
+    if not getattr(gcomp.extension(), "HAS_CLIENT", False):
+        raise ValueError("--cluster-config needs the worker Client; the extension was built "
+                         "without it")
+    config = cluster.read_config(args.cluster_config)
+    up = config["uplink"]
+    taken = {"mode": up["mode"], "workers": config["workers"],
+             "rel_bits": up["rel_bits"], "abs_log2": up["abs_log2"]}
+    if args.preset:
+        if up["mode"] != "near-lossless":
+            raise ValueError("--preset %s is a near-lossless setting, but uplink.mode is %s in %s"
+                             % (args.preset, up["mode"], args.cluster_config))
+        args.error_feedback = PRESETS[args.preset]["error_feedback"]
+        for key in ("rel_bits", "abs_log2"):
+            if PRESETS[args.preset][key] != up[key]:
+                raise ValueError("--preset %s needs uplink.%s: %d, but %s has %d"
+                                 % (args.preset, key, PRESETS[args.preset][key],
+                                    args.cluster_config, up[key]))
+    for key, value in taken.items():
+        given = getattr(args, key)
+        if given is not None and given != value:
+            name = "workers" if key == "workers" else "uplink." + key
+            raise ValueError("--%s %s disagrees with %s: %s in %s (the config sets it)"
+                             % (key.replace("_", "-"), given, name, value, args.cluster_config))
+        setattr(args, key, value)
+    args.shards = len(config["shards"])
+    if args.transport == "gloo":
+        raise ValueError("--cluster-config joins the shards of the config; it cannot use "
+                         "--transport gloo")
+    if args.worker_index is None:
+        args.worker_index = _env_int(("JOB_COMPLETION_INDEX", "RANK"))
+    if args.worker_index is None:
+        raise ValueError("--cluster-config needs --worker-index (or JOB_COMPLETION_INDEX or "
+                         "RANK in the environment)")
+    if not 0 <= args.worker_index < args.workers:
+        raise ValueError("worker index %d is outside [0, %d): %s has workers: %d"
+                         % (args.worker_index, args.workers, args.cluster_config, args.workers))
+    if args.master is None:
+        addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+        if not addr or not port:
+            raise ValueError("--cluster-config needs --master HOST:PORT (or MASTER_ADDR and "
+                             "MASTER_PORT in the environment): where worker 0 hosts the "
+                             "process group")
+        args.master = "%s:%s" % (addr, port)
+    host, sep, port = args.master.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("--master %r is not HOST:PORT" % args.master)
 
 
 def free_port():
@@ -147,6 +251,12 @@ def launch(args, script):
         for r in range(args.workers):
             with open(os.path.join(tmp, "worker%d.json" % r)) as f:
                 outs.append(json.load(f))
+    return summarize(args, outs, time.time() - start, transport)
+
+
+def summarize(args, outs, seconds, transport):
+    """The job's result line from every worker's result (outs[r] is worker r's); writes
+    --loss-log."""
     losses = np.mean([o["losses"] for o in outs], axis=0)  # equal slices: the global loss
     tail = max(1, len(losses) // 10)
     raw = sum(o["raw_bytes"] for o in outs)
@@ -156,7 +266,7 @@ def launch(args, script):
     result.update({k: v for k, v in outs[0]["eval"].items()})
     result.update({"raw_bytes": int(raw), "wire_bytes": int(wire),
                    "ratio": round(raw / wire, 4) if wire else 0.0,
-                   "seconds": round(time.time() - start, 2), "transport": transport})
+                   "seconds": round(seconds, 2), "transport": transport})
     if args.loss_log:
         with open(args.loss_log, "w") as f:
             json.dump({"mode": args.mode, "transport": transport,
@@ -174,21 +284,18 @@ def make_transport(spec, rank):
     return comm.ClientTransport(client, policy)
 
 
-def run_worker(args, task):
-    """task: object with build_model(), train_batch(step, rank, world), evaluate(model)."""
+def run_worker(spec, rank, task):
+    """Trains this worker's slices in the job's process group (spec["init_method"]) and
+    returns its result: losses, byte counts, and for worker 0 the held-out evaluation.
+    task: object with build_model(), train_batch(step, rank, world), evaluate(model)."""
     import torch.distributed as dist
     import gcomp.torch as gtorch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    with open(args.worker_spec) as f:
-        spec = json.load(f)
-    rank, world = args.rank, spec["workers"]
+    world = spec["workers"]
     torch.set_num_threads(1)
-    # Gloo otherwise picks the interface its hostname resolves to, which on some machines
-    # is not reachable between local processes, and the group hangs at start-up.
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % spec["port"],
-                            rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=spec["init_method"], rank=rank,
+                            world_size=world)
     torch.manual_seed(spec["seed"])
     model = task.build_model()
     ddp = DDP(model)
@@ -219,16 +326,48 @@ def run_worker(args, task):
         with torch.no_grad():
             result["eval"] = task.evaluate(model)
     transport.close()
-    with open(os.path.join(spec["tmp"], "worker%d.json" % rank), "w") as f:
-        json.dump(result, f)
+    return result
+
+
+def exit_worker():
+    """Leaves the process group and exits. Tearing down DDP's reducer and its gloo group
+    at exit sometimes blocked forever in torch 1.13 once the other ranks had exited (seen
+    about once in 15 runs of python/tests/hook_test.py), so the destructors are skipped."""
+    import torch.distributed as dist
     dist.barrier()
     dist.destroy_process_group()
-    # The result is written. Tearing down DDP's reducer and its gloo group at exit
-    # sometimes blocked forever in torch 1.13 once the other ranks had exited (seen about
-    # once in 15 runs of python/tests/hook_test.py), so skip the destructors.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def local_worker(args, task):
+    """Worker `--rank` of the local launcher: its result goes to a file the launcher reads."""
+    with open(args.worker_spec) as f:
+        spec = json.load(f)
+    # Gloo otherwise picks the interface its hostname resolves to, which on some machines
+    # is not reachable between local processes, and the group hangs at start-up.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    spec["init_method"] = "tcp://127.0.0.1:%d" % spec["port"]
+    result = run_worker(spec, args.rank, task)
+    with open(os.path.join(spec["tmp"], "worker%d.json" % args.rank), "w") as f:
+        json.dump(result, f)
+    exit_worker()
+
+
+def cluster_worker(args, task):
+    """One worker of a job on running shards (--cluster-config): worker 0 gathers every
+    worker's result and prints the job's JSON line."""
+    import torch.distributed as dist
+    start = time.time()
+    spec = dict(vars(args), transport="ps", init_method="tcp://" + args.master,
+                show_progress=progress_line.enabled(args.progress, sys.stderr))
+    result = run_worker(spec, args.worker_index, task)
+    outs = [None] * args.workers
+    dist.all_gather_object(outs, result)
+    if args.worker_index == 0:
+        print(json.dumps(summarize(args, outs, time.time() - start, "ps")), flush=True)
+    exit_worker()
 
 
 def global_batch_indices(seed, step, n, batch):
@@ -240,7 +379,10 @@ def global_batch_indices(seed, step, n, batch):
 def main(task, description, defaults, script):
     args = parse_args(description, defaults)
     if args.rank is not None:
-        run_worker(args, task)
+        local_worker(args, task)
+        return
+    if args.cluster_config:
+        cluster_worker(args, task)
         return
     result = launch(args, script)
     print(json.dumps(result), flush=True)

@@ -111,3 +111,73 @@ def test_preset_is_refused_outside_near_lossless():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "--preset aggressive is a near-lossless setting" in out.stderr
+
+
+# --cluster-config: the script as one worker of a job on shards that already run (a pod of
+# the example Indexed Job, deploy/k8s/examples/).
+def cluster_workers(config_path, workers, extra=(), env_of=lambda r: {}):
+    sys.path.insert(0, HERE)
+    import common
+    port = common.free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "train_digits.py"), "--cluster-config", config_path,
+         "--master", "127.0.0.1:%d" % port, "--progress", "never"] + list(extra),
+        env=dict(os.environ, GLOO_SOCKET_IFNAME="lo", **env_of(r)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True) for r in range(workers)]
+    return [(p.wait(timeout=600), p.stdout.read(), p.stderr.read()) for p in procs]
+
+
+def test_cluster_config_workers_train_as_the_launcher_does(digits_runs):
+    from gcomp import cluster
+    with cluster.LocalCluster(shards=2, workers=2, mode="near-lossless") as c:
+        outs = cluster_workers(c.config_path, 2, ["--steps", "4", "--seed", "1", "--batch", "32"],
+                               env_of=lambda r: {"JOB_COMPLETION_INDEX": str(r)})
+    for code, out, err in outs:
+        assert code == 0, out + err
+    assert outs[1][1].strip() == "", "only worker 0 prints the job's line: " + outs[1][1]
+    got = json.loads(outs[0][1].strip().splitlines()[-1])
+    want = digits_runs["near-lossless"]
+    assert set(got) == KEYS | {"test_accuracy"}
+    for key in ("mode", "steps", "train_loss", "test_accuracy", "raw_bytes", "wire_bytes",
+                "transport"):
+        assert got[key] == want[key], (key, got, want)
+
+
+@pytest.mark.parametrize("flags, env, expected", [
+    (["--worker-index", "0"], {}, "--worker-index needs --cluster-config"),
+    (["--cluster-config", "CONFIG"], {}, "--cluster-config needs --worker-index"),
+    (["--cluster-config", "CONFIG", "--worker-index", "2", "--master", "h:1"], {},
+     "worker index 2 is outside [0, 2)"),
+    (["--cluster-config", "CONFIG", "--worker-index", "0"], {"MASTER_ADDR": "h"},
+     "--cluster-config needs --master HOST:PORT"),
+    (["--cluster-config", "CONFIG", "--master", "nowhere"], {"RANK": "0"},
+     "--master 'nowhere' is not HOST:PORT"),
+    (["--cluster-config", "CONFIG", "--mode", "lossless"], {"RANK": "1"},
+     "--mode lossless disagrees with uplink.mode: near-lossless"),
+    (["--cluster-config", "CONFIG", "--workers", "4"], {"RANK": "1"},
+     "--workers 4 disagrees with workers: 2"),
+    (["--cluster-config", "CONFIG", "--preset", "aggressive"], {"RANK": "0"},
+     "--preset aggressive needs uplink.rel_bits: 3"),
+    (["--cluster-config", "CONFIG", "--transport", "gloo"], {"RANK": "0"},
+     "cannot use --transport gloo"),
+    (["--cluster-config", "CONFIG"], {"JOB_COMPLETION_INDEX": "x"},
+     "JOB_COMPLETION_INDEX='x' is not an integer"),
+    (["--cluster-config", "MISSING"], {"RANK": "0"}, "MISSING"),
+])
+def test_cluster_config_flags_are_checked_before_anything_starts(tmp_path, flags, env, expected):
+    if not gcomp.have_extension():
+        pytest.skip(gcomp.extension_error())
+    from gcomp import cluster
+    config = tmp_path / "cluster.json"
+    config.write_text(json.dumps(cluster.cluster_config(["127.0.0.1:1", "127.0.0.1:2"], 2,
+                                                        "near-lossless")))
+    flags = [str(config) if f == "CONFIG" else str(tmp_path / "nope.yaml") if f == "MISSING"
+             else f for f in flags]
+    expected = expected.replace("MISSING", str(tmp_path / "nope.yaml"))
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("RANK", "JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT")}
+    out = subprocess.run([sys.executable, os.path.join(HERE, "train_digits.py")] + flags,
+                         capture_output=True, text=True, timeout=120, env=dict(clean, **env))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert expected in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

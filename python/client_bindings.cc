@@ -3,6 +3,7 @@
 // views), used in place; the GIL is released for every network call.
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -10,6 +11,8 @@
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include "google/protobuf/util/json_util.h"
 
 #include "codec/codec.h"
 #include "python/bindings.h"
@@ -155,6 +158,23 @@ void BindClient(py::module_& m) {
       },
       "Empty when the worker Client can push CUDA tensors here (a device and a driver), "
       "else why not.");
+  m.def(
+      "read_config",
+      [](const std::string& path, const std::vector<std::string>& overrides) {
+        proto::ClusterConfig config = ValueOrThrow(cluster::LoadClusterConfig(path, overrides));
+        google::protobuf::util::JsonPrintOptions options;
+        options.preserve_proto_field_names = true;
+        options.always_print_primitive_fields = true;
+        std::string json;
+        if (!google::protobuf::util::MessageToJsonString(config, &json, options).ok()) {
+          throw std::runtime_error("read_config: the parsed config did not print as JSON");
+        }
+        return json;
+      },
+      py::arg("path"), py::arg("overrides") = std::vector<std::string>{},
+      "The cluster config at path (YAML/JSON, with field=value overrides), validated and "
+      "with its defaults filled in, as a JSON string with the config's field names; raises "
+      "ValueError naming what is wrong.");
   py::class_<PyClient>(m, "Client",
                        "A worker's connection to every shard of a gcomp-ps cluster.")
       .def(py::init<const std::string&, uint32_t, const std::vector<std::string>&,

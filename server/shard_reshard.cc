@@ -219,18 +219,21 @@ void ShardService::RunSwitch() {
     absl::MutexLock lock(&mu_);
     switch_step = switch_step_;
   }
-  // The agreed boundary: every chunk here has completed switch_step - 1. If no chunk
-  // completes a step for rpc_timeout_ms (a tensor not pushed every step, a lost worker),
-  // the chunks move as they are: pushes of an unfinished step are answered Aborted and
-  // resent to the new owner, so nothing is lost either way.
+  // The agreed boundary: every chunk here has completed switch_step - 1, except chunks
+  // that are idle more than one step behind it: a tensor not pushed every step (DDP's
+  // buckets from before its first-iteration rebuild are never pushed again) would
+  // otherwise hold the switch, and with it every worker, for the whole patience below.
+  // If no chunk completes a step for rpc_timeout_ms (a lost worker), the chunks move as
+  // they are. Either way nothing is lost: a later push of a chunk that moved unfinished
+  // or behind is answered Aborted and resent to the new owner.
   const absl::Duration patience = absl::Milliseconds(config_.rpc_timeout_ms());
   absl::Time give_up = absl::Now() + patience;
   uint64_t completed_before = 0;
   while (true) {
-    // Before any push (a job that has not started, or a tensor not yet pushed) the
-    // boundary is still ahead, unless it is step 0.
+    // Before any push (a job that has not started) the boundary is still ahead, unless
+    // it is step 0.
     bool at_boundary = true;
-    bool any_chunk = false;
+    bool any_done = false;
     uint64_t completed = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -239,16 +242,17 @@ void ShardService::RunSwitch() {
         for (const auto& [c, acc] : t->chunks) {
           const StepProgress p = acc->Progress();
           completed += static_cast<uint64_t>(p.completed_step + 1);
-          any_chunk = true;
+          if (switch_step == 0) continue;
           // A result not yet replicated is not yet answered: the switch would cut it off.
-          if (switch_step > 0 && (!p.started || p.completed_step < switch_step - 1 || p.pending ||
-                                  p.unreplicated)) {
-            at_boundary = false;
-          }
+          const bool busy = p.pending || p.unreplicated;
+          const bool done = p.started && p.completed_step >= switch_step - 1 && !busy;
+          const bool left_behind = !busy && (!p.started || p.completed_step < switch_step - 2);
+          any_done = any_done || done;
+          if (!done && !left_behind) at_boundary = false;
         }
       }
     }
-    if (switch_step > 0 && !any_chunk) at_boundary = false;
+    if (switch_step > 0 && !any_done) at_boundary = false;
     if (at_boundary) break;
     if (completed != completed_before) give_up = absl::Now() + patience;  // training moves on
     completed_before = completed;

@@ -196,6 +196,64 @@ INSTANTIATE_TEST_SUITE_P(OptimizersAndReplicas, Reshard,
                          ::testing::Combine(::testing::Values("momentum", "adam"),
                                             ::testing::Values(1, 2)));
 
+// A tensor pushed only at step 0 (as DDP's buckets before its first-iteration rebuild) must
+// not hold the switch until its patience (rpc_timeout_ms, 2 min here) runs out, with every
+// worker waiting: the switch comes at once, and the stale tensor, moved as it is, takes its
+// next step on its new owner.
+TEST(Reshard, ATensorNotPushedEveryStepDoesNotHoldTheSwitch) {
+  const std::string a = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string b = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string extra = absl::StrCat("127.0.0.1:", FreePort());
+  proto::ClusterConfig two = Config({a, b}, 1, "none");
+  proto::ClusterConfig three = Config({a, b, extra}, 2, "none");
+  two.set_rpc_timeout_ms(120000);
+  three.set_rpc_timeout_ms(120000);
+  auto s0 = StartShard(two, 0), s1 = StartShard(two, 1);
+  std::unique_ptr<server::ShardServer> s2;
+  constexpr size_t kN = 3000;  // 6 chunks of 2 KiB: some move to the added shard
+  constexpr int kStartAt = 3;  // the switch comes after it: the stale tensor is 2+ behind
+  absl::Mutex mu;
+  int started = 0;
+  const absl::Time begin = absl::Now();
+  std::thread coordinator([&] {
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(+[](int* n) { return *n == kWorkers; }, &started));
+    }
+    s2 = StartShard(three, 2);
+    absl::StatusOr<cluster::ReshardResult> r = cluster::RunReshard(three, {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_GT(r->switch_step, kStartAt);
+    EXPECT_GT(r->chunks_moved, 0u) << r->ToJson();
+  });
+  OnWorkers(two, [&](int w, worker::Client& client) {
+    ASSERT_TRUE(client.Declare("stale", codec::DType::kF32, kN).ok());
+    ASSERT_TRUE(client.Declare("w", codec::DType::kF32, kN).ok());
+    std::vector<float> g(kN, 1.0f), out(kN);
+    ASSERT_TRUE(client.PushPull("stale", 0, g.data(), out.data()).ok());
+    // Slow enough that the re-shard switches while the workers train.
+    for (int step = 0; step < 400; ++step) {
+      if (step == kStartAt) {
+        absl::MutexLock lock(&mu);
+        ++started;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+      absl::Status s = client.PushPull("w", step, g.data(), out.data());
+      ASSERT_TRUE(s.ok()) << "worker " << w << " step " << step << ": " << s;
+    }
+    EXPECT_GE(client.stats().map_switches, 1u);
+    // The stale tensor's next step, on the new map: the mean of every worker's 2s.
+    std::vector<float> two_s(kN, 2.0f);
+    absl::Status s = client.PushPull("stale", 1, two_s.data(), out.data());
+    ASSERT_TRUE(s.ok()) << "worker " << w << ": " << s;
+    EXPECT_EQ(out[0], 2.0f);
+    EXPECT_EQ(out[kN - 1], 2.0f);
+  });
+  coordinator.join();
+  // 400 steps of 5 ms and a re-shard: seconds. Held by the stale tensor: over 2 minutes.
+  EXPECT_LT(absl::Now() - begin, absl::Seconds(60));
+}
+
 TEST(ReshardErrors, BadConfigsAreRejectedAndTheJobGoesOn) {
   const std::string a = absl::StrCat("127.0.0.1:", FreePort());
   const std::string b = absl::StrCat("127.0.0.1:", FreePort());

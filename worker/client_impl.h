@@ -141,8 +141,9 @@ struct Client::Impl {
 
   // A MapState for `config` (its shards and epoch), with channels reused by address.
   std::shared_ptr<MapState> BuildMap(const proto::ClusterConfig& config);
-  // Registers this worker with every shard of `m`.
-  absl::Status RegisterAll(const MapState& m, bool wait_for_ready);
+  // Registers this worker with every shard of `m`; each call waits up to timeout_ms for
+  // the shard to be reachable and to serve `m`.
+  absl::Status RegisterAll(const MapState& m, uint32_t timeout_ms);
   // Declares `key` on every shard of `m`; `initial` as in Client::Declare.
   // `may_switch`: a shard answering ABORTED moves this client to the newer map and the
   // declaration is redone there (else the ABORTED status is returned).

@@ -40,7 +40,7 @@ std::shared_ptr<MapState> Client::Impl::BuildMap(const proto::ClusterConfig& cfg
   return m;
 }
 
-absl::Status Client::Impl::RegisterAll(const MapState& m, bool wait_for_ready) {
+absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms) {
   proto::RegisterWorkerRequest req;
   req.set_job(config.job());
   req.set_worker(options.worker);
@@ -52,8 +52,8 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, bool wait_for_ready) {
       proto::RegisterWorkerResponse resp;
       grpc::Status st = WithRetries([&] {
         grpc::ClientContext ctx;
-        ctx.set_wait_for_ready(wait_for_ready);
-        ctx.set_deadline(DeadlineIn(wait_for_ready ? config.connect_timeout_ms() : config.rpc_timeout_ms()));
+        ctx.set_wait_for_ready(true);
+        ctx.set_deadline(DeadlineIn(timeout_ms));
         return stub->RegisterWorker(&ctx, req, &resp);
       });
       if (!st.ok()) {
@@ -108,7 +108,9 @@ absl::Status Client::Impl::SwitchMap(const MapState& seen, uint32_t shard) {
       return absl::Status(s.code(), absl::StrCat("new shard map from ", from, ": ", s.message()));
     }
     std::shared_ptr<MapState> m = BuildMap(cfg);
-    absl::Status s = RegisterAll(*m, /*wait_for_ready=*/true);
+    // A shard of the new map answers once it has switched, which waits for the switch
+    // step on every chunk it holds: up to rpc_timeout_ms when a chunk falls behind.
+    absl::Status s = RegisterAll(*m, std::max(config.connect_timeout_ms(), config.rpc_timeout_ms()));
     absl::flat_hash_map<std::string, TensorInfo> declared;
     {
       absl::MutexLock lock(&mu);

@@ -215,3 +215,47 @@ def test_the_mtls_config_is_one_gcomp_accepts(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "gcomp-shard-2.gcomp-shard:7000" in r.stdout
+
+
+# The example training job (deploy/k8s/examples): an Indexed Job on the shards' ConfigMap.
+EXAMPLES = os.path.join(HERE, "examples")
+EXAMPLE_FILES = sorted(glob.glob(os.path.join(EXAMPLES, "*.yaml")))
+
+
+def example_docs():
+    return {d["kind"]: d for f in EXAMPLE_FILES for d in yaml.safe_load_all(open(f)) if d}
+
+
+def test_example_job_manifests_are_valid_and_listed(node_modules):
+    r = validate(node_modules, EXAMPLE_FILES)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len([l for l in r.stdout.splitlines() if l.startswith("ok ")]) == 2, r.stdout
+    k = yaml.safe_load(open(os.path.join(EXAMPLES, "kustomization.yaml")))
+    assert set(k["resources"]) == {os.path.basename(f) for f in EXAMPLE_FILES} - {
+        "kustomization.yaml"}
+
+
+def test_example_job_matches_the_config_it_trains_on():
+    d, base = example_docs(), docs()
+    job, svc = d["Job"], d["Service"]
+    config = yaml.safe_load(base["ConfigMap"]["data"]["cluster.yaml"])
+    spec = job["spec"]
+    # Every worker at once, one pod per worker index; a failed worker fails the job.
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == config["workers"]
+    assert spec["backoffLimit"] == 0
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == svc["metadata"]["name"]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    assert svc["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
+    (c,) = pod["containers"]
+    master = [a for a in c["args"] if a.startswith("--master=")][0].split("=", 1)[1]
+    assert master == "%s-0.%s:%d" % (job["metadata"]["name"], svc["metadata"]["name"],
+                                     svc["spec"]["ports"][0]["port"])
+    assert "--cluster-config=/etc/gcomp/cluster.yaml" in c["args"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["config"]["mountPath"] == "/etc/gcomp"
+    config_volume = [v for v in pod["volumes"] if v["name"] == "config"][0]
+    assert config_volume["configMap"]["name"] == base["ConfigMap"]["metadata"]["name"]
+    assert pod["securityContext"]["runAsNonRoot"] and c["securityContext"]["readOnlyRootFilesystem"]
+    assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}

@@ -25,7 +25,9 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BASE = os.path.join(HERE, "base")
+EXAMPLES = os.path.join(HERE, "examples")
 TAG = "localhost/gcomp:play-test"
+TRAIN_TAG = "localhost/gcomp-train:play-test"
 NETWORK = "gcomp-play-test"
 SUBNET = "10.89.71"  # the test's own network; nothing else is addressed
 CONTAINERS_CONF = "[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = \"cgroupfs\"\n"
@@ -200,3 +202,237 @@ def test_shard_pods_serve_worker_pods_and_a_deleted_shard_is_named(env):
             podman(e, "pod", "rm", "-f", "-t", "0", "gcomp-shard-%d" % k)
         podman(e, "volume", "rm", "-f", "gcomp-checkpoints")
         print(json.dumps(logs, indent=1))
+
+
+# The example training job (deploy/k8s/examples): its Indexed Job's pod template rendered as
+# one Pod per index, with what the Job controller adds (JOB_COMPLETION_INDEX) and worker 0's
+# address on the test's network in place of its DNS name.
+TRAIN_STEPS = 300
+
+
+@pytest.fixture(scope="module")
+def train_image(env):
+    e, _ = env
+    build = subprocess.run([os.path.join(ROOT, "deploy", "image", "build.sh"), "--train",
+                            "--tag", TRAIN_TAG], cwd=ROOT, env=e, capture_output=True,
+                           text=True, timeout=1800)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    print(build.stdout.strip())
+    yield TRAIN_TAG
+    podman(e, "image", "rm", "-f", TRAIN_TAG)
+
+
+def train_pods(workers, steps, master_ip):
+    job = yaml.safe_load(open(os.path.join(EXAMPLES, "train-job.yaml")))
+    assert job["spec"]["completionMode"] == "Indexed"
+    pods = []
+    for k in range(workers):
+        spec = copy.deepcopy(job["spec"]["template"]["spec"])
+        c = spec["containers"][0]
+        c["image"] = TRAIN_TAG
+        c["args"] = [("--master=%s:29500" % master_ip) if a.startswith("--master=") else
+                     ("--steps=%d" % steps) if a.startswith("--steps=") else a
+                     for a in c["args"]]
+        c["env"] = c.get("env", []) + [{"name": "JOB_COMPLETION_INDEX", "value": str(k)}]
+        pods.append({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": "%s-%d" % (job["metadata"]["name"], k),
+                                  "labels": {"job-name": job["metadata"]["name"]}},
+                     "spec": spec})
+    return pods
+
+
+def result_line(env, container):
+    out = podman(env, "logs", container)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    assert lines, "%s printed no JSON line: %s %s" % (container, out.stdout[-2000:],
+                                                      out.stderr[-2000:])
+    return json.loads(lines[-1])
+
+
+@pytest.fixture(scope="module")
+def loopback_digits(env, train_image):
+    """The digits example as the README runs it (a local cluster on loopback), in the
+    training image: what the pods must reach."""
+    e, _ = env
+    r = podman(e, "run", "--rm", "--network", "none", train_image, "python3",
+               "examples/train_digits.py", "--mode", "near-lossless", "--workers", "2",
+               "--shards", "3", "--steps", str(TRAIN_STEPS), "--progress", "never", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return json.loads([l for l in r.stdout.splitlines() if l.startswith("{")][-1])
+
+
+def config_from_host(pods, config_dir):
+    """The pods read cluster.yaml from config_dir instead of the ConfigMap: podman does not
+    update a played ConfigMap, so a test that edits the config (as `kubectl edit` would)
+    rewrites the file there, swapping it in as the kubelet does."""
+    for pod in pods:
+        for v in pod["spec"]["volumes"]:
+            if v["name"] == "config":
+                v.pop("configMap")
+                v["hostPath"] = {"path": str(config_dir), "type": "Directory"}
+    return pods
+
+
+def write_config(config_dir, config):
+    config_dir.mkdir(exist_ok=True)
+    os.chmod(config_dir, 0o755)
+    new = config_dir / "cluster.yaml.new"
+    new.write_text(yaml.safe_dump(config))
+    os.chmod(new, 0o644)
+    os.replace(new, config_dir / "cluster.yaml")
+
+
+def play_shards(env, tmp, name, config, ordinals, ip_prefix, config_dir=None):
+    """Plays the config as the ConfigMap and the shard pods of `ordinals` (pod K at address
+    ip_prefix + K); waits until each answers SERVING. Returns the played file and the
+    ConfigMap."""
+    m = manifests()
+    cm = copy.deepcopy(m["ConfigMap"])
+    cm["data"]["cluster.yaml"] = yaml.safe_dump(config)
+    pods = [p for k, p in enumerate(shard_pods(max(ordinals) + 1, TAG)) if k in ordinals]
+    if config_dir is not None:
+        config_from_host(pods, config_dir)
+    path = tmp / name
+    path.write_text(yaml.safe_dump_all([cm] + pods))
+    play(env, path, ["%s%d" % (ip_prefix, k) for k in ordinals])
+    for k in ordinals:
+        deadline = time.time() + 30
+        while health("%s%d:7000" % (ip_prefix, k)) != b"\x08\x01":
+            assert time.time() < deadline, "shard pod %d never reported SERVING" % k
+            time.sleep(0.2)
+    return path, cm
+
+
+def shard_logs(env, shards):
+    return {k: podman(env, "logs", "gcomp-shard-%d-shard" % k).stderr for k in range(shards)}
+
+
+def print_tails(logs, chars=4000):
+    """Prints the end of each shard's log (shown when a test fails); returns the logs."""
+    for k, log in logs.items():
+        print("--- shard pod %d ---\n%s" % (k, log[-chars:]))
+    return logs
+
+
+def down_shards(env, paths, shards):
+    for path in paths:
+        podman(env, "kube", "down", str(path))
+    for k in range(shards):
+        podman(env, "pod", "rm", "-f", "-t", "0", "gcomp-shard-%d" % k)
+    podman(env, "volume", "rm", "-f", "gcomp-checkpoints")
+
+
+def run_job(env, tmp, cm, workers, ip_prefix, during=None, config_dir=None):
+    """Plays the example Job's worker pods (pod K at ip_prefix + K) and waits for them;
+    `during()` runs once they are started. Returns worker 0's JSON line."""
+    pods = train_pods(workers, TRAIN_STEPS, ip_prefix + "0")
+    if config_dir is not None:
+        config_from_host(pods, config_dir)
+    job = tmp / "train-job.yaml"
+    job.write_text(yaml.safe_dump_all([cm] + pods))
+    names = ["gcomp-train-%d-worker" % k for k in range(workers)]
+    try:
+        play(env, job, ["%s%d" % (ip_prefix, k) for k in range(workers)])
+        if during is not None:
+            during()
+        wait_exited(env, names, 600)
+        for n in names:
+            code = podman(env, "inspect", n, "--format", "{{.State.ExitCode}}").stdout.strip()
+            assert code == "0", n + " exited " + code + ": " + podman(env, "logs", n).stderr[-3000:]
+        return result_line(env, names[0])
+    finally:
+        podman(env, "kube", "down", str(job))
+
+
+def assert_same_training(got, want):
+    assert got["steps"] == want["steps"] == TRAIN_STEPS and got["transport"] == "ps", got
+    assert got["test_accuracy"] == want["test_accuracy"], (got, want)
+    assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-6), (got, want)
+    assert got["ratio"] > 3.0, got
+
+
+def base_config(shards, ip_prefix):
+    config = yaml.safe_load(manifests()["ConfigMap"]["data"]["cluster.yaml"])
+    assert config["workers"] == 2 and config["uplink"]["mode"] == "near-lossless"
+    config["shards"] = {"count": shards, "address": ip_prefix + "{index}:7000"}
+    return config
+
+
+def test_training_job_pods_reach_the_loopback_accuracy(env, train_image, loopback_digits):
+    """3 shard pods and the example Job's 2 worker pods (DDP through the gcomp package)
+    train the digits model: the same held-out accuracy and loss as the loopback run."""
+    e, tmp = env
+    prefix = SUBNET + ".4"
+    shard_yaml, cm = play_shards(e, tmp, "train-shards.yaml", base_config(3, prefix), range(3),
+                                 prefix)
+    try:
+        got = run_job(e, tmp, cm, 2, SUBNET + ".5")
+    finally:
+        print_tails(shard_logs(e, 3))
+        down_shards(e, [shard_yaml], 3)
+    print(json.dumps({"pods": got, "loopback": loopback_digits}))
+    assert_same_training(got, loopback_digits)
+
+
+def test_a_deleted_shard_pod_fails_over_and_its_new_pod_rejoins(env, train_image,
+                                                                 loopback_digits):
+    """replicas: 2. Shard pod 1 is deleted while the job trains and played again (what the
+    StatefulSet does): the job runs through and trains exactly as the loopback run."""
+    e, tmp = env
+    prefix = SUBNET + ".6"
+    config = base_config(3, prefix)
+    config["replicas"] = 2
+    shard_yaml, cm = play_shards(e, tmp, "failover-shards.yaml", config, range(3), prefix)
+    replayed = []
+
+    def kill_and_recreate():
+        time.sleep(6)  # the workers are past start-up and training
+        podman(e, "pod", "rm", "-f", "-t", "0", "gcomp-shard-1", check=True)
+        time.sleep(2)
+        path, _ = play_shards(e, tmp, "failover-shard1.yaml", config, [1], prefix)
+        replayed.append(path)
+
+    try:
+        got = run_job(e, tmp, cm, 2, SUBNET + ".7", during=kill_and_recreate)
+    finally:
+        logs = print_tails(shard_logs(e, 3))
+        down_shards(e, [shard_yaml] + replayed, 3)
+    print(json.dumps({"pods": got, "loopback": loopback_digits}))
+    assert any("failover to epoch" in logs[k] for k in (0, 2)), logs
+    # The new pod rejoins: the shards install a map with no shard down.
+    assert "rejoining" in logs[1], logs[1][-3000:]
+    assert all("(down: [])" in logs[k] for k in range(3)), logs
+    assert_same_training(got, loopback_digits)
+
+
+def test_the_played_cluster_scales_from_2_to_3_shard_pods_while_the_job_trains(
+        env, train_image, loopback_digits):
+    """The config edit of docs/DEPLOY.md ("Scale the shards") and a third shard pod while
+    the worker pods train: the shards re-shard live and the job trains exactly as the
+    loopback run."""
+    e, tmp = env
+    prefix = SUBNET + ".8"
+    config_dir = tmp / "scale-config"
+    config = base_config(2, prefix)
+    write_config(config_dir, config)
+    shard_yaml, cm = play_shards(e, tmp, "scale-shards.yaml", config, range(2), prefix,
+                                 config_dir=config_dir)
+    added = []
+
+    def scale_up():
+        time.sleep(6)
+        config["shards"]["count"], config["shard_map_epoch"] = 3, 2
+        write_config(config_dir, config)
+        path, _ = play_shards(e, tmp, "scale-shard2.yaml", config, [2], prefix,
+                              config_dir=config_dir)
+        added.append(path)
+
+    try:
+        got = run_job(e, tmp, cm, 2, SUBNET + ".9", during=scale_up, config_dir=config_dir)
+    finally:
+        logs = print_tails(shard_logs(e, 3))
+        down_shards(e, [shard_yaml] + added, 3)
+    print(json.dumps({"pods": got, "loopback": loopback_digits}))
+    assert "re-shard done" in logs[0], logs[0][-3000:]
+    assert "serving epoch 2" in logs[2], logs[2][-3000:]
+    assert_same_training(got, loopback_digits)

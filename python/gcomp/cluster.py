@@ -6,6 +6,7 @@ worker-side connection to it.
 """
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,13 +18,17 @@ from gcomp import extension, repo_root
 
 def server_binary():
     """GCOMP_SERVER_BIN, else the copy `pip install ./python` put in the package, else the
-    checkout's bazel-bin."""
+    checkout's bazel-bin, else gcomp_server on PATH (as in the training image)."""
     if "GCOMP_SERVER_BIN" in os.environ:
         return os.environ["GCOMP_SERVER_BIN"]
     packaged = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "gcomp_server")
     if os.access(packaged, os.X_OK):
         return packaged
-    return os.path.join(repo_root(), "bazel-bin", "server", "gcomp_server")
+    built = os.path.join(repo_root(), "bazel-bin", "server", "gcomp_server")
+    on_path = shutil.which("gcomp_server")
+    if not os.access(built, os.X_OK) and on_path:
+        return on_path
+    return built
 
 
 def server_missing():
@@ -138,6 +143,13 @@ class LocalCluster:
         self.stop()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+def read_config(config_path, overrides=()):
+    """The cluster config at `config_path` as gcomp_server reads it (validated, defaults
+    filled in), as a dict with the config's field names. Raises ValueError naming the
+    problem."""
+    return json.loads(extension().read_config(config_path, list(overrides)))
 
 
 def connect(config_path, worker, metrics_address=""):
