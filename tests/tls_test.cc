@@ -337,7 +337,8 @@ TEST_F(TlsTest, HealthPortReportsNotServingOnceShutdownBegins) {
 
 TEST_F(TlsTest, ShardCertificateCoversTheNamesInItsSubjectAltName) {
   // The client checks the dialled name against the certificate's subjectAltName.
-  for (const std::string name : {"localhost", "shard-3.gcomp-shard"}) {
+  for (const std::string name : {"localhost", "gcomp-shard-3.gcomp-shard",
+                                  "gcomp-shard-3.gcomp-shard.default.svc"}) {
     grpc::ChannelArguments args;
     args.SetSslTargetNameOverride(name);
     grpc::Status s;
@@ -346,10 +347,13 @@ TEST_F(TlsTest, ShardCertificateCoversTheNamesInItsSubjectAltName) {
         << name;
     EXPECT_TRUE(s.ok()) << name << ": " << s.error_message();
   }
-  grpc::ChannelArguments args;
-  args.SetSslTargetNameOverride("shard-3.elsewhere.example");
-  ExpectAllRefused(Channel(ClientConfig("client", TestCert("token")), args),
-                   grpc::StatusCode::UNAVAILABLE);
+  // Not in it: another domain, and a shard beyond the listed 0..15.
+  for (const std::string name : {"shard-3.elsewhere.example", "gcomp-shard-16.gcomp-shard"}) {
+    grpc::ChannelArguments args;
+    args.SetSslTargetNameOverride(name);
+    ExpectAllRefused(Channel(ClientConfig("client", TestCert("token")), args),
+                     grpc::StatusCode::UNAVAILABLE);
+  }
 }
 
 TEST_F(TlsTest, RenewedShardCertificateIsUsedForNewConnections) {

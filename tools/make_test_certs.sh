@@ -18,8 +18,11 @@
 #
 # Shard certificates carry these subjectAltNames (the client checks the name it dialled,
 # the host part of the shard's host:port in the config, against them):
-#   DNS:localhost, IP:127.0.0.1, IP:::1, DNS:*.gcomp-shard, DNS:*.gcomp-shard.default.svc
-# Real deployments must put every name or IP that workers use in `shards` into the SAN.
+#   DNS:localhost, IP:127.0.0.1, IP:::1, DNS:gcomp-shard-K.gcomp-shard for K = 0..15,
+#   DNS:*.gcomp-shard.default.svc
+# (gRPC refuses a wildcard over a one-label suffix such as *.gcomp-shard: "Invalid toplevel
+# subdomain"; hence the names one by one.) Real deployments must put every name or IP that
+# workers use in `shards` into the SAN.
 set -euo pipefail
 
 if [[ $# -ne 1 ]]; then
@@ -36,7 +39,8 @@ hex() { od -An -N"$1" -tx1 /dev/urandom | tr -d ' \n'; }
 
 # One config for every certificate: without -config, `openssl req -x509` would take the
 # system openssl.cnf's extensions, which make every certificate a CA.
-cat >"$work/req.cnf" <<'CNF'
+SHARD_NAMES=$(for k in $(seq 0 15); do printf 'DNS:gcomp-shard-%d.gcomp-shard,' "$k"; done)
+cat >"$work/req.cnf" <<CNF
 [req]
 distinguished_name = dn
 prompt = no
@@ -49,7 +53,7 @@ subjectKeyIdentifier = hash
 basicConstraints = CA:FALSE
 keyUsage = critical,digitalSignature
 extendedKeyUsage = serverAuth,clientAuth
-subjectAltName = DNS:localhost,IP:127.0.0.1,IP:::1,DNS:*.gcomp-shard,DNS:*.gcomp-shard.default.svc
+subjectAltName = DNS:localhost,IP:127.0.0.1,IP:::1,${SHARD_NAMES}DNS:*.gcomp-shard.default.svc
 [client_ext]
 basicConstraints = CA:FALSE
 keyUsage = critical,digitalSignature

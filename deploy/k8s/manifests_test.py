@@ -203,9 +203,9 @@ def test_the_mtls_config_is_one_gcomp_accepts(tmp_path):
     subprocess.run([os.path.join(ROOT, "tools", "make_test_certs.sh"), str(pki)], check=True,
                    capture_output=True, timeout=120)
     text = render_mtls()["ConfigMap"]["data"]["cluster.yaml"]
-    for mounted, made in (("/etc/gcomp/tls/ca.crt", "ca.pem"), ("/etc/gcomp/tls/tls.crt", "client.pem"),
-                          ("/etc/gcomp/tls/tls.key", "client.key"),
-                          ("/etc/gcomp/token/token", "token")):
+    for mounted, made in (("/etc/gcomp-tls/ca.crt", "ca.pem"), ("/etc/gcomp-tls/tls.crt", "client.pem"),
+                          ("/etc/gcomp-tls/tls.key", "client.key"),
+                          ("/etc/gcomp-token/token", "token")):
         assert mounted in text
         text = text.replace(mounted, str(pki / made))
     path = tmp_path / "cluster.yaml"

@@ -1,8 +1,11 @@
-"""The shard manifests of deploy/k8s/base run for real: the runtime image built from
+"""The manifests of deploy/k8s run for real: the runtime image built from
 deploy/image/Containerfile, each StatefulSet ordinal rendered as a Pod with the
 template's image, args, probes, security context and volumes (podman 4.3 plays Pods and
-ConfigMaps, not StatefulSets), played with `podman kube play` on a network of the test's
-own; worker pods replay a gradient through them.
+ConfigMaps, not StatefulSets or Jobs), played with `podman kube play` on a network of the
+test's own; worker pods replay a gradient through them. The example Job's pods (the
+training image, deploy/image/Containerfile.train) train the digits example through the
+shard pods, undisturbed, through a failover and through a re-shard; the mTLS overlay's
+shard pods serve only workers with a certificate and the job token.
 
     /usr/bin/python3 -m pytest -q deploy/k8s/play_test.py
 
@@ -41,11 +44,10 @@ def manifests():
     return out
 
 
-def shard_pods(replicas, image):
-    """Each ordinal of the StatefulSet as a Pod: the same template, named as the
-    StatefulSet names its pods."""
-    m = manifests()
-    sts = m["StatefulSet"]
+def shard_pods(replicas, image, sts=None):
+    """Each ordinal of the StatefulSet (base's, or `sts`) as a Pod: the same template, named
+    as the StatefulSet names its pods."""
+    sts = sts or manifests()["StatefulSet"]
     pods = []
     for k in range(replicas):
         spec = copy.deepcopy(sts["spec"]["template"]["spec"])
@@ -98,11 +100,13 @@ def play(env, path, ips):
     return podman(env, *args, str(path), check=True)
 
 
-def worker_pods(workers, steps, data_dir):
+def worker_pods(workers, steps, data_dir, mounts=(), name="gcomp-worker"):
+    """gcomp_worker pods replaying data_dir/g.npy; `mounts`: (volume name, host directory,
+    mount path) more."""
     pods = []
     for w in range(workers):
         pods.append({"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {"name": "gcomp-worker-%d" % w},
+                     "metadata": {"name": "%s-%d" % (name, w)},
                      "spec": {"restartPolicy": "Never",
                               "containers": [{
                                   "name": "worker", "image": TAG,
@@ -110,9 +114,13 @@ def worker_pods(workers, steps, data_dir):
                                            "--worker=%d" % w, "--gradients=/data/g.npy",
                                            "--steps=%d" % steps, "--progress=never"],
                                   "volumeMounts": [{"name": "config", "mountPath": "/etc/gcomp"},
-                                                   {"name": "data", "mountPath": "/data"}]}],
+                                                   {"name": "data", "mountPath": "/data"}] +
+                                                  [{"name": v, "mountPath": m, "readOnly": True}
+                                                   for v, _, m in mounts]}],
                               "volumes": [{"name": "config", "configMap": {"name": "gcomp-config"}},
-                                          {"name": "data", "hostPath": {"path": str(data_dir)}}]}})
+                                          {"name": "data", "hostPath": {"path": str(data_dir)}}] +
+                                         [{"name": v, "hostPath": {"path": str(d)}}
+                                          for v, d, _ in mounts]}})
     return pods
 
 
@@ -436,3 +444,108 @@ def test_the_played_cluster_scales_from_2_to_3_shard_pods_while_the_job_trains(
     assert "re-shard done" in logs[0], logs[0][-3000:]
     assert "serving epoch 2" in logs[2], logs[2][-3000:]
     assert_same_training(got, loopback_digits)
+
+
+def test_mtls_overlay_pods_serve_only_workers_with_the_certificate_and_token(env):
+    """The mTLS overlay (deploy/k8s/overlays/mtls) played: its Secrets become host
+    directories holding what `kubectl create secret` would (certificates from
+    tools/make_test_certs.sh), and the shards' DNS names (gcomp-shard-K.gcomp-shard, in the
+    certificates' subjectAltNames) map to the pods' addresses through hostAliases. The
+    plaintext health port answers the kubelet's probe; workers with a client certificate
+    and the job token train exactly; a worker with another token is refused."""
+    sys.path.insert(0, HERE)
+    from manifests_test import render_mtls
+    e, tmp = env
+    shards, workers = 3, 2
+    certs = tmp / "certs"
+    subprocess.run([os.path.join(ROOT, "tools", "make_test_certs.sh"), str(certs)], check=True,
+                   capture_output=True)
+    secrets = {}
+    for name, files in {"shard-tls": {"ca.crt": "ca.pem", "tls.crt": "server.pem",
+                                      "tls.key": "server.key"},
+                        "worker-tls": {"ca.crt": "ca.pem", "tls.crt": "client.pem",
+                                       "tls.key": "client.key"},
+                        "token": {"token": "token"}}.items():
+        d = tmp / name
+        d.mkdir()
+        for dest, src in files.items():
+            shutil.copyfile(certs / src, d / dest)
+            os.chmod(d / dest, 0o644)  # test keys; a Secret mount gives the pod's group access
+        os.chmod(d, 0o755)
+        secrets[name] = d
+    other_token = tmp / "other-token"
+    other_token.mkdir()
+    (other_token / "token").write_text("f" * 64 + "\n")
+    os.chmod(other_token, 0o755)
+    os.chmod(other_token / "token", 0o644)
+
+    rendered = render_mtls()
+    cm = copy.deepcopy(rendered["ConfigMap"])
+    config = yaml.safe_load(cm["data"]["cluster.yaml"])
+    config["workers"] = workers
+    config["uplink"] = config["downlink"] = {"mode": "lossless"}
+    config["step_timeout_ms"], config["rpc_timeout_ms"] = 3000, 6000
+    config["connect_timeout_ms"] = 20000
+    cm["data"]["cluster.yaml"] = yaml.safe_dump(config)
+    address = config["shards"]["address"]  # gcomp-shard-{index}.gcomp-shard:7000, unchanged
+    aliases = [{"ip": "%s.10%d" % (SUBNET, k),
+                "hostnames": [address.split(":")[0].replace("{index}", str(k))]}
+               for k in range(shards)]
+    health_port = config["security"]["health_port"]
+
+    pods = shard_pods(shards, TAG, sts=rendered["StatefulSet"])
+    for pod in pods:
+        pod["spec"]["hostAliases"] = aliases
+        for v in pod["spec"]["volumes"]:
+            if "secret" in v:
+                v["hostPath"] = {"path": str(secrets["shard-tls" if v["name"] == "tls"
+                                                     else "token"]), "type": "Directory"}
+                del v["secret"]
+    shard_yaml = tmp / "mtls-shards.yaml"
+    shard_yaml.write_text(yaml.safe_dump_all([cm] + pods))
+    data = tmp / "mtls-data"
+    data.mkdir()
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "write_npy.py"),
+                    str(data / "g.npy"), "65536", "sine"], check=True)
+    os.chmod(data, 0o755)
+    os.chmod(data / "g.npy", 0o644)
+
+    def workers_yaml(name, token_dir):
+        pods = worker_pods(workers, 20, data, name=name,
+                           mounts=[("tls", secrets["worker-tls"], "/etc/gcomp-tls"),
+                                   ("token", token_dir, "/etc/gcomp-token")])
+        for pod in pods:
+            pod["spec"]["hostAliases"] = aliases
+        path = tmp / (name + ".yaml")
+        path.write_text(yaml.safe_dump_all([cm] + pods))
+        return path, ["%s-%d-worker" % (name, w) for w in range(workers)]
+
+    played = [shard_yaml]
+    try:
+        play(e, shard_yaml, ["%s.10%d" % (SUBNET, k) for k in range(shards)])
+        for k in range(shards):
+            deadline = time.time() + 30
+            while health("%s.10%d:%d" % (SUBNET, k, health_port)) != b"\x08\x01":
+                assert time.time() < deadline, "shard pod %d: health port never SERVING" % k
+                time.sleep(0.2)
+            # The service port speaks TLS only: a plaintext client gets no answer.
+            assert health("%s.10%d:7000" % (SUBNET, k)) is None
+        good, names = workers_yaml("gcomp-worker-tls", secrets["token"])
+        played.append(good)
+        play(e, good, ["%s.11%d" % (SUBNET, w) for w in range(workers)])
+        wait_exited(e, names, 120)
+        for n in names:
+            r = result_line(e, n)
+            assert r["ok"] and r["steps"] == 20 and r["exact"], r
+        bad, bad_names = workers_yaml("gcomp-worker-badtoken", other_token)
+        played.append(bad)
+        play(e, bad, ["%s.12%d" % (SUBNET, w) for w in range(workers)])
+        wait_exited(e, bad_names, 120)
+        for n in bad_names:
+            r = result_line(e, n)
+            assert not r["ok"] and "PERMISSION_DENIED" in r["error"], r
+    finally:
+        print_tails(shard_logs(e, shards))
+        for path in played[1:]:
+            podman(e, "kube", "down", str(path))
+        down_shards(e, [shard_yaml], shards)
