@@ -484,7 +484,9 @@ def test_mtls_overlay_pods_serve_only_workers_with_the_certificate_and_token(env
     config = yaml.safe_load(cm["data"]["cluster.yaml"])
     config["workers"] = workers
     config["uplink"] = config["downlink"] = {"mode": "lossless"}
-    config["step_timeout_ms"], config["rpc_timeout_ms"] = 3000, 6000
+    # podman starts the worker pods one after the other, seconds apart on a loaded machine:
+    # the first step waits for both.
+    config["step_timeout_ms"], config["rpc_timeout_ms"] = 30000, 60000
     config["connect_timeout_ms"] = 20000
     cm["data"]["cluster.yaml"] = yaml.safe_dump(config)
     address = config["shards"]["address"]  # gcomp-shard-{index}.gcomp-shard:7000, unchanged
@@ -536,14 +538,14 @@ def test_mtls_overlay_pods_serve_only_workers_with_the_certificate_and_token(env
         wait_exited(e, names, 120)
         for n in names:
             r = result_line(e, n)
-            assert r["ok"] and r["steps"] == 20 and r["exact"], r
+            assert r["ok"] and r["steps"] == 20 and r["exact"], json.dumps(r)
         bad, bad_names = workers_yaml("gcomp-worker-badtoken", other_token)
         played.append(bad)
         play(e, bad, ["%s.12%d" % (SUBNET, w) for w in range(workers)])
         wait_exited(e, bad_names, 120)
         for n in bad_names:
             r = result_line(e, n)
-            assert not r["ok"] and "PERMISSION_DENIED" in r["error"], r
+            assert not r["ok"] and "PERMISSION_DENIED" in r["error"], json.dumps(r)
     finally:
         print_tails(shard_logs(e, shards))
         for path in played[1:]:
