@@ -50,7 +50,17 @@ def codec_speeds(files):
     return size / enc_s, size / dec_s
 
 
+def machine_busy_s():
+    """CPU seconds the whole machine has spent busy (every state but idle and iowait), from
+    /proc/stat: the kernel's work for the processes (loopback TCP in softirq context) is
+    not all charged to them."""
+    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    busy = sum(fields) - fields[3] - fields[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def launcher(files, mode, steps, workers, shards):
+    busy = machine_busy_s()
     out = subprocess.run([CLUSTER, "--shards", str(shards), "--workers", str(workers),
                           "--steps", str(steps), "--mode", mode, "--gradients", ",".join(files)],
                          capture_output=True, text=True, timeout=1800)
@@ -60,6 +70,7 @@ def launcher(files, mode, steps, workers, shards):
     r = json.loads(lines[-1])
     if not r["ok"]:
         sys.exit("step_model: %s run not ok: %s" % (mode, r["error"]))
+    r["machine_busy_s"] = machine_busy_s() - busy
     return r
 
 
@@ -97,25 +108,28 @@ class Model:
     def shared_machine(self, mode, cores, rate_bps):
         """One machine, `cores` cores for every process, the shards behind one link."""
         t = self.terms[mode]
-        cpu = (self.w * self.worker_s(mode) + self.s * t["shard_s"]) / cores
+        cpu = (self.w * self.worker_s(mode) + self.s * t["shard_s"] + t["checks_s"] +
+               t["uncharged_s"]) / cores
         wire = 0.0
         if rate_bps:
             per_direction = self.w * self.g / t["ratio"]
             wire = 2 * per_direction * 8 / rate_bps
         return max(cpu, wire), cpu, wire
 
-    def core_per_process(self, mode, rate_bps, gpu_gbps=None):
+    def core_per_process(self, mode, rate_bps, gpu_gbps=None, shard_cores=1):
+        """A machine per process: each worker one core, each shard `shard_cores` (its calls
+        run in parallel on gRPC's threads, so its CPU time divides among them)."""
         t = self.terms[mode]
         shard_nic = self.w * self.g / (self.s * t["ratio"])
         worker_nic = self.g / t["ratio"]
         wire = 2 * max(shard_nic, worker_nic) * 8 / rate_bps
-        return max(self.worker_s(mode, gpu_gbps), t["shard_s"], wire)
+        return max(self.worker_s(mode, gpu_gbps), t["shard_s"] / shard_cores, wire)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gradients", required=True, help="comma-separated .npy files (one step)")
-    p.add_argument("--steps", type=int, default=30, help="steps of the longer calibration run")
+    p.add_argument("--steps", type=int, default=60, help="steps of the longer calibration run")
     p.add_argument("--measured", help="JSON lines of the launcher (bench/ps_bench.sh's stderr) "
                                       "to check the model against")
     p.add_argument("--gpu_gbps", type=float, default=200.0,
@@ -127,19 +141,27 @@ def main():
             sys.exit("step_model: no gradient file %s" % f)
     for b in (CLUSTER, GCOMP):
         if not os.access(b, os.X_OK):
-            sys.exit("step_model: %s is not built (bazel build -c opt //deploy/local:cluster "
+            sys.exit("step_model: %s is not built (bazel build //deploy/local:cluster "
                      "//:gcomp)" % b)
     workers, shards = 4, 2
     enc, dec = codec_speeds(files)
     terms, raw = {}, None
     for mode in ("none", "near-lossless"):
-        short = launcher(files, mode, 5, workers, shards)
+        short = launcher(files, mode, max(2, args.steps // 6), workers, shards)
         long = launcher(files, mode, args.steps, workers, shards)
         raw = long["raw_bytes"] / (2 * long["steps"] * workers)
         w, s = per_step_cpu(short, long)
         codec = 0.0 if mode == "none" else raw / (enc * 1e9) + raw / (dec * 1e9)
+        # Machine CPU beyond the processes' own (worker 0's reference checks included),
+        # per step, differenced like theirs.
+        steps = long["steps"] - short["steps"]
+        charged = sum(long["worker_cpu_s"] + long["shard_cpu_s"]) - sum(
+            short["worker_cpu_s"] + short["shard_cpu_s"])
+        kernel = (long["machine_busy_s"] - short["machine_busy_s"] - charged) / steps
+        terms_extra = (charged / steps) - workers * w - shards * s
         terms[mode] = {"ratio": long["ratio"], "worker_codec_s": codec,
                        "worker_service_s": w - codec, "shard_s": s,
+                       "uncharged_s": max(0.0, kernel), "checks_s": max(0.0, terms_extra),
                        "loopback_step_s": long["step_ms_p50"] / 1e3}
     model = Model(raw, terms, workers, shards)
     cores = os.cpu_count()
@@ -148,13 +170,15 @@ def main():
           "%.2f GB/s; %d cores" % (raw / 1e6, enc, dec, cores))
     print()
     print("| mode | wire ratio | worker codec ms | worker service ms | shard ms | "
-          "model on this machine (loopback) ms | measured loopback ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "worker 0 checks ms | not charged to the processes ms | model on this machine "
+          "(loopback) ms | measured loopback ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for mode, t in terms.items():
         predicted = model.shared_machine(mode, cores, None)[0]
-        print("| %s | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f |" % (
+        print("| %s | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |" % (
             mode, t["ratio"], t["worker_codec_s"] * 1e3, t["worker_service_s"] * 1e3,
-            t["shard_s"] * 1e3, predicted * 1e3, t["loopback_step_s"] * 1e3))
+            t["shard_s"] * 1e3, t["checks_s"] * 1e3, t["uncharged_s"] * 1e3,
+            predicted * 1e3, t["loopback_step_s"] * 1e3))
 
     if args.measured:
         print()
@@ -177,16 +201,17 @@ def main():
     print("Predicted step ms, W = %d, S = %d, this gradient, a core and a NIC per process "
           "(GPU codec at %.0f GB/s):" % (workers, shards, args.gpu_gbps))
     print()
-    print("| link | none | near-lossless, CPU codec | near-lossless, GPU codec | "
-          "near-lossless / none (CPU codec) |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| link | shard cores | none | near-lossless, CPU codec | near-lossless, GPU codec "
+          "| near-lossless / none (CPU codec) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for gbit in (1, 10, 25, 100):
-        rate = gbit * 1e9
-        none = model.core_per_process("none", rate)
-        cpu = model.core_per_process("near-lossless", rate)
-        gpu = model.core_per_process("near-lossless", rate, args.gpu_gbps)
-        print("| %d Gbit/s | %.1f | %.1f | %.1f | %.2fx |" % (gbit, none * 1e3, cpu * 1e3,
-                                                           gpu * 1e3, cpu / none))
+        for k in (1, 4):
+            rate = gbit * 1e9
+            none = model.core_per_process("none", rate, shard_cores=k)
+            cpu = model.core_per_process("near-lossless", rate, shard_cores=k)
+            gpu = model.core_per_process("near-lossless", rate, args.gpu_gbps, shard_cores=k)
+            print("| %d Gbit/s | %d | %.1f | %.1f | %.1f | %.2fx |" % (
+                gbit, k, none * 1e3, cpu * 1e3, gpu * 1e3, cpu / none))
 
 
 if __name__ == "__main__":
