@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -79,9 +80,11 @@ void OnWorkers(const proto::ClusterConfig& config,
 }
 
 // Trains kSteps steps with kWorkers clients. Returns every worker's final values, tensor by
-// tensor, and adds up the clients' map switches.
+// tensor, and adds up the clients' map switches. `reached`, if given, counts each worker
+// into reached[step] as it starts the step.
 std::vector<std::vector<std::vector<float>>> Train(const proto::ClusterConfig& config,
-                                                   uint64_t* map_switches) {
+                                                   uint64_t* map_switches,
+                                                   std::atomic<int>* reached = nullptr) {
   std::vector<std::vector<std::vector<float>>> finals(kWorkers);
   std::atomic<uint64_t> switches{0};
   OnWorkers(config, [&](int w, worker::Client& client) {
@@ -92,6 +95,7 @@ std::vector<std::vector<std::vector<float>>> Train(const proto::ClusterConfig& c
     }
     std::vector<std::vector<float>> out(kTensors.size());
     for (int step = 0; step < kSteps; ++step) {
+      if (reached != nullptr) ++reached[step];
       for (size_t i = 0; i < kTensors.size(); ++i) {
         const auto& [key, n] = kTensors[i];
         std::vector<float> g = Gradient(n, w, step, i);
@@ -145,6 +149,7 @@ TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
   auto s0 = StartShard(two, 0), s1 = StartShard(two, 1);
   std::unique_ptr<server::ShardServer> s2;
   std::vector<cluster::ReshardResult> results;
+  std::atomic<int> reached[kSteps] = {};
   auto between = [&](int step) {
     cluster::ReshardOptions o;
     if (step == 1) {
@@ -154,6 +159,13 @@ TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
       ASSERT_TRUE(r.ok()) << r.status();
       results.push_back(*r);
     } else if (step == 5) {
+      // Once every worker is on the first re-shard's map: a worker still on the map before
+      // it when the second one commits can take the second map for its own and wait for a
+      // switch that waits for it (docs/SERVICE.md, "Re-sharding", limits).
+      const absl::Time give_up = absl::Now() + absl::Minutes(2);  // a worker failed
+      while (reached[5].load() < kWorkers && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
       o.at_step = 8;
       absl::StatusOr<cluster::ReshardResult> r = cluster::RunReshard(back, o);
       ASSERT_TRUE(r.ok()) << r.status();
@@ -167,7 +179,7 @@ TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
   // switch waits for the workers to reach it).
   uint64_t switches = 0;
   std::vector<std::vector<std::vector<float>>> moved;
-  std::thread trainer([&] { moved = Train(two, &switches); });
+  std::thread trainer([&] { moved = Train(two, &switches, reached); });
   // Drive the re-shards from here at the right moments: at_step fixes the switch steps.
   between(1);
   between(5);
@@ -184,6 +196,7 @@ TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
   }
   EXPECT_GE(switches, 2u * kWorkers);
   for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_EQ(moved[w].size(), kTensors.size()) << "worker " << w << " did not finish";
     for (size_t i = 0; i < kTensors.size(); ++i) {
       ASSERT_EQ(moved[w][i].size(), fixed[w][i].size());
       EXPECT_EQ(std::memcmp(moved[w][i].data(), fixed[w][i].data(), fixed[w][i].size() * 4), 0)

@@ -124,6 +124,17 @@ def worker_pods(workers, steps, data_dir, mounts=(), name="gcomp-worker"):
     return pods
 
 
+def gradient_dir(path):
+    """A directory the pods' uid can read, holding g.npy: a synthetic gradient of 65,536
+    f32 elements for gcomp_worker to replay."""
+    path.mkdir()
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "write_npy.py"),
+                    str(path / "g.npy"), "65536", "sine"], check=True)
+    os.chmod(path, 0o755)
+    os.chmod(path / "g.npy", 0o644)
+    return path
+
+
 def health(address):
     """grpc.health.v1.Health/Check for the whole server, as the kubelet's gRPC probe asks:
     the serialized response (b"\\x08\\x01" is SERVING), or None if it does not answer."""
@@ -135,6 +146,13 @@ def health(address):
             return check(b"", timeout=2, wait_for_ready=True)
         except grpc.RpcError:
             return None
+
+
+def wait_serving(address, what, timeout_s=30):
+    deadline = time.time() + timeout_s
+    while health(address) != b"\x08\x01":
+        assert time.time() < deadline, "%s never reported SERVING" % what
+        time.sleep(0.2)
 
 
 def wait_exited(env, names, timeout_s):
@@ -162,20 +180,12 @@ def test_shard_pods_serve_worker_pods_and_a_deleted_shard_is_named(env):
     cm["data"]["cluster.yaml"] = yaml.safe_dump(config)
     shard_yaml = tmp / "shards.yaml"
     shard_yaml.write_text(yaml.safe_dump_all([cm] + shard_pods(shards, TAG)))
-    data = tmp / "data"
-    data.mkdir()
-    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "write_npy.py"),
-                    str(data / "g.npy"), "65536", "sine"], check=True)
-    os.chmod(data, 0o755)
-    os.chmod(data / "g.npy", 0o644)
+    data = gradient_dir(tmp / "data")
     try:
         play(e, shard_yaml, [SUBNET + ".1%d" % k for k in range(shards)])
         # What the readiness and liveness probes ask: every shard pod answers SERVING.
         for k in range(shards):
-            deadline = time.time() + 30
-            while health("%s.1%d:7000" % (SUBNET, k)) != b"\x08\x01":
-                assert time.time() < deadline, "shard pod %d never reported SERVING" % k
-                time.sleep(0.2)
+            wait_serving("%s.1%d:7000" % (SUBNET, k), "shard pod %d" % k)
         # 1. Workers train through the shards: every result exact.
         run1 = tmp / "workers1.yaml"
         run1.write_text(yaml.safe_dump_all([cm] + worker_pods(workers, 20, data)))
@@ -304,10 +314,7 @@ def play_shards(env, tmp, name, config, ordinals, ip_prefix, config_dir=None):
     path.write_text(yaml.safe_dump_all([cm] + pods))
     play(env, path, ["%s%d" % (ip_prefix, k) for k in ordinals])
     for k in ordinals:
-        deadline = time.time() + 30
-        while health("%s%d:7000" % (ip_prefix, k)) != b"\x08\x01":
-            assert time.time() < deadline, "shard pod %d never reported SERVING" % k
-            time.sleep(0.2)
+        wait_serving("%s%d:7000" % (ip_prefix, k), "shard pod %d" % k)
     return path, cm
 
 
@@ -505,12 +512,7 @@ def test_mtls_overlay_pods_serve_only_workers_with_the_certificate_and_token(env
                 del v["secret"]
     shard_yaml = tmp / "mtls-shards.yaml"
     shard_yaml.write_text(yaml.safe_dump_all([cm] + pods))
-    data = tmp / "mtls-data"
-    data.mkdir()
-    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "write_npy.py"),
-                    str(data / "g.npy"), "65536", "sine"], check=True)
-    os.chmod(data, 0o755)
-    os.chmod(data / "g.npy", 0o644)
+    data = gradient_dir(tmp / "mtls-data")
 
     def workers_yaml(name, token_dir):
         pods = worker_pods(workers, 20, data, name=name,
@@ -526,10 +528,7 @@ def test_mtls_overlay_pods_serve_only_workers_with_the_certificate_and_token(env
     try:
         play(e, shard_yaml, ["%s.10%d" % (SUBNET, k) for k in range(shards)])
         for k in range(shards):
-            deadline = time.time() + 30
-            while health("%s.10%d:%d" % (SUBNET, k, health_port)) != b"\x08\x01":
-                assert time.time() < deadline, "shard pod %d: health port never SERVING" % k
-                time.sleep(0.2)
+            wait_serving("%s.10%d:%d" % (SUBNET, k, health_port), "shard pod %d's health port" % k)
             # The service port speaks TLS only: a plaintext client gets no answer.
             assert health("%s.10%d:7000" % (SUBNET, k)) is None
         good, names = workers_yaml("gcomp-worker-tls", secrets["token"])
