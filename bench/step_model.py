@@ -158,10 +158,10 @@ def main():
         charged = sum(long["worker_cpu_s"] + long["shard_cpu_s"]) - sum(
             short["worker_cpu_s"] + short["shard_cpu_s"])
         kernel = (long["machine_busy_s"] - short["machine_busy_s"] - charged) / steps
-        terms_extra = (charged / steps) - workers * w - shards * s
+        checks = (charged / steps) - workers * w - shards * s
         terms[mode] = {"ratio": long["ratio"], "worker_codec_s": codec,
                        "worker_service_s": w - codec, "shard_s": s,
-                       "uncharged_s": max(0.0, kernel), "checks_s": max(0.0, terms_extra),
+                       "uncharged_s": max(0.0, kernel), "checks_s": max(0.0, checks),
                        "loopback_step_s": long["step_ms_p50"] / 1e3}
     model = Model(raw, terms, workers, shards)
     cores = os.cpu_count()
