@@ -3,6 +3,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+// XXH64_state_t on the stack (the streaming checksum of a payload in pieces).
+#define XXH_STATIC_LINKING_ONLY
 #include "xxhash.h"
 
 namespace gcomp::cluster {
@@ -74,8 +76,36 @@ absl::Status EncodeWireBlock(const DirectionCodec& dc, codec::DType dtype, const
   return FillWireBlock(dc, dtype, n, std::move(bytes), out);
 }
 
-absl::Status CheckWireBlock(const proto::CompressedBlock& block, codec::DType dtype,
-                            size_t n) {
+namespace {
+
+size_t TotalSize(WirePieces data) {
+  size_t total = 0;
+  for (absl::string_view piece : data) total += piece.size();
+  return total;
+}
+
+uint64_t Checksum(WirePieces data) {
+  if (data.size() == 1) return XXH64(data[0].data(), data[0].size(), 0);
+  XXH64_state_t state;
+  XXH64_reset(&state, 0);
+  for (absl::string_view piece : data) XXH64_update(&state, piece.data(), piece.size());
+  return XXH64_digest(&state);
+}
+
+// The payload as one contiguous view: the only piece, or the pieces joined into *scratch.
+absl::string_view Joined(WirePieces data, std::string* scratch) {
+  if (data.size() == 1) return data[0];
+  if (data.empty()) return absl::string_view();
+  scratch->clear();
+  scratch->reserve(TotalSize(data));
+  for (absl::string_view piece : data) scratch->append(piece.data(), piece.size());
+  return *scratch;
+}
+
+// CheckWireBlock with the GComp payload, once checked, in *gcomp (a view of `data` or of
+// *scratch).
+absl::Status Check(const proto::CompressedBlock& block, WirePieces data, codec::DType dtype,
+                   size_t n, std::string* scratch, absl::string_view* gcomp) {
   if (block.dtype() != ToProto(dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("block dtype ", proto::DType_Name(block.dtype()),
                                                    " does not match tensor dtype ",
@@ -85,15 +115,14 @@ absl::Status CheckWireBlock(const proto::CompressedBlock& block, codec::DType dt
     return absl::InvalidArgumentError(
         absl::StrCat("block holds ", block.elements(), " elements, chunk has ", n));
   }
-  const std::string& data = block.data();
-  if (XXH64(data.data(), data.size(), 0) != block.checksum()) {
+  const size_t size = TotalSize(data);
+  if (Checksum(data) != block.checksum()) {
     return absl::DataLossError("block checksum mismatch: data corrupted in transit");
   }
   if (block.codec() == proto::CODEC_RAW) {
     // Divided, not multiplied: n * bytes wraps for n near 2^64 and could match a short block.
-    if (data.size() % codec::DTypeBytes(dtype) != 0 ||
-        data.size() / codec::DTypeBytes(dtype) != n) {
-      return absl::InvalidArgumentError(absl::StrCat("raw block carries ", data.size(),
+    if (size % codec::DTypeBytes(dtype) != 0 || size / codec::DTypeBytes(dtype) != n) {
+      return absl::InvalidArgumentError(absl::StrCat("raw block carries ", size,
                                                      " bytes, expected ",
                                                      n * codec::DTypeBytes(dtype)));
     }
@@ -102,7 +131,8 @@ absl::Status CheckWireBlock(const proto::CompressedBlock& block, codec::DType dt
   if (block.codec() != proto::CODEC_GCOMP) {
     return absl::InvalidArgumentError(absl::StrCat("unknown block codec ", block.codec()));
   }
-  absl::StatusOr<codec::BlockInfo> info = codec::InspectBlock(codec::AsBytes(data));
+  const absl::string_view bytes = Joined(data, scratch);
+  absl::StatusOr<codec::BlockInfo> info = codec::InspectBlock(codec::AsBytes(bytes));
   if (!info.ok()) {
     return absl::DataLossError(absl::StrCat("corrupt codec block: ", info.status().message()));
   }
@@ -117,22 +147,47 @@ absl::Status CheckWireBlock(const proto::CompressedBlock& block, codec::DType dt
        block.sections().table_bytes() != info->table_bytes)) {
     return absl::InvalidArgumentError("mirrored section sizes disagree with the codec block");
   }
+  *gcomp = bytes;
   return absl::OkStatus();
 }
 
-absl::Status DecodeWireBlock(const proto::CompressedBlock& block, codec::DType dtype, size_t n,
-                             void* out) {
-  if (absl::Status s = CheckWireBlock(block, dtype, n); !s.ok()) return s;
-  const std::string& data = block.data();
-  if (block.codec() == proto::CODEC_RAW) {
-    std::memcpy(out, data.data(), data.size());
+}  // namespace
+
+absl::Status CheckWireBlock(const proto::CompressedBlock& header, WirePieces data,
+                            codec::DType dtype, size_t n, std::string* scratch) {
+  absl::string_view gcomp;
+  return Check(header, data, dtype, n, scratch, &gcomp);
+}
+
+absl::Status DecodeWireBlock(const proto::CompressedBlock& header, WirePieces data,
+                             codec::DType dtype, size_t n, void* out, std::string* scratch) {
+  absl::string_view gcomp;
+  if (absl::Status s = Check(header, data, dtype, n, scratch, &gcomp); !s.ok()) return s;
+  if (header.codec() == proto::CODEC_RAW) {
+    char* to = static_cast<char*>(out);
+    for (absl::string_view piece : data) {
+      std::memcpy(to, piece.data(), piece.size());
+      to += piece.size();
+    }
     return absl::OkStatus();
   }
-  absl::Status s = codec::DecodeBlock(codec::AsBytes(data), dtype, out, n);
+  absl::Status s = codec::DecodeBlock(codec::AsBytes(gcomp), dtype, out, n);
   if (!s.ok() && s.code() != absl::StatusCode::kInvalidArgument) {
     return absl::DataLossError(absl::StrCat("corrupt codec block: ", s.message()));
   }
   return s;
+}
+
+absl::Status CheckWireBlock(const proto::CompressedBlock& block, codec::DType dtype,
+                            size_t n) {
+  const absl::string_view data = block.data();
+  return CheckWireBlock(block, WirePieces(&data, 1), dtype, n, nullptr);
+}
+
+absl::Status DecodeWireBlock(const proto::CompressedBlock& block, codec::DType dtype, size_t n,
+                             void* out) {
+  const absl::string_view data = block.data();
+  return DecodeWireBlock(block, WirePieces(&data, 1), dtype, n, out, nullptr);
 }
 
 }  // namespace gcomp::cluster

@@ -8,6 +8,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "codec/codec.h"
 #include "proto/block.pb.h"
 #include "cluster/direction_codec.h"
@@ -40,6 +42,18 @@ absl::Status CheckWireBlock(const proto::CompressedBlock& block, codec::DType dt
 // corrupt codec block).
 absl::Status DecodeWireBlock(const proto::CompressedBlock& block, codec::DType dtype, size_t n,
                              void* out);
+
+// A block's payload as it arrived, in order: gRPC hands a received message over in slices,
+// and the payload is read from them where they lie (cluster/wire_message.h).
+using WirePieces = absl::Span<const absl::string_view>;
+
+// The same two, with the block's fields from `header` (its own `data` is ignored) and the
+// payload in `data`. A GComp payload in more than one piece is joined into *scratch first
+// (the codec reads one contiguous block); raw elements are copied straight from the pieces.
+absl::Status CheckWireBlock(const proto::CompressedBlock& header, WirePieces data,
+                            codec::DType dtype, size_t n, std::string* scratch);
+absl::Status DecodeWireBlock(const proto::CompressedBlock& header, WirePieces data,
+                             codec::DType dtype, size_t n, void* out, std::string* scratch);
 
 }  // namespace gcomp::cluster
 

@@ -7,6 +7,8 @@
 #include "absl/time/clock.h"
 #include "cluster/credentials.h"
 #include "cluster/grpc_status.h"
+#include "grpcpp/impl/codegen/method_handler.h"
+#include "grpcpp/impl/codegen/rpc_service_method.h"
 
 namespace gcomp::server {
 
@@ -33,6 +35,30 @@ std::string HostOf(const std::string& address) {
 
 }  // namespace
 
+template <typename Request, typename Response>
+void AggregationGrpcService::AddUnary(
+    const char* name, grpc::Status (AggregationGrpcService::*method)(grpc::ServerContext*,
+                                                                     const Request*, Response*)) {
+  AddMethod(new grpc::internal::RpcServiceMethod(
+      name, grpc::internal::RpcMethod::NORMAL_RPC,
+      new grpc::internal::RpcMethodHandler<AggregationGrpcService, Request, Response>(
+          [method](AggregationGrpcService* self, grpc::ServerContext* context,
+                   const Request* request, Response* response) {
+            return (self->*method)(context, request, response);
+          },
+          this)));
+}
+
+void AggregationGrpcService::RegisterMethods() {
+  // The generated service's method names (aggregation.grpc.pb.cc); clients with the
+  // generated stub call these (tests/service_test.cc).
+  AddUnary("/gcomp.proto.Aggregation/RegisterWorker", &AggregationGrpcService::RegisterWorker);
+  AddUnary("/gcomp.proto.Aggregation/DeclareTensor", &AggregationGrpcService::DeclareTensor);
+  AddUnary(cluster::kPushPullMethod, &AggregationGrpcService::PushPull);
+  AddUnary("/gcomp.proto.Aggregation/Pull", &AggregationGrpcService::Pull);
+  AddUnary("/gcomp.proto.Aggregation/Stats", &AggregationGrpcService::Stats);
+}
+
 grpc::Status AggregationGrpcService::RegisterWorker(grpc::ServerContext* context,
                                                     const proto::RegisterWorkerRequest* request,
                                                     proto::RegisterWorkerResponse* response) {
@@ -54,13 +80,27 @@ grpc::Status AggregationGrpcService::DeclareTensor(grpc::ServerContext* context,
 }
 
 grpc::Status AggregationGrpcService::PushPull(grpc::ServerContext* context,
-                                              const proto::CompressedBlock* request,
-                                              proto::CompressedBlock* response) {
+                                              const cluster::WireMessage* request,
+                                              cluster::WireMessage* response) {
   ShardMetrics::InFlight in_flight = shard_->metrics()->Track("PushPull");
   if (grpc::Status s = Authorize(token_, context, "Aggregation.PushPull"); !s.ok()) return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());
-  return ToGrpc(shard_->PushPull(*request, DeadlineOf(context), response));
+  std::shared_ptr<const proto::CompressedBlock> reply;
+  absl::Status s = shard_->PushPull(request->header(), request->data(), DeadlineOf(context), &reply);
+  if (!s.ok()) return ToGrpc(s);
+  // The reply's fields with this worker's id; the payload is the shared result itself.
+  proto::CompressedBlock header;
+  header.mutable_address()->CopyFrom(reply->address());
+  header.mutable_address()->set_worker(request->header().address().worker());
+  header.set_dtype(reply->dtype());
+  header.set_elements(reply->elements());
+  header.set_codec(reply->codec());
+  if (reply->has_policy()) *header.mutable_policy() = reply->policy();
+  if (reply->has_sections()) *header.mutable_sections() = reply->sections();
+  header.set_checksum(reply->checksum());
+  *response = cluster::WireMessage::Share(std::move(header), std::move(reply));
+  return grpc::Status::OK;
 }
 
 grpc::Status AggregationGrpcService::Pull(grpc::ServerContext* context,

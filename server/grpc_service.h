@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cluster/job_token.h"
+#include "cluster/wire_message.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/aggregation.grpc.pb.h"
@@ -19,7 +20,11 @@
 
 namespace gcomp::server {
 
-class AggregationGrpcService final : public proto::Aggregation::Service {
+// Aggregation, registered by hand rather than through the generated Aggregation::Service:
+// PushPull takes and answers cluster::WireMessage (the same bytes on the wire), so a
+// pushed payload is decoded from the slices it arrived in and the step's result is sent
+// from the shard's one copy, shared by every worker's reply.
+class AggregationGrpcService final : public grpc::Service {
  public:
   // `shard` is borrowed and must outlive this service. With a `token`, every call must
   // carry it (cluster::AuthorizeCall).
@@ -27,23 +32,31 @@ class AggregationGrpcService final : public proto::Aggregation::Service {
                                   std::shared_ptr<cluster::JobToken> token = nullptr)
       : shard_(shard),
         token_(std::move(token)),
-        limiter_(shard->config().limits().max_calls_per_client()) {}
+        limiter_(shard->config().limits().max_calls_per_client()) {
+    RegisterMethods();
+  }
 
   grpc::Status RegisterWorker(grpc::ServerContext* context, const proto::RegisterWorkerRequest* request,
-                              proto::RegisterWorkerResponse* response) override;
+                              proto::RegisterWorkerResponse* response);
   grpc::Status DeclareTensor(grpc::ServerContext* context, const proto::DeclareTensorRequest* request,
-                             proto::DeclareTensorResponse* response) override;
-  grpc::Status PushPull(grpc::ServerContext* context, const proto::CompressedBlock* request,
-                        proto::CompressedBlock* response) override;
+                             proto::DeclareTensorResponse* response);
+  grpc::Status PushPull(grpc::ServerContext* context, const cluster::WireMessage* request,
+                        cluster::WireMessage* response);
   grpc::Status Pull(grpc::ServerContext* context, const proto::PullRequest* request,
-                    proto::CompressedBlock* response) override;
+                    proto::CompressedBlock* response);
   grpc::Status Stats(grpc::ServerContext* context, const proto::StatsRequest* request,
-                     proto::StatsResponse* response) override;
+                     proto::StatsResponse* response);
 
  private:
   ShardService* shard_;
   const std::shared_ptr<cluster::JobToken> token_;  // null: calls are not checked
   CallLimiter limiter_;  // every call but Stats holds a slot while it runs
+
+  void RegisterMethods();
+  template <typename Request, typename Response>
+  void AddUnary(const char* name,
+                grpc::Status (AggregationGrpcService::*method)(grpc::ServerContext*, const Request*,
+                                                               Response*));
 };
 
 // Resharding: the coordinator's and the peer shards' side of a live re-shard.

@@ -59,7 +59,19 @@ absl::StatusOr<std::shared_ptr<StepAccumulator>> ShardService::OwnedChunk(const 
 
 absl::Status ShardService::PushPull(const proto::CompressedBlock& request, absl::Time deadline,
                                     proto::CompressedBlock* response) {
-  absl::Status s = PushPullImpl(request, deadline, response);
+  const absl::string_view data = request.data();
+  std::shared_ptr<const proto::CompressedBlock> reply;
+  absl::Status s = PushPull(request, cluster::WirePieces(&data, 1), deadline, &reply);
+  if (!s.ok()) return s;
+  *response = *reply;
+  response->mutable_address()->set_worker(request.address().worker());
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::PushPull(const proto::CompressedBlock& request,
+                                    cluster::WirePieces data, absl::Time deadline,
+                                    std::shared_ptr<const proto::CompressedBlock>* reply) {
+  absl::Status s = PushPullImpl(request, data, deadline, reply);
   metrics_->CountPush(s.code());
   metrics_->SetAdmission(admission_->usage(), admission_->limits().memory_budget_bytes);
   if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded &&
@@ -78,8 +90,9 @@ absl::Status ShardService::PushPull(const proto::CompressedBlock& request, absl:
   return s;
 }
 
-absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, absl::Time deadline,
-                                        proto::CompressedBlock* response) {
+absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request,
+                                        cluster::WirePieces data, absl::Time deadline,
+                                        std::shared_ptr<const proto::CompressedBlock>* reply) {
   const proto::BlockAddress& a = request.address();
   absl::StatusOr<Tensor*> found = FindTensor(a.job(), a.shard_map_epoch(), a.key(), deadline);
   if (!found.ok()) return found.status();
@@ -108,8 +121,10 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
                                                    " elements; chunk ", a.chunk(), " of '",
                                                    a.key(), "' has ", n));
   }
-  if (request.data().size() > cluster::MaxWireBytes(n, t->dtype)) {
-    return absl::ResourceExhaustedError(absl::StrCat("block of ", request.data().size(),
+  size_t data_size = 0;
+  for (absl::string_view piece : data) data_size += piece.size();
+  if (data_size > cluster::MaxWireBytes(n, t->dtype)) {
+    return absl::ResourceExhaustedError(absl::StrCat("block of ", data_size,
                                                      " bytes exceeds the bound ",
                                                      cluster::MaxWireBytes(n, t->dtype), " for ", n,
                                                      " elements"));
@@ -125,12 +140,15 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
     contribution = *std::move(buffer);
     absl::Duration decode_time;
     pool_->Schedule([&] {
+      // A GComp payload that arrived in pieces is joined here first; kept per thread, so
+      // the copy costs no allocation once warm.
+      thread_local std::string scratch;
       const absl::Time start = absl::Now();
       if (t->dtype == codec::DType::kF32) {
-        decoded = cluster::DecodeWireBlock(request, t->dtype, n, contribution.data());
+        decoded = cluster::DecodeWireBlock(request, data, t->dtype, n, contribution.data(), &scratch);
       } else {
         std::vector<uint16_t> narrow(n);
-        decoded = cluster::DecodeWireBlock(request, t->dtype, n, narrow.data());
+        decoded = cluster::DecodeWireBlock(request, data, t->dtype, n, narrow.data(), &scratch);
         if (decoded.ok()) codec::ToF32(t->dtype, narrow.data(), n, contribution.data());
       }
       decode_time = absl::Now() - start;
@@ -144,9 +162,9 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
     }
   }
   ++pushes_;
-  bytes_in_ += request.data().size();
+  bytes_in_ += data_size;
   raw_bytes_in_ += n * codec::DTypeBytes(t->dtype);
-  metrics_->AddIn(n * codec::DTypeBytes(t->dtype), request.data().size());
+  metrics_->AddIn(n * codec::DTypeBytes(t->dtype), data_size);
   absl::StatusOr<StepAccumulator::Outcome> outcome =
       acc->Push(a.worker(), a.step(), std::move(contribution), deadline);
   if (!outcome.ok()) return outcome.status();
@@ -154,10 +172,9 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request, a
     ++duplicate_pushes_;
     metrics_->CountDuplicate();
   }
-  *response = *outcome->reply;
-  response->mutable_address()->set_worker(a.worker());
-  bytes_out_ += response->data().size();
-  metrics_->AddOut(n * codec::DTypeBytes(t->dtype), response->data().size());
+  *reply = outcome->reply;
+  bytes_out_ += (*reply)->data().size();
+  metrics_->AddOut(n * codec::DTypeBytes(t->dtype), (*reply)->data().size());
   raw_bytes_out_ += n * codec::DTypeBytes(t->dtype);
   return absl::OkStatus();
 }

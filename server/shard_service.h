@@ -42,6 +42,7 @@
 #include "proto/reshard.pb.h"
 #include "cluster/cluster_config.h"
 #include "cluster/shard_map.h"
+#include "cluster/wire_block.h"
 #include "server/admission.h"
 #include "server/shard_metrics.h"
 #include "server/step_accumulator.h"
@@ -112,6 +113,12 @@ class ShardService {
   // Waits until the step completes or fails, or `deadline` passes.
   absl::Status PushPull(const proto::CompressedBlock& request, absl::Time deadline,
                         proto::CompressedBlock* response);
+  // The same, as the gRPC data path calls it: the block's fields in `header` (its `data`
+  // ignored), its payload in `data` (the pieces it arrived in), and the step's result in
+  // *reply, shared by every worker of the step (answer with its payload and the caller's
+  // worker id).
+  absl::Status PushPull(const proto::CompressedBlock& header, cluster::WirePieces data,
+                        absl::Time deadline, std::shared_ptr<const proto::CompressedBlock>* reply);
   absl::Status Pull(const proto::PullRequest& request, proto::CompressedBlock* response,
                     absl::Time deadline = absl::Now() + absl::Seconds(10));
   void Stats(proto::StatsResponse* response) const;
@@ -274,8 +281,9 @@ class ShardService {
   // lost chunk, FailedPrecondition naming the owner when another shard owns it.
   absl::StatusOr<std::shared_ptr<StepAccumulator>> OwnedChunk(const Tensor& t,
                                                               uint32_t chunk) const;
-  absl::Status PushPullImpl(const proto::CompressedBlock& request, absl::Time deadline,
-                            proto::CompressedBlock* response);
+  absl::Status PushPullImpl(const proto::CompressedBlock& request, cluster::WirePieces data,
+                            absl::Time deadline,
+                            std::shared_ptr<const proto::CompressedBlock>* reply);
   std::string WorkerName(uint32_t worker) const;
   // The request's own checks that need no shard state (key length, job, epoch).
   absl::Status CheckKey(const std::string& key) const;

@@ -79,7 +79,10 @@ class LossyReplies final : public proto::Aggregation::Service {
   }
   grpc::Status PushPull(grpc::ServerContext* c, const proto::CompressedBlock* r,
                         proto::CompressedBlock* out) override {
-    grpc::Status s = inner_.PushPull(c, r, out);
+    const cluster::WireMessage request = cluster::WireMessage::Own(*r);
+    cluster::WireMessage reply;
+    grpc::Status s = inner_.PushPull(c, &request, &reply);
+    if (s.ok()) *out = reply.ToBlock();
     if (s.ok() && lose_.fetch_sub(1) > 0) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "reply lost (test)");
     }

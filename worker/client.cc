@@ -3,11 +3,12 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
-#include <thread>
+#include <future>
 #include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "gpu/runtime.h"
 #include "worker/bounded_queue.h"
 #include "worker/client_impl.h"
@@ -110,14 +111,15 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
   }
 
   // Encoded chunks wait here for a sender, at most `senders` of them.
-  BoundedQueue<std::unique_ptr<proto::CompressedBlock>> queue(senders);
+  BoundedQueue<std::unique_ptr<cluster::WireMessage>> queue(senders);
   auto fail = [&](absl::Status s) { queue.Fail(std::move(s)); };
 
   auto send = [&] {
-    while (std::optional<std::unique_ptr<proto::CompressedBlock>> next = queue.Pop()) {
-      std::unique_ptr<proto::CompressedBlock> req = *std::move(next);
-      const uint32_t chunk = req->address().chunk();
-      proto::CompressedBlock resp;
+    std::string scratch;  // a GComp reply that arrived in pieces, joined
+    while (std::optional<std::unique_ptr<cluster::WireMessage>> next = queue.Pop()) {
+      std::unique_ptr<cluster::WireMessage> req = *std::move(next);
+      const uint32_t chunk = req->header().address().chunk();
+      cluster::WireMessage resp;
       grpc::Status st;
       std::shared_ptr<const MapState> m;
       uint32_t shard = 0;
@@ -127,9 +129,9 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
           fail(m->NoOwner(key, t, chunk));
           return;
         }
-        req->mutable_address()->set_shard_map_epoch(m->epoch());
-        st = CallShard(*m, shard, [&](auto* stub, grpc::ClientContext* ctx) {
-          return stub->PushPull(ctx, *req, &resp);
+        req->mutable_header()->mutable_address()->set_shard_map_epoch(m->epoch());
+        st = CallShard(*m, shard, [&](const MapState::Stubs* stub, grpc::ClientContext* ctx) {
+          return stub->push_pull->PushPull(ctx, *req, &resp);
         });
         // A re-shard replaced the map: move to the new one and resend (pushes are
         // idempotent, and the chunk's state, cached result included, moved with it).
@@ -149,59 +151,63 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
         fail(FromGrpc(st, where));
         return;
       }
-      if (resp.address().key() != key || resp.address().chunk() != chunk ||
-          resp.address().step() != step) {
-        fail(absl::InternalError(absl::StrCat(where, ": reply addressed to '",
-                                              resp.address().key(), "' chunk ",
-                                              resp.address().chunk(), " step ",
-                                              resp.address().step())));
+      const proto::BlockAddress& got = resp.header().address();
+      if (got.key() != key || got.chunk() != chunk || got.step() != step) {
+        fail(absl::InternalError(absl::StrCat(where, ": reply addressed to '", got.key(),
+                                              "' chunk ", got.chunk(), " step ", got.step())));
         return;
       }
       const size_t n = t.layout.size(chunk);
       absl::Status d =
-          on_device ? cluster::CheckWireBlock(resp, t.dtype, n)
+          on_device ? cluster::CheckWireBlock(resp.header(), resp.data(), t.dtype, n, &scratch)
                     : cluster::DecodeWireBlock(
-                          resp, t.dtype, n,
-                          static_cast<char*>(output) + t.layout.begin(chunk) * esize);
+                          resp.header(), resp.data(), t.dtype, n,
+                          static_cast<char*>(output) + t.layout.begin(chunk) * esize, &scratch);
       if (!d.ok()) {
         fail(absl::Status(d.code(), absl::StrCat(where, ": reply: ", d.message())));
         return;
       }
       raw_received += n * esize;
-      wire_received += resp.data().size();
+      wire_received += resp.data_size();
       ++chunks;
-      if (on_device) device_replies[chunk] = std::move(resp);  // each chunk has one sender
+      if (on_device) device_replies[chunk] = resp.ToBlock();  // each chunk has one sender
     }
   };
 
-  std::vector<std::thread> threads;
-  threads.reserve(senders);
-  for (size_t i = 0; i < senders; ++i) threads.emplace_back(send);
+  absl::BlockingCounter sent(static_cast<int>(senders));
+  for (size_t i = 0; i < senders; ++i) {
+    threads.Run([&] {
+      send();
+      sent.DecrementCount();
+    });
+  }
   for (uint32_t c = 0; c < num_chunks && !queue.failed(); ++c) {
-    auto req = std::make_unique<proto::CompressedBlock>();
+    proto::CompressedBlock block;
     const size_t n = t.layout.size(c);
     absl::Status s =
         on_device
-            ? cluster::FillWireBlock(uplink, t.dtype, n, std::move(device_encoded[c]), req.get())
+            ? cluster::FillWireBlock(uplink, t.dtype, n, std::move(device_encoded[c]), &block)
             : cluster::EncodeWireBlock(uplink, t.dtype,
                                        static_cast<const char*>(input) + t.layout.begin(c) * esize,
-                                       n, req.get());
+                                       n, &block);
     if (!s.ok()) {
       fail(s);
       break;
     }
-    proto::BlockAddress* a = req->mutable_address();
+    proto::BlockAddress* a = block.mutable_address();
     a->set_job(config.job());
     a->set_key(key);
     a->set_chunk(c);
     a->set_step(step);
     a->set_worker(options.worker);
     raw_sent += n * esize;
-    wire_sent += req->data().size();
+    wire_sent += block.data().size();
+    // The encoded payload moves into the message and is sent from where it lies.
+    auto req = std::make_unique<cluster::WireMessage>(cluster::WireMessage::Own(std::move(block)));
     if (!queue.Push(std::move(req))) break;
   }
   queue.Close();
-  for (std::thread& th : threads) th.join();
+  sent.Wait();
   if (absl::Status s = queue.status(); !s.ok()) return s;
   if (on_device) return DecodeDeviceChunks(t.dtype, device_replies, t.layout, output);
   return absl::OkStatus();
@@ -209,9 +215,11 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
 
 std::future<absl::Status> Client::PushPullAsync(const std::string& key, int64_t step,
                                                 const void* input, void* output) {
-  return std::async(std::launch::async, [this, key, step, input, output] {
-    return PushPull(key, step, input, output);
-  });
+  auto task = std::make_shared<std::packaged_task<absl::Status()>>(
+      [this, key, step, input, output] { return PushPull(key, step, input, output); });
+  std::future<absl::Status> result = task->get_future();
+  impl_->threads.Run([task] { (*task)(); });
+  return result;
 }
 
 absl::Status Client::PushPull(const std::string& key, int64_t step, const void* input,

@@ -15,11 +15,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/metrics_exposer.h"
+#include "base/thread_cache.h"
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
 #include "cluster/grpc_status.h"
 #include "cluster/shard_map.h"
 #include "cluster/wire_block.h"
+#include "cluster/wire_message.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/aggregation.grpc.pb.h"
 #include "proto/reshard.grpc.pb.h"
@@ -58,8 +60,13 @@ struct MapState {
   uint32_t replicas = 1;
   std::vector<bool> down;     // by shard: taken out by a failover
   std::vector<bool> joining;  // by shard: back, catching up, owning nothing yet
+  // One channel's stubs: the generated one, and PushPull without payload copies.
+  struct Stubs {
+    std::unique_ptr<proto::Aggregation::Stub> aggregation;
+    std::unique_ptr<cluster::PushPullStub> push_pull;
+  };
   // stubs[shard][channel] and one Resharding stub per shard.
-  std::vector<std::vector<std::unique_ptr<proto::Aggregation::Stub>>> stubs;
+  std::vector<std::vector<Stubs>> stubs;
   std::vector<std::unique_ptr<proto::Resharding::Stub>> reshard;
 
   uint64_t epoch() const { return config.shard_map_epoch(); }
@@ -128,15 +135,19 @@ struct Client::Impl {
   // stops serving before the metrics it reads go away.
   std::shared_ptr<ClientMetrics> metrics;
   std::unique_ptr<MetricsExposer> metrics_exposer;
+  // Runs PushPullAsync calls and the chunk senders of every PushPull: threads are reused
+  // across steps instead of started per call. Last, so that it is destroyed first: calls
+  // still running finish while everything they use is alive.
+  ThreadCache threads;
 
   std::shared_ptr<const MapState> Map() const {
     absl::MutexLock lock(&map_mu);
     return map;
   }
 
-  proto::Aggregation::Stub* Stub(const MapState& m, uint32_t shard) {
+  const MapState::Stubs* Stub(const MapState& m, uint32_t shard) {
     auto& v = m.stubs[shard];
-    return v[next_channel.fetch_add(1, std::memory_order_relaxed) % v.size()].get();
+    return &v[next_channel.fetch_add(1, std::memory_order_relaxed) % v.size()];
   }
 
   // A MapState for `config` (its shards and epoch), with channels reused by address.
@@ -252,7 +263,7 @@ struct Client::Impl {
       req.set_shard_map_epoch(m->epoch());
       proto::CompressedBlock resp;
       grpc::Status st = CallShard(*m, shard, [&](auto* stub, grpc::ClientContext* ctx) {
-        return stub->Pull(ctx, req, &resp);
+        return stub->aggregation->Pull(ctx, req, &resp);
       });
       absl::Status error;
       if (!st.ok() && switches < kMaxMapSwitches && ResendAfterSwitch(st, *m, shard, &error)) continue;

@@ -34,7 +34,10 @@ std::shared_ptr<MapState> Client::Impl::BuildMap(const proto::ClusterConfig& cfg
       chans.push_back(security->NewChannel(cfg.shards(s), args));
     }
     m->stubs.emplace_back();
-    for (const auto& channel : chans) m->stubs.back().push_back(proto::Aggregation::NewStub(channel));
+    for (const auto& channel : chans) {
+      m->stubs.back().push_back({proto::Aggregation::NewStub(channel),
+                                 std::make_unique<cluster::PushPullStub>(channel)});
+    }
     m->reshard.push_back(proto::Resharding::NewStub(chans[0]));
   }
   return m;
@@ -54,7 +57,7 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms) {
         grpc::ClientContext ctx;
         ctx.set_wait_for_ready(true);
         ctx.set_deadline(DeadlineIn(timeout_ms));
-        return stub->RegisterWorker(&ctx, req, &resp);
+        return stub.aggregation->RegisterWorker(&ctx, req, &resp);
       });
       if (!st.ok()) {
         return FromGrpc(st, absl::StrCat("registering with shard ", s, " (", m.config.shards(s), ")"));
@@ -173,7 +176,7 @@ absl::Status Client::Impl::DeclareOn(const MapState& seen, const std::string& ke
         req.set_shard_map_epoch(m->epoch());
         proto::DeclareTensorResponse resp;
         grpc::Status st = CallShard(*m, s, [&](auto* stub, grpc::ClientContext* ctx) {
-          return stub->DeclareTensor(ctx, req, &resp);
+          return stub->aggregation->DeclareTensor(ctx, req, &resp);
         });
         absl::Status error;
         if (!st.ok() && may_switch && switches < kMaxMapSwitches &&
