@@ -136,49 +136,99 @@ grpc::Status WireMessage::Parse(const grpc::ByteBuffer& in) {
   if (grpc::Status s = in.Dump(&slices_); !s.ok()) return s;
   size_t total = 0;
   for (const grpc::Slice& s : slices_) total += s.size();
+  if (ParseInPlace(total)) return grpc::Status::OK;
 
-  // Every field but `data` is copied, as it came, into `head` and parsed from there; the
-  // payload stays in the slices. A repeated `data` field replaces the earlier one, as in
-  // protobuf; `data` with another wire type is an unknown field, as in protobuf.
+  // Anything the fast reader does not handle exactly as protobuf does (groups, overlong
+  // tags and lengths, cut-off fields, field number 0): protobuf decides, on one copy.
+  header_.Clear();
+  pieces_.clear();
+  auto whole = std::make_shared<std::string>();
+  whole->reserve(total);
+  for (const grpc::Slice& s : slices_) {
+    whole->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  slices_.clear();
+  proto::CompressedBlock block;
+  if (!block.ParseFromString(*whole)) return Malformed("the bytes do not parse as protobuf");
+  *this = Own(std::move(block));
+  return grpc::Status::OK;
+}
+
+bool WireMessage::ParseInPlace(size_t total) {
+  // Every field but `data` is re-encoded, value for value, into `head` and parsed from
+  // there; the payload stays in the slices. A repeated `data` field replaces the earlier
+  // one, as in protobuf. Returns false where protobuf must decide.
   SliceInputStream stream(slices_);
   google::protobuf::io::CodedInputStream input(&stream);
   std::string head;
   {
     google::protobuf::io::StringOutputStream head_stream(&head);
-    google::protobuf::io::CodedOutputStream head_out(&head_stream);
-    for (;;) {
-      const uint32_t tag = input.ReadTag();
-      if (tag == 0) break;
-      if (WireFormatLite::GetTagFieldNumber(tag) == kDataField &&
-          WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-        uint32_t length = 0;
-        if (!input.ReadVarint32(&length)) return Malformed("the payload's length is cut off");
-        if (length > total) return Malformed("the payload's length exceeds the message");
-        pieces_.clear();
-        while (length > 0) {
-          const void* at = nullptr;
-          int available = 0;
-          if (!input.GetDirectBufferPointer(&at, &available) || available <= 0) {
-            return Malformed("the payload is cut off");
-          }
-          const uint32_t take = std::min<uint32_t>(length, static_cast<uint32_t>(available));
-          pieces_.emplace_back(static_cast<const char*>(at), take);
-          input.Skip(static_cast<int>(take));
-          length -= take;
+    google::protobuf::io::CodedOutputStream out(&head_stream);
+    // A tag or a length in at most 5 bytes, as protobuf's parser requires.
+    auto read_short = [&](uint64_t* value) {
+      const int before = input.CurrentPosition();
+      return input.ReadVarint64(value) && input.CurrentPosition() - before <= 5;
+    };
+    while (static_cast<size_t>(input.CurrentPosition()) < total) {
+      uint64_t tag = 0;
+      if (!read_short(&tag) || tag > UINT32_MAX) return false;
+      const int field = WireFormatLite::GetTagFieldNumber(static_cast<uint32_t>(tag));
+      if (field == 0) return false;
+      switch (WireFormatLite::GetTagWireType(static_cast<uint32_t>(tag))) {
+        case WireFormatLite::WIRETYPE_VARINT: {
+          uint64_t v = 0;
+          if (!input.ReadVarint64(&v)) return false;
+          out.WriteVarint32(static_cast<uint32_t>(tag));
+          out.WriteVarint64(v);
+          break;
         }
-        continue;
-      }
-      if (!WireFormatLite::SkipField(&input, tag, &head_out)) {
-        return Malformed("a field is cut off or invalid");
+        case WireFormatLite::WIRETYPE_FIXED64: {
+          uint64_t v = 0;
+          if (!input.ReadLittleEndian64(&v)) return false;
+          out.WriteVarint32(static_cast<uint32_t>(tag));
+          out.WriteLittleEndian64(v);
+          break;
+        }
+        case WireFormatLite::WIRETYPE_FIXED32: {
+          uint32_t v = 0;
+          if (!input.ReadLittleEndian32(&v)) return false;
+          out.WriteVarint32(static_cast<uint32_t>(tag));
+          out.WriteLittleEndian32(v);
+          break;
+        }
+        case WireFormatLite::WIRETYPE_LENGTH_DELIMITED: {
+          uint64_t length = 0;
+          if (!read_short(&length) ||
+              length > total - static_cast<size_t>(input.CurrentPosition())) {
+            return false;
+          }
+          if (field != kDataField) {
+            std::string value;
+            if (!input.ReadString(&value, static_cast<int>(length))) return false;
+            out.WriteVarint32(static_cast<uint32_t>(tag));
+            out.WriteVarint64(length);
+            out.WriteString(value);
+            break;
+          }
+          pieces_.clear();
+          while (length > 0) {
+            const void* at = nullptr;
+            int available = 0;
+            if (!input.GetDirectBufferPointer(&at, &available) || available <= 0) return false;
+            const uint64_t take = std::min<uint64_t>(length, static_cast<uint64_t>(available));
+            pieces_.emplace_back(static_cast<const char*>(at), take);
+            input.Skip(static_cast<int>(take));
+            length -= take;
+          }
+          break;
+        }
+        default:  // groups and invalid wire types
+          return false;
       }
     }
-    if (head_out.HadError()) return Malformed("the header fields do not copy");
+    if (out.HadError()) return false;
   }
-  if (static_cast<size_t>(input.CurrentPosition()) != total) {
-    return Malformed(absl::StrCat("stopped at byte ", input.CurrentPosition(), " of ", total));
-  }
-  if (!header_.ParseFromString(head)) return Malformed("the header fields do not parse");
-  return grpc::Status::OK;
+  return header_.ParseFromString(head);
 }
 
 PushPullStub::PushPullStub(std::shared_ptr<grpc::ChannelInterface> channel)

@@ -55,10 +55,14 @@ class WireMessage {
 
   // For grpc::SerializationTraits. Serialize can be called again (a retried call).
   grpc::Status Serialize(grpc::ByteBuffer* out) const;
-  // InvalidArgument naming the problem when `in` is not a CompressedBlock.
+  // Accepts exactly what protobuf's parser accepts (InvalidArgument otherwise) and reads
+  // the same fields and payload.
   grpc::Status Parse(const grpc::ByteBuffer& in);
 
  private:
+  // The usual case, without copying the payload: false where protobuf must decide.
+  bool ParseInPlace(size_t total);
+
   proto::CompressedBlock header_;
   std::vector<absl::string_view> pieces_;
   std::shared_ptr<const void> keep_;  // owns a sent payload

@@ -191,6 +191,19 @@ TEST(WireMessage, RepeatedAndMistypedDataFieldsFollowProtobuf) {
   mistyped += static_cast<char>((6 << 3) | 0);
   mistyped += static_cast<char>(42);
   ExpectSameAsProtobuf(mistyped, {});
+  // A tag whose varint runs past 32 bits (found by fuzzing): protobuf refuses it.
+  std::string long_tag = a.SerializeAsString();
+  long_tag += std::string("\xee\xae\xd6\xad\xf3\x1e\x96\xd8\x55", 9);
+  EXPECT_FALSE(ExpectSameAsProtobuf(long_tag, {3}));
+  // An overlong (6-byte) length of the address field: protobuf refuses it.
+  std::string long_length = std::string("\x0a\x80\x80\x80\x80\x80\x00", 7) + a.SerializeAsString();
+  EXPECT_FALSE(ExpectSameAsProtobuf(long_length, {}));
+  // An unknown group (field 20): protobuf keeps it, and so does the header.
+  std::string group = a.SerializeAsString();
+  group += std::string("\xa3\x01\x08\x05\xa4\x01", 6);
+  EXPECT_TRUE(ExpectSameAsProtobuf(group, {2, 40}));
+  // Field number 0: protobuf refuses it.
+  EXPECT_FALSE(ExpectSameAsProtobuf(a.SerializeAsString() + std::string("\x02\x00", 2), {}));
   // An empty payload.
   proto::CompressedBlock empty = a;
   empty.clear_data();

@@ -171,10 +171,13 @@ void WriteWireBlocks() {
         a->set_step(7);
         a->set_worker(1);
         a->set_shard_map_epoch(1);
-        Write("wire_block",
-              absl::StrCat(codec::DTypeName(dtype), "_", mode == 0 ? "raw" : "gcomp", "_",
-                           codec::ModeName(dc.policy.mode), "_", n),
-              block.SerializeAsString());
+        // The same blocks seed the reader of received PushPull messages.
+        for (const char* target : {"wire_block", "wire_message"}) {
+          Write(target,
+                absl::StrCat(codec::DTypeName(dtype), "_", mode == 0 ? "raw" : "gcomp", "_",
+                             codec::ModeName(dc.policy.mode), "_", n),
+                block.SerializeAsString());
+        }
       }
     }
   }

@@ -15,7 +15,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 
-ALL_TARGETS=(codec_block codec_frame wire_block cluster_config shard_service checkpoint_file)
+ALL_TARGETS=(codec_block codec_frame wire_block wire_message cluster_config shard_service checkpoint_file)
 seconds=20
 runs=""
 max_seconds=""
