@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "base/process_usage.h"
 #include "cluster/wire_block.h"
+#include "cluster/wire_message.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -255,6 +256,42 @@ TEST_F(HostileClientTest, OversizedMessagesAndGarbageAreRefused) {
   EXPECT_EQ(stats.steps_completed(), 0u);
   EXPECT_EQ(stats.pending_steps(), 0u);
   EXPECT_EQ(stats.tensors(), 1u);
+  ExpectStepWorks("w", 0, 1000);
+}
+
+// PushPull messages are read from gRPC's slices by the shard's own reader
+// (cluster/wire_message.h), before any handler runs: bytes that are no CompressedBlock
+// get INVALID_ARGUMENT naming the problem, and the shard serves on.
+TEST_F(HostileClientTest, BytesThatAreNoBlockAreRefusedBeforeTheHandler) {
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  const grpc::internal::RpcMethod method(cluster::kPushPullMethod,
+                                         grpc::internal::RpcMethod::NORMAL_RPC, channel_);
+  auto call = [&](const std::string& bytes) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), reply;
+    return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        channel_.get(), method, Context().get(), request, &reply);
+  };
+  const std::string block = Block("w", 0, 0, 0, std::vector<float>(1000, 1.0f)).SerializeAsString();
+  // Cut inside the payload, a tag over 32 bits, an unterminated varint.
+  for (const std::string& bytes :
+       {block.substr(0, block.size() / 2), block + std::string("\xee\xae\xd6\xad\xf3\x1e\x01", 7),
+        std::string(12, '\xff')}) {
+    grpc::Status s = call(bytes);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr("malformed CompressedBlock"));
+  }
+  // Random bytes: refused, by the reader or by the handler's checks.
+  std::mt19937 rng(3);
+  for (int i = 0; i < 300; ++i) {
+    std::string bytes(1 + rng() % 2000, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    if (i % 2) bytes.replace(0, std::min(bytes.size(), block.size() / 3), block, 0, block.size() / 3);
+    EXPECT_FALSE(call(bytes).ok());
+  }
+  const proto::StatsResponse stats = Stats();
+  EXPECT_EQ(stats.steps_completed(), 0u);
+  EXPECT_EQ(stats.pending_steps(), 0u);
   ExpectStepWorks("w", 0, 1000);
 }
 
