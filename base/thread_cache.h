@@ -28,16 +28,23 @@ class ThreadCache {
   ThreadCache(const ThreadCache&) = delete;
   ThreadCache& operator=(const ThreadCache&) = delete;
 
-  void Run(std::function<void()> fn);
+  // Runs `fn` on a thread, then `then` (if any) once that thread is free for the next
+  // closure. Signal completion from `then`: a caller that waits for it and runs more
+  // closures finds the thread parked, instead of racing its way back and starting another.
+  void Run(std::function<void()> fn, std::function<void()> then = nullptr);
 
   // Threads started so far.
   int threads() const;
 
  private:
-  void Loop(std::function<void()> first);
+  struct Work {
+    std::function<void()> fn;
+    std::function<void()> then;
+  };
+  void Loop(Work first);
 
   mutable absl::Mutex mu_;
-  std::deque<std::function<void()>> handed_ ABSL_GUARDED_BY(mu_);  // for parked threads
+  std::deque<Work> handed_ ABSL_GUARDED_BY(mu_);  // for parked threads
   int parked_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);

@@ -176,10 +176,7 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
 
   absl::BlockingCounter sent(static_cast<int>(senders));
   for (size_t i = 0; i < senders; ++i) {
-    threads.Run([&] {
-      send();
-      sent.DecrementCount();
-    });
+    threads.Run(send, [&] { sent.DecrementCount(); });
   }
   for (uint32_t c = 0; c < num_chunks && !queue.failed(); ++c) {
     proto::CompressedBlock block;
@@ -215,10 +212,17 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
 
 std::future<absl::Status> Client::PushPullAsync(const std::string& key, int64_t step,
                                                 const void* input, void* output) {
-  auto task = std::make_shared<std::packaged_task<absl::Status()>>(
-      [this, key, step, input, output] { return PushPull(key, step, input, output); });
-  std::future<absl::Status> result = task->get_future();
-  impl_->threads.Run([task] { (*task)(); });
+  struct Call {
+    std::promise<absl::Status> done;
+    absl::Status status;
+  };
+  auto call = std::make_shared<Call>();
+  std::future<absl::Status> result = call->done.get_future();
+  // The future is set once the thread is free again (ThreadCache::Run's `then`), so a
+  // caller that waits for it and pushes the next step reuses the thread.
+  impl_->threads.Run(
+      [this, call, key, step, input, output] { call->status = PushPull(key, step, input, output); },
+      [call] { call->done.set_value(std::move(call->status)); });
   return result;
 }
 
