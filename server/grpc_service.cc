@@ -1,5 +1,6 @@
 #include "server/grpc_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -397,6 +398,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   builder.RegisterService(s->admin_service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes()));
+  // PushPull handlers block until the step's last push: every step takes up to W x
+  // max_inflight_chunks threads at once. gRPC's sync server lets all but MAX_POLLERS (2 by
+  // default) exit once idle and starts new ones on the next step, a thread churn per step
+  // that costs CPU and lets the resident size creep. Keeping that many threads parked
+  // (idle pollers wake once a second) ends it.
+  builder.SetSyncServerOption(
+      grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+      static_cast<int>(std::min<uint64_t>(
+          256, uint64_t{config.workers()} * std::max<uint32_t>(1, config.max_inflight_chunks()) + 4)));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));
