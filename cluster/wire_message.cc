@@ -190,25 +190,29 @@ bool WireMessage::ParseInPlace(size_t total) {
       if (!read_short(&tag) || tag > UINT32_MAX) return false;
       const int field = WireFormatLite::GetTagFieldNumber(static_cast<uint32_t>(tag));
       if (field == 0) return false;
-      switch (WireFormatLite::GetTagWireType(static_cast<uint32_t>(tag))) {
+      const WireFormatLite::WireType type =
+          WireFormatLite::GetTagWireType(static_cast<uint32_t>(tag));
+      // Every field but the payload goes to `head`, tag first (a field that turns out cut
+      // off returns false, and `head` is dropped).
+      if (type != WireFormatLite::WIRETYPE_LENGTH_DELIMITED || field != kDataField) {
+        out.WriteVarint32(static_cast<uint32_t>(tag));
+      }
+      switch (type) {
         case WireFormatLite::WIRETYPE_VARINT: {
           uint64_t v = 0;
           if (!input.ReadVarint64(&v)) return false;
-          out.WriteVarint32(static_cast<uint32_t>(tag));
           out.WriteVarint64(v);
           break;
         }
         case WireFormatLite::WIRETYPE_FIXED64: {
           uint64_t v = 0;
           if (!input.ReadLittleEndian64(&v)) return false;
-          out.WriteVarint32(static_cast<uint32_t>(tag));
           out.WriteLittleEndian64(v);
           break;
         }
         case WireFormatLite::WIRETYPE_FIXED32: {
           uint32_t v = 0;
           if (!input.ReadLittleEndian32(&v)) return false;
-          out.WriteVarint32(static_cast<uint32_t>(tag));
           out.WriteLittleEndian32(v);
           break;
         }
@@ -221,8 +225,7 @@ bool WireMessage::ParseInPlace(size_t total) {
           if (field != kDataField) {
             std::string value;
             if (!input.ReadString(&value, static_cast<int>(length))) return false;
-            out.WriteVarint32(static_cast<uint32_t>(tag));
-            out.WriteVarint64(length);
+              out.WriteVarint64(length);
             out.WriteString(value);
             break;
           }
