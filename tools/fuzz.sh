@@ -24,7 +24,7 @@ while (($#)); do
   case "$1" in
     --runs) runs="${2:?--runs needs a count}"; shift 2 ;;
     --max-seconds) max_seconds="${2:?--max-seconds needs a count}"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *[!0-9]*)
       found=0
       for t in "${ALL_TARGETS[@]}"; do [[ "$1" == "$t" ]] && found=1; done
