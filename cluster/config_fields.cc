@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/descriptor.h"
@@ -110,6 +111,14 @@ absl::StatusOr<std::string> Scalar(const YAML::Node& node, absl::string_view fie
   // Strings land in proto3 string fields, which must hold UTF-8 (YAML text is UTF-8 too;
   // the emitter would replace stray bytes, so the config would not round-trip).
   if (!IsUtf8(node.Scalar())) return FieldError(field, "not valid UTF-8 text");
+  // No name, address or path holds one; and yaml-cpp writes a trailing CR unquoted, which
+  // its parser then reads as part of the line break (the config would not round-trip).
+  for (size_t i = 0; i < node.Scalar().size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(node.Scalar()[i]);
+    if (c < 0x20 || c == 0x7f) {
+      return FieldError(field, absl::StrFormat("control character 0x%02x at byte %d", c, i));
+    }
+  }
   return node.Scalar();
 }
 
