@@ -3,7 +3,10 @@
 # near-lossless, 4 workers and 2 shards, on loopback and on an emulated link (1 Gbit/s
 # unless RATE says otherwise, in tc's units: 1gbit, 10gbit, 500mbit).
 #
-#   bench/ps_bench.sh [GRADIENT.npy[,MORE.npy]] [STEPS] [RATE]
+#   bench/ps_bench.sh [GRADIENT.npy[,MORE.npy]] [STEPS] [RATE] [FIELD=VALUE[,...]]
+#
+# The fourth argument sets more config fields for both modes (the launcher's --set), e.g.
+# max_inflight_chunks=4.
 #
 # The emulated link: the shards run inside a network namespace created here
 # (gcomp_ps_bench), reached over a veth pair 10.77.0.2 <-> 10.77.0.1 whose both ends are
@@ -17,6 +20,7 @@ GRADIENTS="${GCOMP_GRADIENTS_DIR:-$ROOT/../shared/data/gradients}"
 FILES="${1:-$GRADIENTS/text_gpt_step1.npy,$GRADIENTS/digits_cnn_step1.npy}"
 STEPS="${2:-5}"
 RATE="${3:-1gbit}"
+SET="${4:-}"
 [[ "$RATE" =~ ^[0-9]+(\.[0-9]+)?[kmg]bit$ ]] || { echo "ps_bench: RATE '$RATE' is not like 1gbit, 10gbit, 500mbit" >&2; exit 2; }
 bazel build //deploy/local:cluster >&2 || exit 1
 CLUSTER=bazel-bin/deploy/local/cluster
@@ -26,7 +30,7 @@ run() {  # link mode extra-args...
   local link="$1" mode="$2"; shift 2
   local out
   out="$("$CLUSTER" --shards 2 --workers 4 --steps "$STEPS" --mode "$mode" \
-         --gradients "$FILES" --label "$link" "$@" | tail -1)"
+         --gradients "$FILES" --label "$link" ${SET:+--set "$SET"} "$@" | tail -1)"
   echo "$out" >&2
   /usr/bin/python3 - "$link" "$mode" "$out" <<'PY'
 import json, sys

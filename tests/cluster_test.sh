@@ -21,9 +21,23 @@ echo "$out"
 [[ "$out" == *'"bound_ok":true'* && "$out" == *'"bound_checked":true'* && "$out" == *'"identical":true'* && "$out" == *'"ok":true'* ]] \
   || fail "near-lossless cluster run"
 
-out="$("$CLUSTER" --shards 3 --workers 2 --steps 2 --mode lossless --gradients "$GRAD" | tail -1)"
+out="$("$CLUSTER" --shards 3 --workers 2 --steps 2 --mode lossless --gradients "$GRAD" \
+        --set max_inflight_chunks=2 | tail -1)"
 echo "$out"
 [[ "$out" == *'"max_abs_error":0,'* && "$out" == *'"ok":true'* ]] || fail "lossless cluster run"
+
+# --set reaches the processes: a shard limit below every worker name fails registration,
+# naming the field; a field that does not exist is refused by the launcher itself.
+out="$("$CLUSTER" --shards 1 --workers 2 --steps 1 --gradients "$GRAD" \
+        --set limits.max_key_bytes=1 | tail -1)"
+echo "$out"
+[[ "$out" == *'"ok":false'* && "$out" == *'exceeds limits.max_key_bytes = 1'* ]] \
+  || fail "--set did not reach the shard"
+err="$("$CLUSTER" --shards 1 --workers 1 --steps 1 --gradients "$GRAD" \
+        --set max_inflight_chunkz=2 2>&1 >/dev/null)"
+rc=$?
+echo "$err"
+[[ $rc -eq 2 && "$err" == *"'max_inflight_chunkz': unknown field"* ]] || fail "bad --set not refused"
 
 start=$(date +%s)
 out="$("$CLUSTER" --shards 2 --workers 3 --steps 4 --gradients "$GRAD" --kill_worker 1 \

@@ -59,6 +59,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/process_usage.h"
+#include "cluster/cluster_config.h"
 #include "base/usage_trend.h"
 #include "base/progress.h"
 #include "deploy/local/launcher_support.h"
@@ -87,6 +88,9 @@ ABSL_FLAG(int, restart_after_ms, -1,
           "With --kill_shard: restart them (same address and index, empty memory) this many "
           "ms after the kill; -1: never.");
 ABSL_FLAG(int, replicas, 1, "Config replicas: copies of each chunk's state (failover needs 2).");
+ABSL_FLAG(std::vector<std::string>, set, {},
+          "More config fields, field=value as the binaries' --set takes them (e.g. "
+          "max_inflight_chunks=4): checked here, then given to every shard and worker.");
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address the shards listen on; a comma-separated list gives shard k the k-th "
           "(cycling), e.g. one network namespace per shard.");
@@ -278,6 +282,16 @@ int main(int argc, char** argv) {
     return rename(tmp.c_str(), path.c_str()) == 0;
   };
   write_config(config_path, shards, 1);
+  const std::vector<std::string> overrides = absl::GetFlag(FLAGS_set);
+  if (!overrides.empty()) {
+    absl::StatusOr<gcomp::proto::ClusterConfig> checked =
+        gcomp::cluster::LoadClusterConfig(config_path, overrides);
+    if (!checked.ok()) {
+      fprintf(stderr, "cluster: --set: %s\n", std::string(checked.status().message()).c_str());
+      return 2;
+    }
+  }
+  const std::string set_arg = absl::StrCat("--set=", absl::StrJoin(overrides, ","));
   std::vector<int> metrics_ports;
   for (int k = 0; k < S; ++k) {
     const int base = absl::GetFlag(FLAGS_metrics_base_port);
@@ -294,6 +308,7 @@ int main(int argc, char** argv) {
                              absl::StrCat("--metrics_address=", HostOf(k), ":",
                                           metrics_port)});
     if (!events.empty()) args.push_back("--config_poll_ms=200");
+    if (!overrides.empty()) args.push_back(set_arg);
     return Spawn(args, absl::StrCat(dir, "/shard", servers.size(), ".out"),
                  absl::StrCat(dir, "/shard", servers.size(), ".log"));
   };
@@ -305,6 +320,7 @@ int main(int argc, char** argv) {
                                      "--gradients", absl::StrJoin(grads, ",")};
     // One worker checks results against the reference; the digests show the rest match.
     if (w != 0 && !absl::GetFlag(FLAGS_verify_all)) args.push_back("--verify=false");
+    if (!overrides.empty()) args.push_back(set_arg);
     if (w == 0) {
       // The launcher's progress line and soak check follow worker 0's step count.
       args.push_back(absl::StrCat("--progress_file=", dir, "/worker0.progress"));
@@ -414,9 +430,11 @@ int main(int argc, char** argv) {
       }
       if (trigger == "admin") {
         const std::string out = absl::StrCat(dir, "/reshard", i, ".json");
-        pid_t admin = Spawn({admin_bin, "reshard", "--config", next_path,
-                             absl::StrCat("--at_step=", ev.step), "--log_level=info"},
-                            out, absl::StrCat(dir, "/reshard", i, ".log"));
+        std::vector<std::string> admin_args = {admin_bin, "reshard", "--config", next_path,
+                                               absl::StrCat("--at_step=", ev.step),
+                                               "--log_level=info"};
+        if (!overrides.empty()) admin_args.push_back(set_arg);
+        pid_t admin = Spawn(admin_args, out, absl::StrCat(dir, "/reshard", i, ".log"));
         int st = 0;
         waitpid(admin, &st, 0);
         reshards[i].json = std::string(absl::StripAsciiWhitespace(ReadFile(out)));
