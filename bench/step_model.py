@@ -17,7 +17,8 @@ ratio (1 for `none`):
 Calibration: per-process CPU seconds of two loopback runs of the local launcher (W = 4,
 S = 2, 1 MiB chunks) of different lengths, differenced so start-up cancels out.
 
-On one machine with C cores shared by every process: step = max(CPU of all processes / C,
+On one machine with C cores shared by every process (worker 0's reference checks, run
+between its timed steps, left out): step = max(CPU of all processes / C,
 wire). With a core (and a NIC) per process: step = max(worker CPU, shard CPU, wire through
 the busiest NIC), where a shard's NIC carries W G / (S r) each way and a worker's G / r.
 Both are pipelined bounds: they assume the chunks keep every stage busy.
@@ -108,8 +109,9 @@ class Model:
     def shared_machine(self, mode, cores, rate_bps):
         """One machine, `cores` cores for every process, the shards behind one link."""
         t = self.terms[mode]
-        cpu = (self.w * self.worker_s(mode) + self.s * t["shard_s"] + t["checks_s"] +
-               t["uncharged_s"]) / cores
+        # Worker 0's reference checks are left out: the worker runs them between its timed
+        # steps (deferred, gcomp_worker --defer_checks_bytes), and no training job has them.
+        cpu = (self.w * self.worker_s(mode) + self.s * t["shard_s"] + t["uncharged_s"]) / cores
         wire = 0.0
         if rate_bps:
             per_direction = self.w * self.g / t["ratio"]
