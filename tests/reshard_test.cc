@@ -81,10 +81,12 @@ void OnWorkers(const proto::ClusterConfig& config,
 
 // Trains kSteps steps with kWorkers clients. Returns every worker's final values, tensor by
 // tensor, and adds up the clients' map switches. `reached`, if given, counts each worker
-// into reached[step] as it starts the step.
+// into reached[step] as it starts the step; `open`, if given, holds each worker before a
+// step until open[step] is true.
 std::vector<std::vector<std::vector<float>>> Train(const proto::ClusterConfig& config,
                                                    uint64_t* map_switches,
-                                                   std::atomic<int>* reached = nullptr) {
+                                                   std::atomic<int>* reached = nullptr,
+                                                   std::atomic<bool>* open = nullptr) {
   std::vector<std::vector<std::vector<float>>> finals(kWorkers);
   std::atomic<uint64_t> switches{0};
   OnWorkers(config, [&](int w, worker::Client& client) {
@@ -95,6 +97,7 @@ std::vector<std::vector<std::vector<float>>> Train(const proto::ClusterConfig& c
     }
     std::vector<std::vector<float>> out(kTensors.size());
     for (int step = 0; step < kSteps; ++step) {
+      while (open != nullptr && !open[step].load()) absl::SleepFor(absl::Milliseconds(1));
       if (reached != nullptr) ++reached[step];
       for (size_t i = 0; i < kTensors.size(); ++i) {
         const auto& [key, n] = kTensors[i];
@@ -111,13 +114,13 @@ std::vector<std::vector<std::vector<float>>> Train(const proto::ClusterConfig& c
   return finals;
 }
 
-// kWorkers clients push ones into tensor "t" of n elements for `steps` steps; each must
-// succeed.
-void PushOnes(const proto::ClusterConfig& config, size_t n, int steps) {
+// kWorkers clients push ones into tensor "t" of n elements for steps [first, steps); each
+// must succeed.
+void PushOnes(const proto::ClusterConfig& config, size_t n, int steps, int first = 0) {
   OnWorkers(config, [&](int w, worker::Client& client) {
     ASSERT_TRUE(client.Declare("t", codec::DType::kF32, n).ok());
     std::vector<float> g(n, 1.0f), out(n);
-    for (int step = 0; step < steps; ++step) {
+    for (int step = first; step < steps; ++step) {
       absl::Status s = client.PushPull("t", step, g.data(), out.data());
       EXPECT_TRUE(s.ok()) << "worker " << w << " step " << step << ": " << s;
     }
@@ -150,39 +153,54 @@ TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
   std::unique_ptr<server::ShardServer> s2;
   std::vector<cluster::ReshardResult> results;
   std::atomic<int> reached[kSteps] = {};
-  auto between = [&](int step) {
+  // Workers wait before the step ahead of each switch step until its re-shard is committed.
+  // The switch is at least at_step and past every step a chunk may have started, which
+  // counts a chunk's next step once the one before has completed (its pushes may be on their
+  // way): workers that had finished step at_step - 1 by the Prepare would move the switch a
+  // step later.
+  std::atomic<bool> open[kSteps];
+  for (int step = 0; step < kSteps; ++step) open[step] = step != 3 && step != 7;
+  // Runs the re-shard to `config` switching at `at_step` beside the held workers; lets them
+  // on once every shard of `old_shards` has the commit.
+  auto reshard = [&](const proto::ClusterConfig& config, int64_t at_step,
+                     const std::vector<server::ShardServer*>& old_shards) {
     cluster::ReshardOptions o;
-    if (step == 1) {
-      s2 = StartShard(three, 2);  // the added shard starts with the new config
-      o.at_step = 4;
-      absl::StatusOr<cluster::ReshardResult> r = cluster::RunReshard(three, o);
-      ASSERT_TRUE(r.ok()) << r.status();
-      results.push_back(*r);
-    } else if (step == 5) {
-      // Once every worker is on the first re-shard's map: a worker still on the map before
-      // it when the second one commits can take the second map for its own and wait for a
-      // switch that waits for it (docs/SERVICE.md, "Re-sharding", limits).
-      const absl::Time give_up = absl::Now() + absl::Minutes(2);  // a worker failed
-      while (reached[5].load() < kWorkers && absl::Now() < give_up) {
+    o.at_step = at_step;
+    absl::StatusOr<cluster::ReshardResult> r;
+    std::thread coordinator([&] { r = cluster::RunReshard(config, o); });
+    const absl::Time give_up = absl::Now() + absl::Minutes(2);  // the re-shard failed
+    for (server::ShardServer* shard : old_shards) {
+      while (absl::Now() < give_up) {
+        proto::ReshardStatusResponse status;
+        shard->service()->ReshardStatus(&status);
+        if (status.state() == "committed" ||
+            status.shard_map_epoch() >= config.shard_map_epoch()) break;
         absl::SleepFor(absl::Milliseconds(1));
       }
-      o.at_step = 8;
-      absl::StatusOr<cluster::ReshardResult> r = cluster::RunReshard(back, o);
-      ASSERT_TRUE(r.ok()) << r.status();
-      results.push_back(*r);
-      // Drained: stopped at once. A worker that still has an old-map push for it finds
-      // the new map through the other shards.
-      s2.reset();
     }
+    open[at_step - 1] = true;
+    coordinator.join();
+    ASSERT_TRUE(r.ok()) << r.status();
+    results.push_back(*r);
   };
   // The coordinator runs beside the workers (a re-shard blocks until it is done, and the
   // switch waits for the workers to reach it).
   uint64_t switches = 0;
   std::vector<std::vector<std::vector<float>>> moved;
-  std::thread trainer([&] { moved = Train(two, &switches, reached); });
-  // Drive the re-shards from here at the right moments: at_step fixes the switch steps.
-  between(1);
-  between(5);
+  std::thread trainer([&] { moved = Train(two, &switches, reached, open); });
+  s2 = StartShard(three, 2);  // the added shard starts with the new config
+  reshard(three, 4, {s0.get(), s1.get()});
+  // Once every worker is on the first re-shard's map: a worker still on the map before it
+  // when the second one commits can take the second map for its own and wait for a switch
+  // that waits for it (docs/SERVICE.md, "Re-sharding", limits).
+  const absl::Time give_up = absl::Now() + absl::Minutes(2);  // a worker failed
+  while (reached[5].load() < kWorkers && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  reshard(back, 8, {s0.get(), s1.get(), s2.get()});
+  // Drained: stopped at once. A worker that still has an old-map push for it finds the new
+  // map through the other shards.
+  s2.reset();
   trainer.join();
   ASSERT_EQ(results.size(), 2u);
   EXPECT_EQ(results[0].switch_step, 4);
@@ -333,6 +351,41 @@ TEST(ReshardErrors, PrepareWithoutCommitExpires) {
   ASSERT_TRUE(stub->ReshardStatus(&ctx2, proto::ReshardStatusRequest(), &st).ok());
   EXPECT_EQ(st.state(), "serving");
   EXPECT_EQ(st.shard_map_epoch(), 1u);
+}
+
+// Prepare's highest step counts a chunk's next step once the one before has completed: a
+// push of it may have passed the freeze check and not yet reached the chunk. After steps
+// 0-2, step 3 counts as started, the switch can be no earlier than 4, and step 3 goes
+// through on the old map.
+TEST(ReshardErrors, PrepareCountsAChunksNextStepAsStarted) {
+  const std::string a = absl::StrCat("127.0.0.1:", FreePort());
+  const proto::ClusterConfig one = Config({a}, 1, "none");
+  auto s0 = StartShard(one, 0);
+  PushOnes(one, 10, 3);
+  auto stub = proto::Resharding::NewStub(grpc::CreateChannel(a, grpc::InsecureChannelCredentials()));
+  proto::PrepareReshardRequest prepare;
+  *prepare.mutable_next() = Config({a, absl::StrCat("127.0.0.1:", FreePort())}, 2, "none");
+  prepare.set_at_step(0);
+  prepare.set_prepare_timeout_ms(60000);
+  prepare.set_old_shards(1);
+  grpc::ClientContext ctx;
+  proto::PrepareReshardResponse resp;
+  ASSERT_TRUE(stub->Prepare(&ctx, prepare, &resp).ok());
+  EXPECT_EQ(resp.highest_step(), 3);
+  PushOnes(one, 10, 4, 3);  // not frozen: step 3 goes through on the old map
+  proto::CommitReshardRequest commit;
+  commit.set_next_epoch(2);
+  commit.set_switch_step(3);
+  grpc::ClientContext ctx2;
+  proto::CommitReshardResponse committed;
+  const grpc::Status refused = stub->Commit(&ctx2, commit, &committed);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("not past step 3"));
+  proto::AbortReshardRequest abort;
+  abort.set_next_epoch(2);
+  grpc::ClientContext ctx3;
+  proto::AbortReshardResponse aborted;
+  ASSERT_TRUE(stub->Abort(&ctx3, abort, &aborted).ok());
 }
 
 // What a peer can make a shard do through Resharding: a Prepare naming 100,000 shards is
