@@ -1,14 +1,21 @@
 // Client retries on UNAVAILABLE over real gRPC on loopback: a shard that is not listening
-// yet, a shard whose replies are lost, and a retry budget that runs out. With
-// GCOMP_TEST_TLS=1 (//tests:retry_tls_test) over mutual TLS with the job token.
+// yet, a shard whose replies are lost, a retry budget that runs out, and a connection that
+// is never answered. With GCOMP_TEST_TLS=1 (//tests:retry_tls_test) over mutual TLS with
+// the job token.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
@@ -100,6 +107,84 @@ class LossyReplies final : public proto::Aggregation::Service {
  private:
   server::AggregationGrpcService inner_;
   std::atomic<int> lose_;
+};
+
+// A TCP forwarder on loopback to `backend_port` that swallows its first connection:
+// accepted, then never read or answered, like a connection whose packets are lost. Later
+// connections are forwarded both ways.
+class BlackHoleFirstConnection {
+ public:
+  explicit BlackHoleFirstConnection(int backend_port) : backend_port_(backend_port) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(listen_fd_, 16) != 0 ||
+        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ADD_FAILURE() << "proxy: cannot listen: " << std::strerror(errno);
+      return;
+    }
+    port_ = ntohs(a.sin_port);
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~BlackHoleFirstConnection() {
+    shutdown(listen_fd_, SHUT_RDWR);  // ends the blocked accept()
+    if (acceptor_.joinable()) acceptor_.join();
+    close(listen_fd_);
+    absl::MutexLock lock(&mu_);
+    for (int fd : fds_) shutdown(fd, SHUT_RDWR);  // ends the pumps' blocked reads
+    for (std::thread& t : pumps_) t.join();
+    for (int fd : fds_) close(fd);
+  }
+  int port() const { return port_; }
+  int accepted() const { return accepted_.load(); }
+
+ private:
+  void AcceptLoop() {
+    while (true) {
+      const int client = accept(listen_fd_, nullptr, nullptr);
+      if (client < 0) return;
+      absl::MutexLock lock(&mu_);
+      fds_.push_back(client);
+      if (accepted_++ == 0) continue;  // the swallowed one
+      const int backend = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<uint16_t>(backend_port_));
+      fds_.push_back(backend);
+      if (connect(backend, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        shutdown(client, SHUT_RDWR);
+        continue;
+      }
+      pumps_.emplace_back([client, backend] { Pump(client, backend); });
+      pumps_.emplace_back([client, backend] { Pump(backend, client); });
+    }
+  }
+  static void Pump(int from, int to) {
+    char buffer[65536];
+    ssize_t n;
+    while ((n = read(from, buffer, sizeof(buffer))) > 0 && WriteAll(to, buffer, n)) {
+    }
+    shutdown(from, SHUT_RDWR);
+    shutdown(to, SHUT_RDWR);
+  }
+  static bool WriteAll(int fd, const char* p, ssize_t n) {
+    for (ssize_t w; n > 0; p += w, n -= w) {
+      if ((w = write(fd, p, n)) <= 0) return false;
+    }
+    return true;
+  }
+
+  const int backend_port_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<int> accepted_{0};
+  std::thread acceptor_;
+  absl::Mutex mu_;
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> pumps_ ABSL_GUARDED_BY(mu_);
 };
 
 proto::ClusterConfig Config(int port, uint32_t workers, uint32_t max_retries) {
@@ -225,6 +310,26 @@ TEST(Retry, ExhaustedBudgetIsUnavailableNamingTheShard) {
   proto::StatsResponse stats;
   shard->Stats(&stats);
   EXPECT_EQ(stats.pushes(), 0u);
+}
+
+// A connection attempt that is never answered (a fresh pod's network still being wired)
+// is given up after half of connect_timeout_ms and made again on a new connection;
+// with gRPC's own 20 s per attempt it would hold Connect past its 4 s.
+TEST(Retry, ConnectMakesANewConnectionWhenOneIsNeverAnswered) {
+  auto shard = NewShard(1, 2);
+  server::AggregationGrpcService service(shard.get(), ShardSecurity().token);
+  Listener listener(&service, "127.0.0.1:0");
+  BlackHoleFirstConnection proxy(listener.port());
+  ASSERT_GT(proxy.port(), 0);
+  proto::ClusterConfig config = Config(proxy.port(), 1, 2);
+  config.set_connect_timeout_ms(4000);
+  auto client = worker::Client::Connect(config, Worker(0));
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_GE(proxy.accepted(), 2);
+  ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, kElements).ok());
+  std::vector<float> in = Input(0), out(kElements);
+  ASSERT_TRUE((*client)->PushPull("t", 0, in.data(), out.data()).ok());
+  EXPECT_EQ(0, std::memcmp(out.data(), Mean(1).data(), kElements * 4));
 }
 
 }  // namespace

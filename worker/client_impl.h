@@ -39,6 +39,15 @@ constexpr int64_t kMaxBackoffMs = 5000;
 // restarted pod rejoining) is reached within a second.
 constexpr int kMaxReconnectBackoffMs = 1000;
 
+// How long one connection attempt to a shard may take before gRPC gives it up and starts
+// another: half of connect_timeout_ms, within [2 s, 20 s]. gRPC's own minimum is 20 s,
+// longer than the whole default connect_timeout_ms, so one attempt whose packets are lost
+// (a fresh pod's network still being wired) would use up the caller's deadline instead of
+// being retried on a new connection.
+inline int ConnectAttemptMs(uint32_t connect_timeout_ms) {
+  return static_cast<int>(std::clamp<uint32_t>(connect_timeout_ms / 2, 2000, 20000));
+}
+
 inline std::chrono::system_clock::time_point DeadlineIn(uint32_t ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
 }
