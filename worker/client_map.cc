@@ -30,6 +30,7 @@ std::shared_ptr<MapState> Client::Impl::BuildMap(const proto::ClusterConfig& cfg
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(cfg.retry_backoff_ms()));
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
       args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, ConnectAttemptMs(cfg.connect_timeout_ms()));
+      args.SetInt(GRPC_ARG_DNS_ARES_QUERY_TIMEOUT_MS, ConnectAttemptMs(cfg.connect_timeout_ms()));
       args.SetMaxReceiveMessageSize(static_cast<int>(cfg.max_message_bytes()));
       args.SetMaxSendMessageSize(static_cast<int>(cfg.max_message_bytes()));
       chans.push_back(security->NewChannel(cfg.shards(s), args));

@@ -520,6 +520,12 @@ def test_mtls_overlay_pods_serve_only_workers_with_the_certificate_and_token(env
                                    ("token", token_dir, "/etc/gcomp-token")])
         for pod in pods:
             pod["spec"]["hostAliases"] = aliases
+            # The shards' names are in the pods' /etc/hosts only. gRPC's default (c-ares)
+            # resolver still asks DNS for their AAAA records, and podman's DNS server passes
+            # names it does not serve on to the host's resolvers, which a machine without a
+            # network never answers: lookups then wait out their timeout (observed: 10-36 s
+            # of a 20 s connect timeout). getaddrinfo answers from /etc/hosts.
+            pod["spec"]["containers"][0]["env"] = [{"name": "GRPC_DNS_RESOLVER", "value": "native"}]
         path = tmp / (name + ".yaml")
         path.write_text(yaml.safe_dump_all([cm] + pods))
         return path, ["%s-%d-worker" % (name, w) for w in range(workers)]
