@@ -327,6 +327,17 @@ TEST(ReshardErrors, BadConfigsAreRejectedAndTheJobGoesOn) {
   PushOnes(two, 1000, 1);
 }
 
+// The Prepare of a re-shard of the one-shard job at `a` to two shards (epoch 2).
+proto::PrepareReshardRequest PrepareOneToTwo(const std::string& a, int64_t at_step,
+                                             uint32_t timeout_ms) {
+  proto::PrepareReshardRequest prepare;
+  *prepare.mutable_next() = Config({a, absl::StrCat("127.0.0.1:", FreePort())}, 2, "none");
+  prepare.set_at_step(at_step);
+  prepare.set_prepare_timeout_ms(timeout_ms);
+  prepare.set_old_shards(1);
+  return prepare;
+}
+
 // A Prepare without a Commit (a coordinator that died) is dropped after its timeout: the
 // frozen step then goes through on the old map.
 TEST(ReshardErrors, PrepareWithoutCommitExpires) {
@@ -334,11 +345,7 @@ TEST(ReshardErrors, PrepareWithoutCommitExpires) {
   const proto::ClusterConfig one = Config({a}, 1, "none");
   auto s0 = StartShard(one, 0);
   auto stub = proto::Resharding::NewStub(grpc::CreateChannel(a, grpc::InsecureChannelCredentials()));
-  proto::PrepareReshardRequest prepare;
-  *prepare.mutable_next() = Config({a, absl::StrCat("127.0.0.1:", FreePort())}, 2, "none");
-  prepare.set_at_step(1);
-  prepare.set_prepare_timeout_ms(500);
-  prepare.set_old_shards(1);
+  const proto::PrepareReshardRequest prepare = PrepareOneToTwo(a, 1, 500);
   grpc::ClientContext ctx;
   proto::PrepareReshardResponse resp;
   ASSERT_TRUE(stub->Prepare(&ctx, prepare, &resp).ok());
@@ -363,11 +370,7 @@ TEST(ReshardErrors, PrepareCountsAChunksNextStepAsStarted) {
   auto s0 = StartShard(one, 0);
   PushOnes(one, 10, 3);
   auto stub = proto::Resharding::NewStub(grpc::CreateChannel(a, grpc::InsecureChannelCredentials()));
-  proto::PrepareReshardRequest prepare;
-  *prepare.mutable_next() = Config({a, absl::StrCat("127.0.0.1:", FreePort())}, 2, "none");
-  prepare.set_at_step(0);
-  prepare.set_prepare_timeout_ms(60000);
-  prepare.set_old_shards(1);
+  const proto::PrepareReshardRequest prepare = PrepareOneToTwo(a, 0, 60000);
   grpc::ClientContext ctx;
   proto::PrepareReshardResponse resp;
   ASSERT_TRUE(stub->Prepare(&ctx, prepare, &resp).ok());

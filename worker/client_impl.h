@@ -42,9 +42,9 @@ constexpr int kMaxReconnectBackoffMs = 1000;
 // How long one connection attempt to a shard, or one DNS lookup of its name, may take
 // before gRPC gives it up: half of connect_timeout_ms, within [2 s, 20 s]. gRPC's own
 // limits (20 s an attempt, 120 s a lookup) outlast the whole default connect_timeout_ms:
-// one attempt whose packets are lost, or one lost DNS answer (the AAAA query of a name
-// whose A record came at once, as a pod's DNS server restarting drops it), would use up
-// the caller's deadline. A lookup cut short keeps the addresses it has.
+// one attempt whose packets are lost, or one DNS answer that never comes (the AAAA query
+// of a name whose A record came at once, passed on by the DNS server to resolvers it cannot
+// reach), would use up the caller's deadline. A lookup cut short keeps the addresses it has.
 inline int ConnectAttemptMs(uint32_t connect_timeout_ms) {
   return static_cast<int>(std::clamp<uint32_t>(connect_timeout_ms / 2, 2000, 20000));
 }

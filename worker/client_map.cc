@@ -19,6 +19,7 @@ std::shared_ptr<MapState> Client::Impl::BuildMap(const proto::ClusterConfig& cfg
   for (uint32_t k : cfg.down_shards()) m->down[k] = true;
   m->joining.assign(cfg.shards_size(), false);
   for (uint32_t k : cfg.joining_shards()) m->joining[k] = true;
+  const int attempt_ms = ConnectAttemptMs(cfg.connect_timeout_ms());
   absl::MutexLock lock(&map_mu);
   for (int s = 0; s < cfg.shards_size(); ++s) {
     std::vector<std::shared_ptr<grpc::Channel>>& chans = channels[cfg.shards(s)];
@@ -29,8 +30,8 @@ std::shared_ptr<MapState> Client::Impl::BuildMap(const proto::ClusterConfig& cfg
       // longer than a short retry budget, so a shard that comes back would be missed.
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(cfg.retry_backoff_ms()));
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
-      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, ConnectAttemptMs(cfg.connect_timeout_ms()));
-      args.SetInt(GRPC_ARG_DNS_ARES_QUERY_TIMEOUT_MS, ConnectAttemptMs(cfg.connect_timeout_ms()));
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, attempt_ms);
+      args.SetInt(GRPC_ARG_DNS_ARES_QUERY_TIMEOUT_MS, attempt_ms);
       args.SetMaxReceiveMessageSize(static_cast<int>(cfg.max_message_bytes()));
       args.SetMaxSendMessageSize(static_cast<int>(cfg.max_message_bytes()));
       chans.push_back(security->NewChannel(cfg.shards(s), args));
