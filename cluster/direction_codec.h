@@ -5,6 +5,7 @@
 #define GCOMP_CLUSTER_DIRECTION_CODEC_H_
 
 #include "codec/codec.h"
+#include "proto/block.pb.h"
 #include "proto/cluster_config.pb.h"
 
 namespace gcomp::cluster {
@@ -12,6 +13,9 @@ namespace gcomp::cluster {
 struct DirectionCodec {
   bool raw = false;
   codec::Policy policy;
+  // How blocks sent this way are checksummed: XXH3 unless the receiver reads only XXH64
+  // (proto::ChecksumKind).
+  proto::ChecksumKind checksum = proto::CHECKSUM_XXH3_64;
 };
 
 // Require a validated config (ValidateClusterConfig).

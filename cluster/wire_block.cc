@@ -3,9 +3,15 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-// XXH64_state_t on the stack (the streaming checksum of a payload in pieces).
+// XXH64_state_t and XXH3_state_t on the stack (the streaming checksum of a payload in pieces).
 #define XXH_STATIC_LINKING_ONLY
 #include "xxhash.h"
+#if defined(__x86_64__)
+// XXH3 through libxxhash's run-time dispatch (AVX-512, AVX2 or SSE2 by the CPU): the plain
+// entry points run SSE2 code, and the streaming one at a quarter of the dispatched speed
+// (17 against 60-67 GB/s on the development VM, payloads in 16-64 KiB pieces).
+#include "xxh_x86dispatch.h"
+#endif
 
 namespace gcomp::cluster {
 
@@ -58,7 +64,11 @@ absl::Status FillWireBlock(const DirectionCodec& dc, codec::DType dtype, size_t 
     sec->set_exponent_bytes(info->exponent_bytes);
     sec->set_mantissa_bytes(info->mantissa_bytes);
   }
-  out->set_checksum(XXH64(bytes.data(), bytes.size(), 0));
+  const absl::string_view all = bytes;
+  absl::StatusOr<uint64_t> sum = WireChecksum(dc.checksum, WirePieces(&all, 1));
+  if (!sum.ok()) return sum.status();
+  out->set_checksum(*sum);
+  out->set_checksum_kind(dc.checksum);
   *out->mutable_data() = std::move(bytes);
   return absl::OkStatus();
 }
@@ -76,20 +86,44 @@ absl::Status EncodeWireBlock(const DirectionCodec& dc, codec::DType dtype, const
   return FillWireBlock(dc, dtype, n, std::move(bytes), out);
 }
 
+absl::StatusOr<uint64_t> WireChecksum(proto::ChecksumKind kind, WirePieces data) {
+  switch (kind) {
+    case proto::CHECKSUM_XXH64: {
+      if (data.size() == 1) return XXH64(data[0].data(), data[0].size(), 0);
+      XXH64_state_t state;
+      XXH64_reset(&state, 0);
+      for (absl::string_view piece : data) XXH64_update(&state, piece.data(), piece.size());
+      return XXH64_digest(&state);
+    }
+    case proto::CHECKSUM_XXH3_64: {
+      if (data.size() == 1) return XXH3_64bits(data[0].data(), data[0].size());
+      XXH3_state_t state;
+      XXH3_INITSTATE(&state);
+      XXH3_64bits_reset(&state);
+      for (absl::string_view piece : data) XXH3_64bits_update(&state, piece.data(), piece.size());
+      return XXH3_64bits_digest(&state);
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown block checksum kind ", static_cast<int>(kind)));
+  }
+}
+
+absl::Status UseXxh64(proto::CompressedBlock* header, WirePieces data) {
+  if (header->checksum_kind() == proto::CHECKSUM_XXH64) return absl::OkStatus();
+  absl::StatusOr<uint64_t> sum = WireChecksum(proto::CHECKSUM_XXH64, data);
+  if (!sum.ok()) return sum.status();
+  header->set_checksum(*sum);
+  header->clear_checksum_kind();
+  return absl::OkStatus();
+}
+
 namespace {
 
 size_t TotalSize(WirePieces data) {
   size_t total = 0;
   for (absl::string_view piece : data) total += piece.size();
   return total;
-}
-
-uint64_t Checksum(WirePieces data) {
-  if (data.size() == 1) return XXH64(data[0].data(), data[0].size(), 0);
-  XXH64_state_t state;
-  XXH64_reset(&state, 0);
-  for (absl::string_view piece : data) XXH64_update(&state, piece.data(), piece.size());
-  return XXH64_digest(&state);
 }
 
 // The payload as one contiguous view: the only piece, or the pieces joined into *scratch.
@@ -116,7 +150,9 @@ absl::Status Check(const proto::CompressedBlock& block, WirePieces data, codec::
         absl::StrCat("block holds ", block.elements(), " elements, chunk has ", n));
   }
   const size_t size = TotalSize(data);
-  if (Checksum(data) != block.checksum()) {
+  absl::StatusOr<uint64_t> sum = WireChecksum(block.checksum_kind(), data);
+  if (!sum.ok()) return sum.status();
+  if (*sum != block.checksum()) {
     return absl::DataLossError("block checksum mismatch: data corrupted in transit");
   }
   if (block.codec() == proto::CODEC_RAW) {

@@ -23,8 +23,8 @@ absl::StatusOr<codec::DType> FromProto(proto::DType dtype);
 // Largest `data` a block of n elements may carry (the codec's bound).
 size_t MaxWireBytes(size_t n, codec::DType dtype);
 
-// Fills dtype, elements, codec, policy, data, sections and checksum of *out (not the
-// address). `data` holds n elements of `dtype`.
+// Fills dtype, elements, codec, policy, data, sections and checksum (by codec.checksum) of
+// *out (not the address). `data` holds n elements of `dtype`.
 absl::Status EncodeWireBlock(const DirectionCodec& codec, codec::DType dtype, const void* data,
                              size_t n, proto::CompressedBlock* out);
 
@@ -54,6 +54,18 @@ absl::Status CheckWireBlock(const proto::CompressedBlock& header, WirePieces dat
                             codec::DType dtype, size_t n, std::string* scratch);
 absl::Status DecodeWireBlock(const proto::CompressedBlock& header, WirePieces data,
                              codec::DType dtype, size_t n, void* out, std::string* scratch);
+
+// The checksum of `data` (in order) by `kind`; InvalidArgument for a kind this build does
+// not know.
+absl::StatusOr<uint64_t> WireChecksum(proto::ChecksumKind kind, WirePieces data);
+
+// The kind CheckWireBlock verifies besides XXH64, which shards list in
+// RegisterWorkerResponse.checksums_read and workers in PullRequest.checksums_read.
+inline constexpr proto::ChecksumKind kFastChecksum = proto::CHECKSUM_XXH3_64;
+
+// Re-checksums *header (the fields of a block whose payload is `data`) by XXH64, the one
+// kind peers of earlier versions read; a no-op for a block already checked by XXH64.
+absl::Status UseXxh64(proto::CompressedBlock* header, WirePieces data);
 
 }  // namespace gcomp::cluster
 

@@ -1,6 +1,8 @@
 #include "cluster/wire_block.h"
 
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -43,7 +45,8 @@ TEST(WireBlock, CorruptionIsDataLoss) {
             absl::StatusCode::kDataLoss);
   // Consistent checksum over corrupt codec bytes: the codec itself must catch it.
   b.set_data(std::string(b.data().size(), '\x5a'));
-  b.set_checksum(0);
+  const absl::string_view data = b.data();
+  b.set_checksum(*WireChecksum(b.checksum_kind(), WirePieces(&data, 1)));
   EXPECT_EQ(DecodeWireBlock(b, codec::DType::kF32, 100, out.data()).code(),
             absl::StatusCode::kDataLoss);
 }
@@ -67,6 +70,72 @@ TEST(WireBlock, RawElementCountThatOverflowsIsRefused) {
   b.set_elements(huge);
   EXPECT_EQ(CheckWireBlock(b, codec::DType::kF32, huge).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// XXH64 of `s`, seed 0, as xxhash's reference implementation computes it for "abc".
+TEST(WireChecksum, KindsAreTheReferenceHashesInOnePieceOrMany) {
+  const absl::string_view abc = "abc";
+  EXPECT_EQ(*WireChecksum(proto::CHECKSUM_XXH64, WirePieces(&abc, 1)), 0x44BC2CF5AD770999u);
+  EXPECT_EQ(*WireChecksum(proto::CHECKSUM_XXH3_64, WirePieces(&abc, 1)), 0x78AF5F94892F3950u);
+  std::string big(100000, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + (i >> 7));
+  const absl::string_view whole = big;
+  const absl::string_view pieces[] = {whole.substr(0, 7), whole.substr(7, 65536),
+                                      whole.substr(65543)};
+  for (proto::ChecksumKind kind : {proto::CHECKSUM_XXH64, proto::CHECKSUM_XXH3_64}) {
+    EXPECT_EQ(*WireChecksum(kind, WirePieces(&whole, 1)), *WireChecksum(kind, pieces)) << kind;
+  }
+  EXPECT_NE(*WireChecksum(proto::CHECKSUM_XXH64, WirePieces(&whole, 1)),
+            *WireChecksum(proto::CHECKSUM_XXH3_64, WirePieces(&whole, 1)));
+}
+
+TEST(WireChecksum, BlocksCarryTheKindTheyWereMadeWith) {
+  std::vector<float> in = Ramp(300), out(300);
+  for (bool raw : {true, false}) {
+    DirectionCodec fast{raw, {}};
+    DirectionCodec old{raw, {}, proto::CHECKSUM_XXH64};
+    proto::CompressedBlock a, b;
+    ASSERT_TRUE(EncodeWireBlock(fast, codec::DType::kF32, in.data(), 300, &a).ok());
+    ASSERT_TRUE(EncodeWireBlock(old, codec::DType::kF32, in.data(), 300, &b).ok());
+    EXPECT_EQ(a.checksum_kind(), proto::CHECKSUM_XXH3_64);
+    EXPECT_EQ(b.checksum_kind(), proto::CHECKSUM_XXH64);
+    EXPECT_EQ(a.data(), b.data());
+    const absl::string_view data = a.data();
+    EXPECT_EQ(a.checksum(), *WireChecksum(proto::CHECKSUM_XXH3_64, WirePieces(&data, 1)));
+    EXPECT_EQ(b.checksum(), *WireChecksum(proto::CHECKSUM_XXH64, WirePieces(&data, 1)));
+    ASSERT_TRUE(DecodeWireBlock(a, codec::DType::kF32, 300, out.data()).ok());
+    ASSERT_TRUE(DecodeWireBlock(b, codec::DType::kF32, 300, out.data()).ok());
+    // A block checked by one kind and labelled the other is corrupt, not accepted.
+    proto::CompressedBlock swapped = a;
+    swapped.set_checksum_kind(proto::CHECKSUM_XXH64);
+    EXPECT_EQ(DecodeWireBlock(swapped, codec::DType::kF32, 300, out.data()).code(),
+              absl::StatusCode::kDataLoss);
+  }
+}
+
+TEST(WireChecksum, UnknownKindIsInvalidArgumentNamingIt) {
+  std::vector<float> in = Ramp(10), out(10);
+  proto::CompressedBlock b;
+  ASSERT_TRUE(EncodeWireBlock({true, {}}, codec::DType::kF32, in.data(), 10, &b).ok());
+  b.set_checksum_kind(static_cast<proto::ChecksumKind>(7));
+  const absl::Status s = DecodeWireBlock(b, codec::DType::kF32, 10, out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("checksum kind 7"), absl::string_view::npos) << s;
+}
+
+TEST(WireChecksum, UseXxh64RechecksumsForPeersOfEarlierVersions) {
+  std::vector<float> in = Ramp(200), out(200);
+  proto::CompressedBlock b;
+  ASSERT_TRUE(EncodeWireBlock({true, {}}, codec::DType::kF32, in.data(), 200, &b).ok());
+  ASSERT_EQ(b.checksum_kind(), proto::CHECKSUM_XXH3_64);
+  const absl::string_view data = b.data();
+  ASSERT_TRUE(UseXxh64(&b, WirePieces(&data, 1)).ok());
+  // What an earlier version reads: the default kind (proto3 writes no field for it) and
+  // the XXH64 of the payload.
+  EXPECT_EQ(b.checksum_kind(), proto::CHECKSUM_XXH64);
+  EXPECT_EQ(b.checksum(), *WireChecksum(proto::CHECKSUM_XXH64, WirePieces(&data, 1)));
+  ASSERT_TRUE(DecodeWireBlock(b, codec::DType::kF32, 200, out.data()).ok());
+  EXPECT_EQ(in, out);
 }
 
 }  // namespace

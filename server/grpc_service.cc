@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "cluster/credentials.h"
 #include "cluster/grpc_status.h"
+#include "cluster/wire_block.h"
 #include "grpcpp/impl/codegen/method_handler.h"
 #include "grpcpp/impl/codegen/rpc_service_method.h"
 
@@ -100,6 +101,14 @@ grpc::Status AggregationGrpcService::PushPull(grpc::ServerContext* context,
   if (reply->has_policy()) *header.mutable_policy() = reply->policy();
   if (reply->has_sections()) *header.mutable_sections() = reply->sections();
   header.set_checksum(reply->checksum());
+  header.set_checksum_kind(reply->checksum_kind());
+  // A push checked by XXH64 may come from a worker that reads nothing else.
+  if (request->header().checksum_kind() == proto::CHECKSUM_XXH64) {
+    const absl::string_view data = reply->data();
+    if (absl::Status c = cluster::UseXxh64(&header, cluster::WirePieces(&data, 1)); !c.ok()) {
+      return ToGrpc(c);
+    }
+  }
   *response = cluster::WireMessage::Share(std::move(header), std::move(reply));
   return grpc::Status::OK;
 }

@@ -1,5 +1,6 @@
 // ShardService's data path: finding the tensor and owned chunk of a call, PushPull (decode
 // on the pool, then the chunk's StepAccumulator) and Pull.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,12 @@ std::string TruncateUtf8(const std::string& s, size_t max) {
   size_t end = max;
   while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
   return s.substr(0, end);
+}
+
+// The block checked by XXH64, for a caller of an earlier version (cluster::UseXxh64).
+absl::Status ToXxh64(proto::CompressedBlock* block) {
+  const absl::string_view data = block->data();
+  return cluster::UseXxh64(block, cluster::WirePieces(&data, 1));
 }
 
 }  // namespace
@@ -65,7 +72,8 @@ absl::Status ShardService::PushPull(const proto::CompressedBlock& request, absl:
   if (!s.ok()) return s;
   *response = *reply;
   response->mutable_address()->set_worker(request.address().worker());
-  return absl::OkStatus();
+  // A push checked by XXH64 may come from a worker that reads nothing else.
+  return request.checksum_kind() == proto::CHECKSUM_XXH64 ? ToXxh64(response) : absl::OkStatus();
 }
 
 absl::Status ShardService::PushPull(const proto::CompressedBlock& request,
@@ -189,6 +197,10 @@ absl::Status ShardService::Pull(const proto::PullRequest& r, proto::CompressedBl
   absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> current = (*owned)->Current();
   if (!current.ok()) return current.status();
   *response = **current;
+  if (std::find(r.checksums_read().begin(), r.checksums_read().end(),
+                response->checksum_kind()) == r.checksums_read().end()) {
+    if (absl::Status s = ToXxh64(response); !s.ok()) return s;
+  }
   bytes_out_ += response->data().size();
   metrics_->AddOut(response->elements() * codec::DTypeBytes(t->dtype), response->data().size());
   raw_bytes_out_ += t->layout.size(r.chunk()) * codec::DTypeBytes(t->dtype);

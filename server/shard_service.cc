@@ -121,6 +121,7 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
   log::Info("shard {}: worker {} registered as '{}'", shard(), r.worker(), r.name());
   response->set_shard(shard());
   response->set_workers(config_.workers());
+  response->add_checksums_read(cluster::kFastChecksum);
   return absl::OkStatus();
 }
 

@@ -95,6 +95,49 @@ TEST_F(ShardServiceTest, PushPullReturnsTheMean) {
   EXPECT_EQ(out.address().step(), 0);
 }
 
+// Workers of earlier versions check every block by XXH64 and send no kind: they get their
+// replies and pulls that way; workers that read XXH3 get the result as it was made.
+TEST_F(ShardServiceTest, RepliesUseTheChecksumKindTheCallerReads) {
+  proto::RegisterWorkerRequest reg;
+  reg.set_job("j");
+  reg.set_shard_map_epoch(1);
+  proto::RegisterWorkerResponse rr;
+  ASSERT_TRUE(shard_->RegisterWorker(reg, &rr).ok());
+  ASSERT_EQ(rr.checksums_read_size(), 1);
+  EXPECT_EQ(rr.checksums_read(0), proto::CHECKSUM_XXH3_64);
+
+  proto::CompressedBlock fast = Block(1, 0, 3.0f), old = fast, out_fast, out_old;
+  ASSERT_EQ(fast.checksum_kind(), proto::CHECKSUM_XXH3_64);
+  const absl::string_view payload = old.data();
+  ASSERT_TRUE(cluster::UseXxh64(&old, cluster::WirePieces(&payload, 1)).ok());
+  ASSERT_TRUE(shard_->PushPull(fast, absl::Now() + absl::Seconds(5), &out_fast).ok());
+  ASSERT_TRUE(shard_->PushPull(old, absl::Now() + absl::Seconds(5), &out_old).ok());
+  EXPECT_EQ(out_fast.checksum_kind(), proto::CHECKSUM_XXH3_64);
+  EXPECT_EQ(out_old.checksum_kind(), proto::CHECKSUM_XXH64);
+  EXPECT_EQ(out_fast.data(), out_old.data());
+  for (const proto::CompressedBlock* out : {&out_fast, &out_old}) {
+    std::vector<float> v(4);
+    ASSERT_TRUE(cluster::DecodeWireBlock(*out, codec::DType::kF32, 4, v.data()).ok());
+    EXPECT_EQ(v, std::vector<float>(4, 3.0f));
+  }
+
+  proto::PullRequest pull;
+  pull.set_job("j");
+  pull.set_key("w");
+  pull.set_chunk(1);
+  pull.set_shard_map_epoch(1);
+  proto::CompressedBlock pulled;
+  ASSERT_TRUE(shard_->Pull(pull, &pulled).ok());
+  EXPECT_EQ(pulled.checksum_kind(), proto::CHECKSUM_XXH64);
+  const absl::string_view data = pulled.data();
+  EXPECT_EQ(pulled.checksum(), *cluster::WireChecksum(proto::CHECKSUM_XXH64,
+                                                      cluster::WirePieces(&data, 1)));
+  pull.add_checksums_read(proto::CHECKSUM_XXH3_64);
+  ASSERT_TRUE(shard_->Pull(pull, &pulled).ok());
+  EXPECT_EQ(pulled.checksum_kind(), proto::CHECKSUM_XXH3_64);
+  EXPECT_TRUE(cluster::CheckWireBlock(pulled, codec::DType::kF32, 4).ok());
+}
+
 TEST_F(ShardServiceTest, UnknownJobIsNotFound) {
   auto b = Block(0, 0);
   b.mutable_address()->set_job("other");

@@ -19,6 +19,8 @@
 #include "cluster/credentials.h"
 #include "server/grpc_service.h"
 #include "cluster/wire_block.h"
+#include "cluster/wire_message.h"
+#include "server/shard_service.h"
 #include "tests/synthetic_gradient.h"
 #include "tests/test_certs.h"
 #include "worker/client.h"
@@ -332,6 +334,134 @@ TEST_F(BadInputTest, MissingWorkerIsNamedWithinTheDeadline) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_THAT(s.error_message(), HasSubstr("missing workers: trainer-1"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));  // step timeout 500 ms
+}
+
+// Workers and shards of this version check blocks by XXH3 where the other end reads it;
+// peers of earlier versions know only XXH64 and no kind field (proto::ChecksumKind).
+using VersionSkewTest = BadInputTest;
+
+TEST_F(VersionSkewTest, WorkerOfAnEarlierVersionGetsXxh64Replies) {
+  proto::CompressedBlock old = RawBlock(ones_, "t", 0, 0);
+  proto::CompressedBlock fast = RawBlock(std::vector<float>(8, 3.0f), "t", 0, 1);
+  ASSERT_EQ(fast.checksum_kind(), proto::CHECKSUM_XXH3_64);
+  const absl::string_view pushed = old.data();
+  ASSERT_TRUE(cluster::UseXxh64(&old, cluster::WirePieces(&pushed, 1)).ok());
+  proto::CompressedBlock out_old, out_fast;
+  std::thread t([&] { EXPECT_TRUE(Push(old, &out_old).ok()); });
+  ASSERT_TRUE(Push(fast, &out_fast).ok());
+  t.join();
+  EXPECT_EQ(out_old.checksum_kind(), proto::CHECKSUM_XXH64);
+  EXPECT_EQ(out_fast.checksum_kind(), proto::CHECKSUM_XXH3_64);
+  const absl::string_view reply = out_old.data();
+  EXPECT_EQ(out_old.checksum(),
+            *cluster::WireChecksum(proto::CHECKSUM_XXH64, cluster::WirePieces(&reply, 1)));
+  for (const proto::CompressedBlock* out : {&out_old, &out_fast}) {
+    std::vector<float> v(8);
+    ASSERT_TRUE(cluster::DecodeWireBlock(*out, codec::DType::kF32, 8, v.data()).ok());
+    EXPECT_EQ(v, std::vector<float>(8, 2.0f));
+  }
+  // A Pull that lists no kind (an earlier worker's) is answered by XXH64 too.
+  proto::PullRequest req;
+  req.set_job("test");
+  req.set_key("t");
+  req.set_shard_map_epoch(1);
+  proto::CompressedBlock pulled;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->Pull(&ctx, req, &pulled).ok());
+  EXPECT_EQ(pulled.checksum_kind(), proto::CHECKSUM_XXH64);
+  EXPECT_TRUE(cluster::CheckWireBlock(pulled, codec::DType::kF32, 8).ok());
+}
+
+// A shard of an earlier version, emulated over a real one: its RegisterWorker lists no
+// checksum kind, it verifies every push by XXH64 whatever kind the push names (it does not
+// know the field), and it sees no checksums_read in a Pull.
+class EarlierVersionShard final : public proto::Aggregation::Service {
+ public:
+  EarlierVersionShard(server::ShardService* shard, std::shared_ptr<cluster::JobToken> token)
+      : inner_(shard, std::move(token)) {}
+
+  grpc::Status RegisterWorker(grpc::ServerContext* c, const proto::RegisterWorkerRequest* r,
+                              proto::RegisterWorkerResponse* out) override {
+    grpc::Status s = inner_.RegisterWorker(c, r, out);
+    out->clear_checksums_read();
+    return s;
+  }
+  grpc::Status DeclareTensor(grpc::ServerContext* c, const proto::DeclareTensorRequest* r,
+                             proto::DeclareTensorResponse* out) override {
+    return inner_.DeclareTensor(c, r, out);
+  }
+  grpc::Status PushPull(grpc::ServerContext* c, const proto::CompressedBlock* r,
+                        proto::CompressedBlock* out) override {
+    if (r->checksum_kind() != proto::CHECKSUM_XXH64) {
+      return grpc::Status(grpc::StatusCode::DATA_LOSS,
+                          "block checksum mismatch: data corrupted in transit");
+    }
+    const cluster::WireMessage request = cluster::WireMessage::Own(*r);
+    cluster::WireMessage reply;
+    grpc::Status s = inner_.PushPull(c, &request, &reply);
+    if (s.ok()) *out = reply.ToBlock();
+    return s;
+  }
+  grpc::Status Pull(grpc::ServerContext* c, const proto::PullRequest* r,
+                    proto::CompressedBlock* out) override {
+    proto::PullRequest earlier = *r;
+    earlier.clear_checksums_read();
+    return inner_.Pull(c, &earlier, out);
+  }
+
+ private:
+  server::AggregationGrpcService inner_;
+};
+
+TEST(VersionSkew, WorkersCheckByXxh64WithAShardOfAnEarlierVersion) {
+  const size_t n = 4097 * 3;
+  auto cluster = StartCluster(1, 2, "lossless");  // for its configs
+  proto::ClusterConfig shard_config = cluster->config;
+  if (testing::TlsFromEnvironment()) testing::UseTestTls(&shard_config, "server");
+  absl::StatusOr<cluster::ServerSecurity> security = cluster::MakeServerSecurity(shard_config);
+  ASSERT_TRUE(security.ok()) << security.status();
+  auto shard = server::ShardService::Create(shard_config, {0, 2, {}});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EarlierVersionShard service(shard->get(), security->token);
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", security->credentials, &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_GT(port, 0);
+  proto::ClusterConfig config = cluster->config;
+  config.set_shards(0, absl::StrCat("127.0.0.1:", port));
+
+  // The emulation refuses what an earlier shard could not verify.
+  auto stub = proto::Aggregation::NewStub(NewChannel(config, config.shards(0)));
+  proto::CompressedBlock fast = RawBlock(std::vector<float>(8, 1.0f), "t", 0, 0);
+  proto::CompressedBlock refused;
+  grpc::ClientContext ctx;
+  EXPECT_EQ(stub->PushPull(&ctx, fast, &refused).error_code(), grpc::StatusCode::DATA_LOSS);
+
+  std::vector<std::unique_ptr<worker::Client>> clients;
+  for (uint32_t w = 0; w < 2; ++w) {
+    auto c = worker::Client::Connect(config, Worker(w));
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
+    clients.push_back(*std::move(c));
+  }
+  std::vector<std::vector<float>> in = {SyntheticGradient(n, 1), SyntheticGradient(n, 2)};
+  std::vector<std::vector<float>> out(2, std::vector<float>(n));
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::future<absl::Status>> done;
+    for (uint32_t w = 0; w < 2; ++w) {
+      done.push_back(clients[w]->PushPullAsync("t", step, in[w].data(), out[w].data()));
+    }
+    for (auto& d : done) ASSERT_TRUE(d.get().ok()) << "step " << step;
+  }
+  std::vector<float> mean(n);
+  for (size_t i = 0; i < n; ++i) mean[i] = (in[0][i] + in[1][i]) * 0.5f;
+  EXPECT_EQ(0, std::memcmp(out[0].data(), mean.data(), n * 4));
+  std::vector<float> pulled(n, -1.0f);
+  ASSERT_TRUE(clients[1]->Pull("t", pulled.data()).ok());
+  EXPECT_EQ(0, std::memcmp(pulled.data(), out[1].data(), n * 4));
+  server->Shutdown(absl::ToChronoTime(absl::Now()));
 }
 
 // Pull end to end: after a step, every worker's Pull returns exactly what its push-pull

@@ -92,6 +92,8 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
     return std::make_pair(map_now, owners[chunk]);
   };
   const size_t senders = std::min<size_t>(config.max_inflight_chunks(), num_chunks);
+  cluster::DirectionCodec up = uplink;
+  up.checksum = push_checksum.load();
 
   // Device tensors: every chunk is encoded up front in one GPU batch, and the replies are
   // kept (checked) to be decoded in one GPU batch at the end.
@@ -183,8 +185,8 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
     const size_t n = t.layout.size(c);
     absl::Status s =
         on_device
-            ? cluster::FillWireBlock(uplink, t.dtype, n, std::move(device_encoded[c]), &block)
-            : cluster::EncodeWireBlock(uplink, t.dtype,
+            ? cluster::FillWireBlock(up, t.dtype, n, std::move(device_encoded[c]), &block)
+            : cluster::EncodeWireBlock(up, t.dtype,
                                        static_cast<const char*>(input) + t.layout.begin(c) * esize,
                                        n, &block);
     if (!s.ok()) {

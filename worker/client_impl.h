@@ -112,6 +112,9 @@ struct Client::Impl {
   proto::ClusterConfig config;
   ClientOptions options;
   cluster::DirectionCodec uplink;
+  // How pushes are checksummed: the fast kind until a shard registers without reading it
+  // (a shard of an earlier version), XXH64 from then on.
+  std::atomic<proto::ChecksumKind> push_checksum{cluster::kFastChecksum};
   std::unique_ptr<cluster::ClientSecurity> security;
   std::atomic<uint64_t> next_channel{0};
 
@@ -271,6 +274,7 @@ struct Client::Impl {
       req.set_key(key);
       req.set_chunk(c);
       req.set_shard_map_epoch(m->epoch());
+      req.add_checksums_read(cluster::kFastChecksum);
       proto::CompressedBlock resp;
       grpc::Status st = CallShard(*m, shard, [&](auto* stub, grpc::ClientContext* ctx) {
         return stub->aggregation->Pull(ctx, req, &resp);

@@ -65,6 +65,10 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms) {
       if (!st.ok()) {
         return FromGrpc(st, absl::StrCat("registering with shard ", s, " (", m.config.shards(s), ")"));
       }
+      const auto& reads = resp.checksums_read();
+      if (std::find(reads.begin(), reads.end(), cluster::kFastChecksum) == reads.end()) {
+        push_checksum.store(proto::CHECKSUM_XXH64);
+      }
     }
   }
   return absl::OkStatus();
