@@ -75,6 +75,18 @@ void Optimizer::SetValue(absl::Span<const float> value) {
   std::copy(value.begin(), value.begin() + std::min(value.size(), value_.size()), value_.begin());
 }
 
+void Optimizer::Step(std::vector<float>* g) {
+  // The first step allocates the value (a buffer of the optimizer's own, as its owner
+  // accounts it); the swaps after it trade buffers of equal size.
+  if (options_.kind != OptimizerKind::kNone || g->size() != elements_ ||
+      value_.size() != elements_) {
+    Step(absl::Span<const float>(*g));
+    return;
+  }
+  ++steps_;
+  value_.swap(*g);
+}
+
 void Optimizer::Step(absl::Span<const float> g) {
   ++steps_;
   AllocateValue();

@@ -65,6 +65,10 @@ class Optimizer {
 
   // Applies one step's mean gradient (size elements()).
   void Step(absl::Span<const float> mean_gradient);
+  // The same with a buffer the caller gives up: after the first step, kNone takes it as the
+  // new value instead of copying it and leaves the previous value's buffer (as long) in
+  // *mean_gradient for reuse. Otherwise *mean_gradient is left as it was.
+  void Step(std::vector<float>* mean_gradient);
   // Replaces the parameters (declare-time initial value).
   void SetValue(absl::Span<const float> value);
   // The mean gradient (kNone) or the parameters.

@@ -14,6 +14,32 @@ TEST(Optimizer, NoneReturnsTheMean) {
   EXPECT_EQ(std::vector<float>(o.value().begin(), o.value().end()), (std::vector<float>{1, -2, 3}));
 }
 
+TEST(Optimizer, NoneTakesAGivenBufferAfterTheFirstStep) {
+  Optimizer o({}, 3);
+  std::vector<float> g = {1, -2, 3};
+  o.Step(&g);  // the first step copies into a value of its own
+  EXPECT_EQ(g, (std::vector<float>{1, -2, 3}));
+  g = {4, 5, 6};
+  const float* given = g.data();
+  o.Step(&g);
+  EXPECT_EQ(o.value().data(), given);
+  EXPECT_EQ(std::vector<float>(o.value().begin(), o.value().end()), (std::vector<float>{4, 5, 6}));
+  EXPECT_EQ(g, (std::vector<float>{1, -2, 3}));  // the previous value's buffer, for reuse
+  EXPECT_EQ(o.steps(), 2);
+}
+
+TEST(Optimizer, GivenBufferIsLeftAloneByOtherKinds) {
+  OptimizerOptions opt{OptimizerKind::kSgd, 0.5};
+  Optimizer o(opt, 2, {1, 1});
+  for (int i = 0; i < 2; ++i) {
+    std::vector<float> g = {2, -2};
+    o.Step(&g);
+    EXPECT_EQ(g, (std::vector<float>{2, -2}));
+  }
+  EXPECT_FLOAT_EQ(o.value()[0], -1.0f);
+  EXPECT_FLOAT_EQ(o.value()[1], 3.0f);
+}
+
 TEST(Optimizer, SgdStepsAgainstTheGradient) {
   OptimizerOptions opt{OptimizerKind::kSgd, 0.5};
   Optimizer o(opt, 2, {1, 1});

@@ -143,7 +143,7 @@ void StepAccumulator::FinishLocked() {
     const float workers = static_cast<float>(w);
     for (size_t i = 0; i < elements_; ++i) sum[i] /= workers;
   }
-  optimizer_.Step(sum);
+  optimizer_.Step(&sum);  // kNone: the sum becomes the value; its old buffer is recycled
   const absl::Time reduced = absl::Now();
   absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> reply =
       finalize_(current_step_, optimizer_.value());
