@@ -336,6 +336,29 @@ TEST_F(BadInputTest, MissingWorkerIsNamedWithinTheDeadline) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));  // step timeout 500 ms
 }
 
+// Workers 0 and 1 of `config` declare "t" of n elements and run steps 0 and 1 with
+// SyntheticGradient inputs 1 and 2 (*in); *out holds each worker's last result.
+void TwoWorkersTwoSteps(const proto::ClusterConfig& config, size_t n,
+                        std::vector<std::unique_ptr<worker::Client>>* clients,
+                        std::vector<std::vector<float>>* in,
+                        std::vector<std::vector<float>>* out) {
+  for (uint32_t w = 0; w < 2; ++w) {
+    auto c = worker::Client::Connect(config, Worker(w));
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
+    clients->push_back(*std::move(c));
+  }
+  *in = {SyntheticGradient(n, 1), SyntheticGradient(n, 2)};
+  out->assign(2, std::vector<float>(n));
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::future<absl::Status>> done;
+    for (uint32_t w = 0; w < 2; ++w) {
+      done.push_back((*clients)[w]->PushPullAsync("t", step, (*in)[w].data(), (*out)[w].data()));
+    }
+    for (auto& d : done) ASSERT_TRUE(d.get().ok()) << "step " << step;
+  }
+}
+
 // Workers and shards of this version check blocks by XXH3 where the other end reads it;
 // peers of earlier versions know only XXH64 and no kind field (proto::ChecksumKind).
 using VersionSkewTest = BadInputTest;
@@ -440,21 +463,8 @@ TEST(VersionSkew, WorkersCheckByXxh64WithAShardOfAnEarlierVersion) {
   EXPECT_EQ(stub->PushPull(&ctx, fast, &refused).error_code(), grpc::StatusCode::DATA_LOSS);
 
   std::vector<std::unique_ptr<worker::Client>> clients;
-  for (uint32_t w = 0; w < 2; ++w) {
-    auto c = worker::Client::Connect(config, Worker(w));
-    ASSERT_TRUE(c.ok()) << c.status();
-    ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
-    clients.push_back(*std::move(c));
-  }
-  std::vector<std::vector<float>> in = {SyntheticGradient(n, 1), SyntheticGradient(n, 2)};
-  std::vector<std::vector<float>> out(2, std::vector<float>(n));
-  for (int step = 0; step < 2; ++step) {
-    std::vector<std::future<absl::Status>> done;
-    for (uint32_t w = 0; w < 2; ++w) {
-      done.push_back(clients[w]->PushPullAsync("t", step, in[w].data(), out[w].data()));
-    }
-    for (auto& d : done) ASSERT_TRUE(d.get().ok()) << "step " << step;
-  }
+  std::vector<std::vector<float>> in, out;
+  ASSERT_NO_FATAL_FAILURE(TwoWorkersTwoSteps(config, n, &clients, &in, &out));
   std::vector<float> mean(n);
   for (size_t i = 0; i < n; ++i) mean[i] = (in[0][i] + in[1][i]) * 0.5f;
   EXPECT_EQ(0, std::memcmp(out[0].data(), mean.data(), n * 4));
@@ -470,21 +480,8 @@ TEST(Pull, ReturnsTheLastStepsResult) {
   const size_t n = 4097 * 3;  // several chunks over two shards
   auto cluster = StartCluster(2, 2, "near-lossless");
   std::vector<std::unique_ptr<worker::Client>> clients;
-  for (uint32_t w = 0; w < 2; ++w) {
-    auto c = worker::Client::Connect(cluster->config, Worker(w));
-    ASSERT_TRUE(c.ok()) << c.status();
-    ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
-    clients.push_back(*std::move(c));
-  }
-  std::vector<std::vector<float>> in = {SyntheticGradient(n, 1), SyntheticGradient(n, 2)};
-  std::vector<std::vector<float>> out(2, std::vector<float>(n));
-  for (int step = 0; step < 2; ++step) {
-    std::vector<std::future<absl::Status>> done;
-    for (uint32_t w = 0; w < 2; ++w) {
-      done.push_back(clients[w]->PushPullAsync("t", step, in[w].data(), out[w].data()));
-    }
-    for (auto& d : done) ASSERT_TRUE(d.get().ok());
-  }
+  std::vector<std::vector<float>> in, out;
+  ASSERT_NO_FATAL_FAILURE(TwoWorkersTwoSteps(cluster->config, n, &clients, &in, &out));
   for (uint32_t w = 0; w < 2; ++w) {
     std::vector<float> pulled(n, -1.0f);
     ASSERT_TRUE(clients[w]->Pull("t", pulled.data()).ok());
