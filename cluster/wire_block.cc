@@ -118,6 +118,11 @@ absl::Status UseXxh64(proto::CompressedBlock* header, WirePieces data) {
   return absl::OkStatus();
 }
 
+absl::Status UseXxh64(proto::CompressedBlock* block) {
+  const absl::string_view data = block->data();
+  return UseXxh64(block, WirePieces(&data, 1));
+}
+
 namespace {
 
 size_t TotalSize(WirePieces data) {

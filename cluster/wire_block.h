@@ -66,6 +66,8 @@ inline constexpr proto::ChecksumKind kFastChecksum = proto::CHECKSUM_XXH3_64;
 // Re-checksums *header (the fields of a block whose payload is `data`) by XXH64, the one
 // kind peers of earlier versions read; a no-op for a block already checked by XXH64.
 absl::Status UseXxh64(proto::CompressedBlock* header, WirePieces data);
+// The same for a block with its own payload.
+absl::Status UseXxh64(proto::CompressedBlock* block);
 
 }  // namespace gcomp::cluster
 

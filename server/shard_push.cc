@@ -27,12 +27,6 @@ std::string TruncateUtf8(const std::string& s, size_t max) {
   return s.substr(0, end);
 }
 
-// The block checked by XXH64, for a caller of an earlier version (cluster::UseXxh64).
-absl::Status ToXxh64(proto::CompressedBlock* block) {
-  const absl::string_view data = block->data();
-  return cluster::UseXxh64(block, cluster::WirePieces(&data, 1));
-}
-
 }  // namespace
 
 absl::StatusOr<ShardService::Tensor*> ShardService::FindTensor(const std::string& job,
@@ -73,7 +67,8 @@ absl::Status ShardService::PushPull(const proto::CompressedBlock& request, absl:
   *response = *reply;
   response->mutable_address()->set_worker(request.address().worker());
   // A push checked by XXH64 may come from a worker that reads nothing else.
-  return request.checksum_kind() == proto::CHECKSUM_XXH64 ? ToXxh64(response) : absl::OkStatus();
+  if (request.checksum_kind() == proto::CHECKSUM_XXH64) return cluster::UseXxh64(response);
+  return absl::OkStatus();
 }
 
 absl::Status ShardService::PushPull(const proto::CompressedBlock& request,
@@ -199,7 +194,7 @@ absl::Status ShardService::Pull(const proto::PullRequest& r, proto::CompressedBl
   *response = **current;
   if (std::find(r.checksums_read().begin(), r.checksums_read().end(),
                 response->checksum_kind()) == r.checksums_read().end()) {
-    if (absl::Status s = ToXxh64(response); !s.ok()) return s;
+    if (absl::Status s = cluster::UseXxh64(response); !s.ok()) return s;
   }
   bytes_out_ += response->data().size();
   metrics_->AddOut(response->elements() * codec::DTypeBytes(t->dtype), response->data().size());
