@@ -259,6 +259,39 @@ TEST_F(HostileClientTest, OversizedMessagesAndGarbageAreRefused) {
   ExpectStepWorks("w", 0, 1000);
 }
 
+// Checksum kinds (proto::ChecksumKind) are whatever a peer sends: a push naming a kind no
+// build knows is refused naming it, a Pull listing 300,000 unknown kinds is answered
+// by a kind the caller can read, and the shard serves on.
+TEST_F(HostileClientTest, ChecksumKindsOfAnyValueOrCountAreHandled) {
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  std::vector<float> v(1000, 1.0f);
+  proto::CompressedBlock out;
+  for (int kind : {2, 0x7fffffff, -1}) {
+    proto::CompressedBlock b = Block("w", 0, 0, 0, v);
+    b.set_checksum_kind(static_cast<proto::ChecksumKind>(kind));
+    grpc::Status s = stub_->PushPull(Context().get(), b, &out);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr(absl::StrCat("checksum kind ", kind)));
+  }
+  ExpectStepWorks("w", 0, 1000);
+  proto::PullRequest pull;
+  pull.set_job("hostile");
+  pull.set_key("w");
+  pull.set_shard_map_epoch(1);
+  for (int i = 0; i < 300000; ++i) {
+    pull.add_checksums_read(static_cast<proto::ChecksumKind>(2 + i % 5000));
+  }
+  const uint64_t rss_before = ServerRss();
+  grpc::Status s = stub_->Pull(Context().get(), pull, &out);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(out.checksum_kind(), proto::CHECKSUM_XXH64);  // none of the listed kinds is known
+  std::vector<float> mean(1000);
+  ASSERT_TRUE(cluster::DecodeWireBlock(out, codec::DType::kF32, 1000, mean.data()).ok());
+  EXPECT_EQ(mean, std::vector<float>(1000, 2.0f));
+  EXPECT_LT(ServerRss(), rss_before + (64u << 20));
+  ExpectStepWorks("w", 1, 1000);
+}
+
 // PushPull messages are read from gRPC's slices by the shard's own reader
 // (cluster/wire_message.h), before any handler runs: bytes that are no CompressedBlock
 // get INVALID_ARGUMENT naming the problem, and the shard serves on.
