@@ -6,6 +6,12 @@ DIR="${TEST_TMPDIR:-$(mktemp -d)}"
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
+# Abseil, zstd, lz4 and xxHash are linked in from archives (//third_party:libs.bzl): a
+# shared copy loaded as well, or gRPC/protobuf (which load shared Abseil), would mean two
+# copies of Abseil in one process.
+shared="$(ldd "$GCOMP" | grep -E -o 'lib(absl_[a-z_]+|grpc[a-z+_]*|protobuf|zstd|lz4|xxhash)[.]so' | sort -u | tr '\n' ' ')"
+[ -z "$shared" ] || fail "gcomp loads shared libraries it should link statically: $shared"
+
 # A small float32 .npy: zeros, specials and gradient-like values.
 python3 - "$DIR/in.npy" <<'PY'
 import math, random, struct, sys
