@@ -69,7 +69,8 @@ absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& pat
 AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& other) noexcept
     : path_(std::move(other.path_)),
       tmp_(std::move(other.tmp_)),
-      fd_(std::exchange(other.fd_, -1)) {}
+      fd_(std::exchange(other.fd_, -1)),
+      size_(other.size_) {}
 
 AtomicFileWriter::~AtomicFileWriter() { Abandon(); }
 
@@ -81,9 +82,23 @@ void AtomicFileWriter::Abandon() {
 }
 
 absl::Status AtomicFileWriter::Append(absl::string_view bytes) {
+  if (absl::Status st = Pwrite(size_, bytes); !st.ok()) return st;
+  size_ += bytes.size();
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileWriter::WriteAt(uint64_t offset, absl::string_view bytes) {
+  if (fd_ >= 0 && (offset > size_ || bytes.size() > size_ - offset)) {
+    return absl::OutOfRangeError(absl::StrCat("cannot overwrite ", bytes.size(), " bytes at ",
+                                              offset, " of ", tmp_, ": it holds ", size_));
+  }
+  return Pwrite(offset, bytes);
+}
+
+absl::Status AtomicFileWriter::Pwrite(uint64_t offset, absl::string_view bytes) {
   if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(tmp_, " is closed"));
   while (!bytes.empty()) {
-    const ssize_t n = write(fd_, bytes.data(), bytes.size());
+    const ssize_t n = pwrite(fd_, bytes.data(), bytes.size(), static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : EIO;
@@ -91,6 +106,7 @@ absl::Status AtomicFileWriter::Append(absl::string_view bytes) {
       return absl::DataLossError(absl::StrCat("cannot write ", tmp_, ": ", std::strerror(err)));
     }
     bytes.remove_prefix(static_cast<size_t>(n));
+    offset += static_cast<uint64_t>(n);
   }
   return absl::OkStatus();
 }

@@ -2,6 +2,7 @@
 #ifndef GCOMP_BASE_FILES_H_
 #define GCOMP_BASE_FILES_H_
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -39,6 +40,9 @@ class AtomicFileWriter {
 
   // DataLoss naming the temporary file if the bytes cannot be written.
   absl::Status Append(absl::string_view bytes);
+  // Overwrites bytes already appended, from `offset` on (a header whose fields are known
+  // only at the end); OutOfRange if they would reach past what was appended.
+  absl::Status WriteAt(uint64_t offset, absl::string_view bytes);
   // Closes and renames; PermissionDenied if the rename fails, DataLoss if the close does.
   absl::Status Commit();
 
@@ -46,10 +50,13 @@ class AtomicFileWriter {
   AtomicFileWriter(std::string path, std::string tmp, int fd)
       : path_(std::move(path)), tmp_(std::move(tmp)), fd_(fd) {}
   void Abandon();
+  // Writes `bytes` at `offset`; DataLoss (and abandons the file) if that fails.
+  absl::Status Pwrite(uint64_t offset, absl::string_view bytes);
 
   std::string path_;
   std::string tmp_;
-  int fd_ = -1;  // -1 once committed or abandoned
+  int fd_ = -1;        // -1 once committed or abandoned
+  uint64_t size_ = 0;  // bytes appended
 };
 
 }  // namespace gcomp

@@ -58,6 +58,24 @@ TEST(Files, WriterDroppedWithoutCommitLeavesTheOldFile) {
   EXPECT_EQ(writer->Append("late").code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(Files, WriterOverwritesWhatItAppended) {
+  const std::string path = TempPath("files_test_write_at");
+  absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(path);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE(writer->Append("head:????;").ok());
+  ASSERT_TRUE(writer->Append("body").ok());
+  ASSERT_TRUE(writer->WriteAt(5, "1234").ok());
+  // Past the end: refused, naming the sizes, and the file is still usable.
+  absl::Status past = writer->WriteAt(12, "xyz");
+  EXPECT_EQ(past.code(), absl::StatusCode::kOutOfRange) << past;
+  EXPECT_NE(past.message().find("it holds 14"), absl::string_view::npos) << past;
+  EXPECT_EQ(writer->WriteAt(15, "").code(), absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(writer->Append("!").ok());
+  ASSERT_TRUE(writer->Commit().ok());
+  EXPECT_EQ(*ReadFile(path), "head:1234;body!");
+  EXPECT_EQ(writer->WriteAt(0, "x").code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(Files, ReadsLargeFilesWhole) {
   const std::string path = TempPath("files_test_large");
   std::string data(5 << 20, '\0');

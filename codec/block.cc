@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -26,19 +27,35 @@ using internal::Load64;
 using internal::Store32;
 using internal::Store64;
 
+// Memory that grows without being zero-filled: every pass writes what it later reads, and
+// zeroing megabytes of fresh scratch cost a short-lived process (the CLI) more than the
+// block's own encoding.
+template <typename T>
+class ScratchArray {
+ public:
+  // At least n elements, their values whatever the last block left there.
+  T* Reserve(size_t n) {
+    if (n > size_) {
+      data_.reset(new T[n]);  // default-initialized: no zeroing
+      size_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<T[]> data_;
+  size_t size_ = 0;
+};
+
 // Per-thread scratch so that encoding many blocks does not allocate (or zero) per block.
 struct Scratch {
-  std::vector<uint8_t> bytes;    // the block being assembled
-  std::vector<uint8_t> syms;     // exponent symbols of the nonzero elements
-  std::vector<uint64_t> bitmap;  // 1 = nonzero
+  ScratchArray<uint8_t> bytes;    // the block being assembled
+  ScratchArray<uint8_t> syms;     // exponent symbols of the nonzero elements
+  ScratchArray<uint64_t> bitmap;  // 1 = nonzero
 };
 Scratch& ThreadScratch() {
   thread_local Scratch scratch;
   return scratch;
-}
-template <typename V>
-void Grow(V& v, size_t n) {
-  if (v.size() < n) v.resize(n);
 }
 
 uint8_t* PutVarint(uint8_t* p, uint32_t v) {
@@ -155,12 +172,9 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* d
   const size_t words = (n + 63) / 64;
   const size_t cap = kBlockHeaderBytes + mant_max + words * 8 + 16 + 2 + 128 + 8 +
                      internal::MaxStreamBytes(n) + 16;
-  Grow(sc.bytes, cap);
-  Grow(sc.syms, n + 8);
-  Grow(sc.bitmap, words + 1);
-  uint8_t* blk = sc.bytes.data();
-  uint8_t* syms = sc.syms.data();
-  uint64_t* bitmap = sc.bitmap.data();
+  uint8_t* blk = sc.bytes.Reserve(cap);
+  uint8_t* syms = sc.syms.Reserve(n + 8);
+  uint64_t* bitmap = sc.bitmap.Reserve(words + 1);
 
   // Pass 2: quantize; write the sign + mantissa plane, the symbols and the zero bitmap.
   size_t nnz = 0;
@@ -396,8 +410,7 @@ absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
   internal::BuildDecodeTable(code, dec);
 
   Scratch& sc = ThreadScratch();
-  Grow(sc.syms, nnz + 8);
-  uint8_t* syms = sc.syms.data();
+  uint8_t* syms = sc.syms.Reserve(nnz + 8);
   if (absl::Status st = internal::DecodeStreams(streams, dec, nnz, syms); !st.ok()) return st;
   std::memset(syms + nnz, 0, 8);
 
@@ -408,8 +421,7 @@ absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
 
   // Zeros present: the nonzero bitmap, from the map as sent or from its position list.
   const size_t words = (n + 63) / 64;
-  Grow(sc.bitmap, words + 1);
-  uint64_t* bm = sc.bitmap.data();
+  uint64_t* bm = sc.bitmap.Reserve(words + 1);
   if (b.zero_map == ZeroMapKind::kBitmap) {
     bm[words - 1] = 0;
     std::memcpy(bm, zmap.data(), zmap.size());

@@ -64,8 +64,12 @@ size_t MaxEncodedBytes(size_t n, DType dtype) {
   return MaxEncodedBytes(n, dtype, BufferOptions().block_bytes);
 }
 
-absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferOptions& options,
-                          std::string* out) {
+size_t FrameHeaderBytes(size_t n, DType dtype, size_t block_bytes) {
+  return kFrameFixedBytes + 4 * SplitFrame(n, dtype, block_bytes).count + 8;
+}
+
+absl::Status EncodeBufferTo(DType dtype, const void* data, size_t n, const BufferOptions& options,
+                            const FrameSink& sink) {
   if (!internal::IsValidDType(static_cast<uint8_t>(dtype))) {
     return absl::InvalidArgumentError("bad dtype");
   }
@@ -79,18 +83,16 @@ absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferO
   block_options.policy = options.policy;
   block_options.shared_table = options.shared_table;
   const size_t header = kFrameFixedBytes + 4 * count + 8;
-  const size_t base = out->size();
 
-  // Blocks are encoded in parallel into per-thread scratch memory and appended in order:
-  // the thread that finishes block i waits until block i - 1 is in. Indices are handed out
-  // in increasing order and each is worked on at once, so block i - 1 is always underway.
-  // With room reserved for the worst case, *out never moves while blocks are appended.
-  out->reserve(base + MaxEncodedBytes(n, dtype, options.block_bytes));
-  out->resize(base + header);
+  // Blocks are encoded in parallel into per-thread scratch memory and handed to the sink in
+  // order: the thread that finishes block i waits until block i - 1 is in. Indices are
+  // handed out in increasing order and each is worked on at once, so block i - 1 is always
+  // underway.
   std::vector<uint32_t> sizes(count);
-  std::vector<absl::Status> status(count);
   absl::Mutex mu;
-  size_t appended = 0;  // blocks 0 .. appended - 1 are in *out
+  size_t appended = 0;       // blocks 0 .. appended - 1 are done
+  uint64_t offset = header;  // where the next block goes
+  absl::Status status;       // the first error; later blocks are dropped
   RunParallel(options.pool, options.threads, count, [&](size_t i) {
     const size_t lo = i * per, m = std::min(per, n - lo);
     absl::StatusOr<absl::Span<const uint8_t>> block = internal::EncodeBlockToScratch(
@@ -98,21 +100,19 @@ absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferO
     absl::MutexLock lock(&mu);
     auto my_turn = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return appended == i; };
     mu.Await(absl::Condition(&my_turn));
-    if (block.ok()) {
-      out->append(reinterpret_cast<const char*>(block->data()), block->size());
-      sizes[i] = static_cast<uint32_t>(block->size());
-    } else {
-      status[i] = block.status();
-    }
     ++appended;
-  });
-  for (const absl::Status& st : status) {
-    if (!st.ok()) {
-      out->resize(base);
-      return st;
+    if (!status.ok()) return;
+    if (!block.ok()) {
+      status = block.status();
+      return;
     }
-  }
-  uint8_t* h = reinterpret_cast<uint8_t*>(&(*out)[base]);
+    status = sink(offset, *block);
+    sizes[i] = static_cast<uint32_t>(block->size());
+    offset += block->size();
+  });
+  if (!status.ok()) return status;
+  std::vector<uint8_t> head(header);
+  uint8_t* h = head.data();
   internal::Store32(h, internal::kFrameMagic);
   h[4] = internal::kFrameVersion;
   h[5] = static_cast<uint8_t>(dtype);
@@ -122,7 +122,30 @@ absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferO
   internal::Store32(h + 20, static_cast<uint32_t>(count));
   for (size_t i = 0; i < count; ++i) internal::Store32(h + kFrameFixedBytes + 4 * i, sizes[i]);
   internal::Store64(h + header - 8, XXH64(h, header - 8, 0));
-  return absl::OkStatus();
+  return sink(0, head);
+}
+
+absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferOptions& options,
+                          std::string* out) {
+  if (!internal::IsValidDType(static_cast<uint8_t>(dtype))) {
+    return absl::InvalidArgumentError("bad dtype");
+  }
+  // With room reserved for the worst case, *out never moves while blocks are appended.
+  const size_t base = out->size();
+  out->reserve(base + MaxEncodedBytes(n, dtype, options.block_bytes));
+  out->resize(base + FrameHeaderBytes(n, dtype, options.block_bytes));
+  absl::Status st = EncodeBufferTo(
+      dtype, data, n, options, [&](uint64_t offset, absl::Span<const uint8_t> bytes) {
+        const char* p = reinterpret_cast<const char*>(bytes.data());
+        if (offset == 0) {
+          out->replace(base, bytes.size(), p, bytes.size());
+        } else {
+          out->append(p, bytes.size());
+        }
+        return absl::OkStatus();
+      });
+  if (!st.ok()) out->resize(base);
+  return st;
 }
 
 absl::StatusOr<FrameInfo> InspectFrame(absl::Span<const uint8_t> frame) {

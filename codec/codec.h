@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -233,6 +234,22 @@ size_t MaxEncodedBytes(size_t n, DType dtype);
 // (MaxEncodedBytes); on error *out is left as it was.
 absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferOptions& options,
                           std::string* out);
+
+// Where EncodeBufferTo puts a frame's bytes, for callers that write it somewhere other than
+// a string (a file): Write(offset, bytes), offsets counted from the frame's first byte.
+// Blocks come in order, each as soon as it and those before it are encoded, one after
+// another from offset FrameHeaderBytes(); the header comes last, at offset 0, once the
+// block sizes are known. Calls never overlap. An error stops the encoding and is returned.
+using FrameSink =
+    std::function<absl::Status(uint64_t offset, absl::Span<const uint8_t> bytes)>;
+
+// The size of the header (and block size table) of a frame of n elements.
+size_t FrameHeaderBytes(size_t n, DType dtype, size_t block_bytes);
+
+// EncodeBuffer, handing the frame to `sink` instead of a string: the same bytes, without
+// gathering them in memory first. On error the sink may have received part of the frame.
+absl::Status EncodeBufferTo(DType dtype, const void* data, size_t n, const BufferOptions& options,
+                            const FrameSink& sink);
 
 // Decodes a whole frame into out[0, n); n must equal the frame's element count.
 absl::Status DecodeBuffer(absl::Span<const uint8_t> frame, DType dtype, void* out, size_t n,

@@ -149,6 +149,70 @@ TEST(Determinism, SameBytesForAnyThreadCount) {
   EXPECT_EQ(one, again);
 }
 
+// EncodeBufferTo hands over the same bytes as EncodeBuffer: blocks in order, one after
+// another from the end of the header, and the header last at offset 0.
+TEST(FrameSink, SameBytesAsTheStringBlocksInOrderHeaderLast) {
+  const std::vector<uint8_t> in = MakeValues(DType::kF32, Pattern::kGradientLike, 100000, 9);
+  for (int threads : {1, 4}) {
+    BufferOptions options;
+    options.block_bytes = 4096;
+    options.threads = threads;
+    std::string want;
+    ASSERT_TRUE(EncodeBuffer(DType::kF32, in.data(), 100000, options, &want).ok());
+    const size_t header = FrameHeaderBytes(100000, DType::kF32, options.block_bytes);
+    std::string got(header, '\0');
+    std::vector<uint64_t> offsets;
+    absl::Status st = EncodeBufferTo(
+        DType::kF32, in.data(), 100000, options,
+        [&](uint64_t offset, absl::Span<const uint8_t> bytes) {
+          offsets.push_back(offset);
+          const char* p = reinterpret_cast<const char*>(bytes.data());
+          if (offset == 0) {
+            EXPECT_EQ(bytes.size(), header);
+            got.replace(0, bytes.size(), p, bytes.size());
+          } else {
+            EXPECT_EQ(offset, got.size()) << "blocks must arrive in order, back to back";
+            got.append(p, bytes.size());
+          }
+          return absl::OkStatus();
+        });
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(got, want) << threads << " threads";
+    ASSERT_EQ(offsets.size(), 100000 * 4 / 4096 + 1 + 1);  // 98 blocks (even) + the header
+    EXPECT_EQ(offsets.front(), header);
+    EXPECT_EQ(offsets.back(), 0u);
+  }
+}
+
+TEST(FrameSink, ASinkErrorStopsTheFrameAndIsReturned) {
+  const std::vector<uint8_t> in = MakeValues(DType::kF32, Pattern::kGradientLike, 100000, 9);
+  for (int threads : {1, 4}) {
+    BufferOptions options;
+    options.block_bytes = 4096;
+    options.threads = threads;
+    int calls = 0;
+    absl::Status st = EncodeBufferTo(DType::kF32, in.data(), 100000, options,
+                                     [&](uint64_t, absl::Span<const uint8_t>) {
+                                       return ++calls == 3 ? absl::DataLossError("disk full")
+                                                           : absl::OkStatus();
+                                     });
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(st.message(), "disk full");
+    EXPECT_EQ(calls, 3) << "no block (nor the header) after the error";
+  }
+  // An invalid policy is refused before the sink sees anything.
+  BufferOptions bad;
+  bad.policy.rel_bits = 99;
+  bool called = false;
+  absl::Status st = EncodeBufferTo(DType::kF32, in.data(), 1000, bad,
+                                   [&](uint64_t, absl::Span<const uint8_t>) {
+                                     called = true;
+                                     return absl::OkStatus();
+                                   });
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(called);
+}
+
 // A frame's blocks are at most block_bytes, as equal as the count allows, and even in
 // number when there are several; appending to a non-empty string keeps what was there.
 TEST(Frame, EqualBlocksOfAtMostTheBlockSize) {

@@ -63,15 +63,25 @@ absl::Status Compress(const std::string& in_path, const std::string& out_path,
   GczHeader header;
   header.dtype = options.dtype;
   header.shape.assign(array->shape.begin(), array->shape.end());
-  std::string out;
-  AppendGczHeader(header, &out);
   codec::BufferOptions buffer;
   buffer.policy = options.policy;
   buffer.threads = options.threads;
-  if (absl::Status st = codec::EncodeBuffer(options.dtype, data, n, buffer, &out); !st.ok()) {
-    return st;
-  }
-  return WriteFileAtomically(out_path, out);
+  // Blocks go to the file as they are encoded, and the frame header, known only at the end,
+  // over the room left for it: no copy of the output is gathered in memory.
+  std::string head;
+  AppendGczHeader(header, &head);
+  const uint64_t frame_start = head.size();
+  head.resize(frame_start + codec::FrameHeaderBytes(n, options.dtype, buffer.block_bytes));
+  absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(out_path);
+  if (!writer.ok()) return writer.status();
+  if (absl::Status st = writer->Append(head); !st.ok()) return st;
+  absl::Status st = codec::EncodeBufferTo(
+      options.dtype, data, n, buffer, [&](uint64_t offset, absl::Span<const uint8_t> bytes) {
+        const absl::string_view s(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+        return offset == 0 ? writer->WriteAt(frame_start, s) : writer->Append(s);
+      });
+  if (!st.ok()) return st;
+  return writer->Commit();
 }
 
 absl::Status Decompress(const std::string& in_path, const std::string& out_path, int threads) {
@@ -92,26 +102,29 @@ absl::Status Decompress(const std::string& in_path, const std::string& out_path,
   absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(out_path);
   if (!writer.ok()) return writer.status();
   if (absl::Status st = writer->Append(NpyF32Header(shape)); !st.ok()) return st;
-  // A window of blocks at a time (two per thread) is decoded into buffers that are reused
-  // and written out: one buffer of the whole output would be zero-filled or fault page by
-  // page, which costs more than decoding it.
+  // A window of blocks at a time (two per thread when there are several) is decoded into
+  // buffers that are reused and written out: one buffer of the whole output would be
+  // zero-filled or fault page by page, which costs more than decoding it.
   const DType dtype = header->dtype;
   const size_t per = info->block_elements, elem = codec::DTypeBytes(dtype);
   const size_t workers = static_cast<size_t>(std::max(threads, 1));
-  const size_t window = 2 * workers;
+  const size_t window = workers == 1 ? 1 : 2 * workers;
   const size_t window_elements = std::min<size_t>(count, window * per);
-  std::vector<float> f32(window_elements);
-  std::vector<uint8_t> narrow(dtype == DType::kF32 ? 0 : window_elements * elem);
+  // Not zero-filled (decoding writes every element first): for a file of a few megabytes
+  // the memset cost as much as the decoding.
+  std::unique_ptr<float[]> f32(new float[window_elements]);
+  std::unique_ptr<uint8_t[]> narrow(dtype == DType::kF32 ? nullptr
+                                                         : new uint8_t[window_elements * elem]);
   std::vector<absl::Status> status(window);
   ThreadPool pool(static_cast<int>(workers) - 1);
   for (size_t first = 0; first < info->blocks.size(); first += window) {
     const size_t blocks = std::min(window, info->blocks.size() - first);
     pool.ParallelFor(blocks, [&](size_t j) {
       const size_t b = first + j, lo = j * per, m = std::min<size_t>(per, count - b * per);
-      void* target = narrow.empty() ? static_cast<void*>(f32.data() + lo) : narrow.data() + lo * elem;
+      void* target = narrow == nullptr ? static_cast<void*>(f32.get() + lo) : narrow.get() + lo * elem;
       status[j] = codec::DecodeBlock(info->blocks[b], dtype, target, m);
-      if (status[j].ok() && !narrow.empty()) {
-        codec::ToF32(dtype, narrow.data() + lo * elem, m, f32.data() + lo);
+      if (status[j].ok() && narrow != nullptr) {
+        codec::ToF32(dtype, narrow.get() + lo * elem, m, f32.get() + lo);
       }
     });
     for (size_t j = 0; j < blocks; ++j) {
@@ -122,7 +135,7 @@ absl::Status Decompress(const std::string& in_path, const std::string& out_path,
     }
     const size_t elements = std::min<size_t>(blocks * per, count - first * per);
     if (absl::Status st = writer->Append(absl::string_view(
-            reinterpret_cast<const char*>(f32.data()), elements * sizeof(float)));
+            reinterpret_cast<const char*>(f32.get()), elements * sizeof(float)));
         !st.ok()) {
       return st;
     }
