@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/large_buffer.h"
 #include "codec/codec.h"
 #include "codec/internal/bits.h"
 #include "codec/internal/block_scratch.h"
@@ -27,24 +27,17 @@ using internal::Load64;
 using internal::Store32;
 using internal::Store64;
 
-// Memory that grows without being zero-filled: every pass writes what it later reads, and
-// zeroing megabytes of fresh scratch cost a short-lived process (the CLI) more than the
-// block's own encoding.
+// Scratch that grows without being zero-filled (every pass writes what it later reads), in
+// huge pages from half a megabyte on: a short-lived process (the CLI) otherwise spent more on
+// zeroing and first-touch page faults than on encoding (base/large_buffer.h).
 template <typename T>
 class ScratchArray {
  public:
   // At least n elements, their values whatever the last block left there.
-  T* Reserve(size_t n) {
-    if (n > size_) {
-      data_.reset(new T[n]);  // default-initialized: no zeroing
-      size_ = n;
-    }
-    return data_.get();
-  }
+  T* Reserve(size_t n) { return reinterpret_cast<T*>(buffer_.Reserve(n * sizeof(T))); }
 
  private:
-  std::unique_ptr<T[]> data_;
-  size_t size_ = 0;
+  LargeBuffer buffer_;
 };
 
 // Per-thread scratch so that encoding many blocks does not allocate (or zero) per block.
@@ -410,7 +403,10 @@ absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
   internal::BuildDecodeTable(code, dec);
 
   Scratch& sc = ThreadScratch();
-  uint8_t* syms = sc.syms.Reserve(nnz + 8);
+  // Room for every element, not just this block's nonzeros: blocks of a frame differ in
+  // nonzero count, and growing the scratch for each larger one faulted in fresh pages.
+  // (n is the caller's own output size, checked against the header.)
+  uint8_t* syms = sc.syms.Reserve(n + 8);
   if (absl::Status st = internal::DecodeStreams(streams, dec, nnz, syms); !st.ok()) return st;
   std::memset(syms + nnz, 0, 8);
 
