@@ -6,7 +6,7 @@
 #   bench/ps_bench.sh [GRADIENT.npy[,MORE.npy]] [STEPS] [RATE] [FIELD=VALUE[,...]]
 #
 # The fourth argument sets more config fields for both modes (the launcher's --set), e.g.
-# max_inflight_chunks=4.
+# max_inflight_chunks=2.
 #
 # The emulated link: the shards run inside a network namespace created here
 # (gcomp_ps_bench), reached over a veth pair 10.77.0.2 <-> 10.77.0.1 whose both ends are

@@ -53,7 +53,7 @@ constexpr Field kFields[] = {
     {"rpc_timeout_ms", Kind::kUnsigned, "30000"},
     {"connect_timeout_ms", Kind::kUnsigned, "5000"},
     {"channels_per_shard", Kind::kUnsigned, "2"},
-    {"max_inflight_chunks", Kind::kUnsigned, "8"},
+    {"max_inflight_chunks", Kind::kUnsigned, "4"},
     {"max_retries", Kind::kUnsigned, "5"},
     {"retry_backoff_ms", Kind::kUnsigned, "50"},
     {"max_message_bytes", Kind::kUnsigned, "0"},  // 0: derived from chunk_bytes

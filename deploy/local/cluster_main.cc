@@ -90,7 +90,7 @@ ABSL_FLAG(int, restart_after_ms, -1,
 ABSL_FLAG(int, replicas, 1, "Config replicas: copies of each chunk's state (failover needs 2).");
 ABSL_FLAG(std::vector<std::string>, set, {},
           "More config fields, field=value as the binaries' --set takes them (e.g. "
-          "max_inflight_chunks=4): checked here, then given to every shard, worker and admin call.");
+          "max_inflight_chunks=2): checked here, then given to every shard, worker and admin call.");
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address the shards listen on; a comma-separated list gives shard k the k-th "
           "(cycling), e.g. one network namespace per shard.");
