@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/large_buffer.h"
 #include "codec/internal/cpu.h"
 #include "codec/internal/huffman_kernels.h"
 #include "format/huffman_code.h"
@@ -93,7 +93,9 @@ void BuildDecodeTable(const HuffmanCode& code, uint16_t* table) {
 namespace {
 
 StreamPlan PlanStreams(const uint8_t* syms, size_t n, uint8_t* out) {
-  thread_local std::vector<uint8_t> scratch;
+  // Never zero-filled and in huge pages where it is large (base/large_buffer.h): streams
+  // 1-3 are written before JoinStreams reads them.
+  thread_local LargeBuffer scratch;
   StreamPlan plan;
   size_t offset[kNumStreams];
   size_t total = 0, start = 0;
@@ -104,9 +106,9 @@ StreamPlan PlanStreams(const uint8_t* syms, size_t n, uint8_t* out) {
     offset[s] = total;
     total += (plan.count[s] * kMaxCodeLen + 7) / 8 + 16;
   }
-  if (scratch.size() < total) scratch.resize(total);
+  uint8_t* const streams = scratch.Reserve(total);
   plan.base[0] = out;
-  for (int s = 1; s < kNumStreams; ++s) plan.base[s] = scratch.data() + offset[s];
+  for (int s = 1; s < kNumStreams; ++s) plan.base[s] = streams + offset[s];
   return plan;
 }
 
