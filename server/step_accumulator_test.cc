@@ -63,9 +63,15 @@ TEST(StepAccumulator, AveragesInWorkerOrder) {
 TEST(StepAccumulator, DuplicatePushIsCountedOnce) {
   auto acc = Make(2, 1);
   std::thread first([&] { (void)acc->Push(0, 0, {10}, absl::InfiniteFuture()); });
-  // A retry of worker 0 while the step is open: waits for the same result.
+  // A retry of worker 0 while the step is open: waits for the same result. It goes in once
+  // the first push is in (Admit says duplicate), not after a fixed sleep: on a loaded
+  // machine the first thread may not have run yet, and an empty push is then no retry.
   std::thread retry([&] {
-    absl::SleepFor(absl::Milliseconds(20));
+    for (;;) {
+      absl::StatusOr<bool> duplicate = acc->Admit(0, 0);
+      if (!duplicate.ok() || *duplicate) break;  // in, or the step already completed
+      absl::SleepFor(absl::Milliseconds(1));
+    }
     auto r = acc->Push(0, 0, {}, absl::InfiniteFuture());
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(Values(*r->reply)[0], 6.0f);
