@@ -23,7 +23,7 @@ inline std::string HttpGet(int port, const std::string& path = "/metrics") {
     return "";
   }
   const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  (void)!write(fd, request.data(), request.size());
+  (void)!send(fd, request.data(), request.size(), MSG_NOSIGNAL);  // no SIGPIPE if refused
   std::string response;
   char buf[4096];
   for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
