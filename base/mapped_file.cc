@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -14,7 +15,8 @@
 
 namespace gcomp {
 
-absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
+absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path,
+                                            const MappedFileOptions& options) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
@@ -22,7 +24,7 @@ absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
   struct stat st;
   const bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0;
   void* map = regular ? mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ,
-                             MAP_PRIVATE | MAP_POPULATE, fd, 0)
+                             MAP_PRIVATE | (options.populate ? MAP_POPULATE : 0), fd, 0)
                       : MAP_FAILED;
   close(fd);  // the mapping keeps the file
   MappedFile file;
@@ -58,6 +60,41 @@ void MappedFile::Unmap() {
   if (map_ != nullptr) munmap(map_, size_);
   map_ = nullptr;
   size_ = 0;
+}
+
+// The pages of [offset, offset + size) within the mapping, widened (inward = false) or
+// narrowed (inward = true) to page boundaries; empty when nothing is left.
+std::pair<char*, size_t> MappedFile::PageRange(size_t offset, size_t size, bool inward) const {
+  if (map_ == nullptr || offset >= size_) return {nullptr, 0};
+  size = std::min(size, size_ - offset);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t lo = offset, hi = offset + size;
+  if (inward) {
+    lo = (lo + page - 1) / page * page;
+    // The mapping's last page counts as whole: nothing else lives in it.
+    hi = hi == size_ ? (hi + page - 1) / page * page : hi / page * page;
+  } else {
+    lo = lo / page * page;
+    hi = (hi + page - 1) / page * page;
+  }
+  if (hi <= lo) return {nullptr, 0};
+  return {static_cast<char*>(map_) + lo, hi - lo};
+}
+
+void MappedFile::Prefetch(size_t offset, size_t size) const {
+  const auto [p, len] = PageRange(offset, size, /*inward=*/false);
+  if (len == 0) return;
+#ifdef MADV_POPULATE_READ
+  if (madvise(p, len, MADV_POPULATE_READ) == 0) return;
+#endif
+  madvise(p, len, MADV_WILLNEED);  // a hint: failure only costs speed
+}
+
+void MappedFile::Release(size_t offset, size_t size) const {
+  const auto [p, len] = PageRange(offset, size, /*inward=*/true);
+  // A read-only private mapping of a file holds no data of its own: dropping its pages
+  // only unmaps them.
+  if (len != 0) madvise(p, len, MADV_DONTNEED);
 }
 
 absl::string_view MappedFile::bytes() const {

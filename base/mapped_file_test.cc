@@ -1,6 +1,7 @@
 #include "base/mapped_file.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -29,6 +30,54 @@ TEST(MappedFile, HoldsTheFilesBytes) {
   EXPECT_TRUE(file->bytes().empty());  // NOLINT(bugprone-use-after-move): checked on purpose
 }
 
+// This process's resident memory backed by files (RssFile, and RssShmem for a tmpfs
+// TEST_TMPDIR) in /proc/self/status, in KiB; -1 where the kernel does not say.
+long ResidentFileKiB() {
+  absl::StatusOr<std::string> status = ReadFile("/proc/self/status");
+  if (!status.ok()) return -1;
+  long total = 0;
+  for (const char* field : {"RssFile:", "RssShmem:"}) {
+    const size_t at = status->find(field);
+    if (at == std::string::npos) return -1;
+    total += std::strtol(status->c_str() + at + std::strlen(field), nullptr, 10);
+  }
+  return total;
+}
+
+// Read a window at a time: Prefetch maps a range in, Release takes it out of this process's
+// resident memory, and the bytes stay the file's throughout.
+TEST(MappedFile, PrefetchAndReleaseKeepTheBytesAndBoundResidentMemory) {
+  const std::string path = TempPath("mapped_file_window");
+  std::string data((16 << 20) + 123, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 13 + (i >> 12));
+  ASSERT_TRUE(WriteFileAtomically(path, data).ok());
+  MappedFileOptions options;
+  options.populate = false;
+  absl::StatusOr<MappedFile> file = MappedFile::Open(path, options);
+  ASSERT_TRUE(file.ok()) << file.status();
+  if (ResidentFileKiB() < 0) GTEST_SKIP() << "no RssFile in /proc/self/status";
+  const long kib = static_cast<long>(data.size() >> 10);
+  const long before = ResidentFileKiB();
+  file->Prefetch(0, data.size());
+  long mapped = ResidentFileKiB();
+  if (mapped - before < kib / 2) {
+    // A kernel without MADV_POPULATE_READ only reads ahead; map the pages by reading them.
+    EXPECT_TRUE(file->bytes() == data);
+    mapped = ResidentFileKiB();
+  }
+  ASSERT_GE(mapped - before, kib * 3 / 4) << "the pages were never mapped: nothing to release";
+  // A window in the middle, then everything; ranges past the end are clipped.
+  file->Release(data.size() / 4, data.size() / 2);
+  const long half = ResidentFileKiB();
+  EXPECT_LE(half, mapped - kib / 2 + kib / 8) << "Release of the middle half left it resident";
+  file->Release(0, data.size() * 2);
+  EXPECT_LE(ResidentFileKiB(), before + kib / 8) << "Release of the whole file left it resident";
+  file->Prefetch(data.size() - 10, 1 << 20);
+  file->Prefetch(data.size() + 10, 1 << 20);
+  file->Release(data.size() + 10, 1 << 20);
+  EXPECT_TRUE(file->bytes() == data) << "released pages must read back as the file's bytes";
+}
+
 TEST(MappedFile, EmptyAndUnmappableFilesAreRead) {
   const std::string path = TempPath("mapped_file_empty");
   ASSERT_TRUE(WriteFileAtomically(path, "").ok());
@@ -39,6 +88,11 @@ TEST(MappedFile, EmptyAndUnmappableFilesAreRead) {
   absl::StatusOr<MappedFile> proc = MappedFile::Open("/proc/self/status");
   ASSERT_TRUE(proc.ok()) << proc.status();
   EXPECT_NE(proc->bytes().find("VmRSS"), absl::string_view::npos);
+  // The hints do nothing to bytes that were read into memory.
+  const std::string copy(proc->bytes());
+  proc->Prefetch(0, copy.size());
+  proc->Release(0, copy.size());
+  EXPECT_EQ(proc->bytes(), copy);
 }
 
 TEST(MappedFile, MissingFileIsNotFoundNamingIt) {

@@ -19,28 +19,6 @@ namespace {
 
 constexpr size_t kFrameFixedBytes = 24;  // before the block size table
 
-// How a frame cuts n elements: `count` blocks of `per` elements (the last may hold fewer).
-// Blocks are as equal as the element count allows, at most block_bytes each, and there is
-// an even number of them when there is more than one, so that 2 (or 4, for the common
-// counts) threads get the same amount of work.
-struct BlockSplit {
-  size_t per = 1;
-  size_t count = 0;
-};
-BlockSplit SplitFrame(size_t n, DType dtype, size_t block_bytes) {
-  BlockSplit l;
-  const size_t most = std::clamp<size_t>(block_bytes / DTypeBytes(dtype), 1, kMaxBlockElements);
-  if (n == 0) {
-    l.per = most;
-    return l;
-  }
-  size_t want = (n + most - 1) / most;
-  if (want > 1) want += want % 2;
-  l.per = std::max<size_t>(1, (n + want - 1) / want);
-  l.count = (n + l.per - 1) / l.per;
-  return l;
-}
-
 // Runs fn(i) for i < n on the given pool, or on a pool of `threads` made for this call.
 void RunParallel(ThreadPool* pool, int threads, size_t n, const std::function<void(size_t)>& fn) {
   if (pool != nullptr) {
@@ -55,8 +33,25 @@ void RunParallel(ThreadPool* pool, int threads, size_t n, const std::function<vo
 
 }  // namespace
 
+// Blocks are as equal as the element count allows, at most block_bytes each, and there is
+// an even number of them when there is more than one, so that 2 (or 4, for the common
+// counts) threads get the same amount of work.
+FrameLayout FrameLayoutOf(size_t n, DType dtype, size_t block_bytes) {
+  FrameLayout l;
+  const size_t most = std::clamp<size_t>(block_bytes / DTypeBytes(dtype), 1, kMaxBlockElements);
+  if (n == 0) {
+    l.block_elements = most;
+    return l;
+  }
+  size_t want = (n + most - 1) / most;
+  if (want > 1) want += want % 2;
+  l.block_elements = std::max<size_t>(1, (n + want - 1) / want);
+  l.blocks = (n + l.block_elements - 1) / l.block_elements;
+  return l;
+}
+
 size_t MaxEncodedBytes(size_t n, DType dtype, size_t block_bytes) {
-  const size_t blocks = SplitFrame(n, dtype, block_bytes).count;
+  const size_t blocks = FrameLayoutOf(n, dtype, block_bytes).blocks;
   return kFrameFixedBytes + blocks * (4 + kBlockHeaderBytes) + 8 + n * DTypeBytes(dtype);
 }
 
@@ -65,7 +60,7 @@ size_t MaxEncodedBytes(size_t n, DType dtype) {
 }
 
 size_t FrameHeaderBytes(size_t n, DType dtype, size_t block_bytes) {
-  return kFrameFixedBytes + 4 * SplitFrame(n, dtype, block_bytes).count + 8;
+  return kFrameFixedBytes + 4 * FrameLayoutOf(n, dtype, block_bytes).blocks + 8;
 }
 
 absl::Status EncodeBufferTo(DType dtype, const void* data, size_t n, const BufferOptions& options,
@@ -75,8 +70,8 @@ absl::Status EncodeBufferTo(DType dtype, const void* data, size_t n, const Buffe
   }
   if (absl::Status st = ValidatePolicy(options.policy); !st.ok()) return st;
   if (n > 0 && data == nullptr) return absl::InvalidArgumentError("null data");
-  const BlockSplit layout = SplitFrame(n, dtype, options.block_bytes);
-  const size_t per = layout.per, count = layout.count;
+  const FrameLayout layout = FrameLayoutOf(n, dtype, options.block_bytes);
+  const size_t per = layout.block_elements, count = layout.blocks;
   if (count > UINT32_MAX) return absl::InvalidArgumentError("too many blocks");
   const size_t elem = DTypeBytes(dtype);
   BlockEncodeOptions block_options;

@@ -243,6 +243,14 @@ absl::Status EncodeBuffer(DType dtype, const void* data, size_t n, const BufferO
 using FrameSink =
     std::function<absl::Status(uint64_t offset, absl::Span<const uint8_t> bytes)>;
 
+// How a frame cuts n elements: `blocks` blocks of `block_elements` each, the last one
+// possibly shorter (docs/FORMAT.md). Block i holds elements [i * block_elements, ...).
+struct FrameLayout {
+  size_t block_elements = 1;
+  size_t blocks = 0;
+};
+FrameLayout FrameLayoutOf(size_t n, DType dtype, size_t block_bytes);
+
 // The size of the header (and block size table) of a frame of n elements.
 size_t FrameHeaderBytes(size_t n, DType dtype, size_t block_bytes);
 

@@ -213,8 +213,9 @@ TEST(FrameSink, ASinkErrorStopsTheFrameAndIsReturned) {
   EXPECT_FALSE(called);
 }
 
-// A frame's blocks are at most block_bytes, as equal as the count allows, and even in
-// number when there are several; appending to a non-empty string keeps what was there.
+// A frame's blocks are at most block_bytes, as equal as the count allows, even in number
+// when there are several, and as FrameLayoutOf says; appending to a non-empty string keeps
+// what was there.
 TEST(Frame, EqualBlocksOfAtMostTheBlockSize) {
   const std::vector<uint8_t> in = MakeValues(DType::kF32, Pattern::kGradientLike, 20000, 5);
   for (size_t n : {size_t{1}, size_t{999}, size_t{1000}, size_t{1001}, size_t{2999}, size_t{3001},
@@ -229,6 +230,10 @@ TEST(Frame, EqualBlocksOfAtMostTheBlockSize) {
     absl::StatusOr<FrameInfo> info = InspectFrame(AsBytes(frame).subspan(6));
     ASSERT_TRUE(info.ok()) << info.status();
     const size_t count = info->blocks.size();
+    // FrameLayoutOf predicts the cut without encoding.
+    const FrameLayout layout = FrameLayoutOf(n, DType::kF32, options.block_bytes);
+    EXPECT_EQ(layout.block_elements, info->block_elements) << n;
+    EXPECT_EQ(layout.blocks, count) << n;
     EXPECT_LE(info->block_elements, 1000u) << n;
     EXPECT_EQ(count, (n + info->block_elements - 1) / info->block_elements) << n;
     if (count > 1) {

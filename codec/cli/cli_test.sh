@@ -37,6 +37,30 @@ grep -q '"rel_bits": 5' "$DIR/b.json" || fail "inspect policy"
 grep -q '"exponents"' "$DIR/b.json" || fail "inspect sections"
 [ "$(stat -c %s "$DIR/b.gcz")" -lt "$(stat -c %s "$DIR/a.gcz")" ] || fail "near-lossless not smaller"
 
+# A file of several blocks, which compress and decompress map a window of blocks at a time:
+# lossless round trips on 1 and 2 threads, and the same frame from both.
+python3 - "$DIR/in.npy" "$DIR/big.npy" <<'PY'
+import struct, sys
+raw = open(sys.argv[1], "rb").read()
+data = raw[10 + struct.unpack("<H", raw[8:10])[0]:]
+reps = 5
+hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }" % (reps * len(data) // 4)
+hdr += " " * ((64 - (10 + len(hdr) + 1) % 64) % 64) + "\n"
+with open(sys.argv[2], "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode() + data * reps)
+PY
+for t in 1 2; do
+  "$GCOMP" compress --mode lossless --threads "$t" "$DIR/big.npy" "$DIR/big$t.gcz" ||
+    fail "compress big, $t threads"
+  "$GCOMP" decompress --threads "$t" "$DIR/big$t.gcz" "$DIR/big$t.npy" ||
+    fail "decompress big, $t threads"
+  cmp -s <(tail -c 6000000 "$DIR/big.npy") <(tail -c 6000000 "$DIR/big$t.npy") ||
+    fail "lossless round trip of the big file differs, $t threads"
+done
+cmp -s "$DIR/big1.gcz" "$DIR/big2.gcz" || fail "big file: 1 and 2 threads wrote different frames"
+# 1.5 M elements in blocks of at most 1 MiB: 6 blocks, 3 windows on 1 thread.
+"$GCOMP" inspect "$DIR/big1.gcz" | grep -q '"blocks": 6,' || fail "big file: not 6 blocks"
+
 for dt in bf16 f16; do
   "$GCOMP" compress --dtype "$dt" --mode lossless "$DIR/in.npy" "$DIR/$dt.gcz" || fail "compress $dt"
   "$GCOMP" decompress "$DIR/$dt.gcz" "$DIR/$dt.npy" || fail "decompress $dt"

@@ -41,7 +41,10 @@ absl::Status Annotate(const absl::Status& st, const std::string& path) {
 
 absl::Status Compress(const std::string& in_path, const std::string& out_path,
                       const CompressOptions& options) {
-  absl::StatusOr<MappedFile> file = MappedFile::Open(in_path);
+  // The input is mapped a few blocks at a time, not all at open: see `window` below.
+  MappedFileOptions map_options;
+  map_options.populate = false;
+  absl::StatusOr<MappedFile> file = MappedFile::Open(in_path, map_options);
   if (!file.ok()) return file.status();
   absl::StatusOr<NpyF32View> array = ParseNpyF32View(file->bytes());
   if (!array.ok()) return Annotate(array.status(), in_path);
@@ -61,12 +64,26 @@ absl::Status Compress(const std::string& in_path, const std::string& out_path,
     codec::FromF32(options.dtype, static_cast<const float*>(data), n, converted.data());
     data = converted.data();
   }
-  GczHeader header;
-  header.dtype = options.dtype;
-  header.shape.assign(array->shape.begin(), array->shape.end());
   codec::BufferOptions buffer;
   buffer.policy = options.policy;
   buffer.threads = options.threads;
+  // Encoded straight from the mapping, the input stays resident only a window of blocks at
+  // a time: those being encoded and the next ones, mapped ahead in one call each, and each
+  // block unmapped once it is in the file. So peak memory does not grow with the file.
+  // Where a copy was made above, the mapping is done with as a whole.
+  const bool from_mapping = data == static_cast<const void*>(array->data.data());
+  const size_t data_offset = static_cast<size_t>(array->data.data() - file->bytes().data());
+  const size_t block_in_bytes =
+      4 * codec::FrameLayoutOf(n, options.dtype, buffer.block_bytes).block_elements;
+  const size_t window = static_cast<size_t>(std::max(options.threads, 1)) + 1;  // blocks
+  if (from_mapping) {
+    file->Prefetch(0, data_offset + window * block_in_bytes);
+  } else {
+    file->Release(0, file->bytes().size());
+  }
+  GczHeader header;
+  header.dtype = options.dtype;
+  header.shape.assign(array->shape.begin(), array->shape.end());
   // Blocks go to the file as they are encoded, and the frame header, known only at the end,
   // over the room left for it: no copy of the output is gathered in memory.
   std::string head;
@@ -76,17 +93,28 @@ absl::Status Compress(const std::string& in_path, const std::string& out_path,
   absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(out_path);
   if (!writer.ok()) return writer.status();
   if (absl::Status st = writer->Append(head); !st.ok()) return st;
+  size_t next_block = 0;  // the sink sees the blocks in order, then the header
   absl::Status st = codec::EncodeBufferTo(
       options.dtype, data, n, buffer, [&](uint64_t offset, absl::Span<const uint8_t> bytes) {
         const absl::string_view s(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-        return offset == 0 ? writer->WriteAt(frame_start, s) : writer->Append(s);
+        if (offset == 0) return writer->WriteAt(frame_start, s);
+        if (from_mapping) {
+          const size_t done = data_offset + next_block * block_in_bytes;
+          file->Release(done, block_in_bytes);
+          file->Prefetch(done + window * block_in_bytes, block_in_bytes);
+          ++next_block;
+        }
+        return writer->Append(s);
       });
   if (!st.ok()) return st;
   return writer->Commit();
 }
 
 absl::Status Decompress(const std::string& in_path, const std::string& out_path, int threads) {
-  absl::StatusOr<MappedFile> file = MappedFile::Open(in_path);
+  // Mapped a window of blocks at a time (below), as compress maps its input.
+  MappedFileOptions map_options;
+  map_options.populate = false;
+  absl::StatusOr<MappedFile> file = MappedFile::Open(in_path, map_options);
   if (!file.ok()) return file.status();
   absl::string_view frame;
   absl::StatusOr<GczHeader> header = ParseGcz(file->bytes(), &frame);
@@ -123,6 +151,12 @@ absl::Status Decompress(const std::string& in_path, const std::string& out_path,
   ThreadPool pool(static_cast<int>(workers) - 1);
   for (size_t first = 0; first < info->blocks.size(); first += window) {
     const size_t blocks = std::min(window, info->blocks.size() - first);
+    // The window's blocks are contiguous in the file.
+    const size_t in_lo = static_cast<size_t>(
+        reinterpret_cast<const char*>(info->blocks[first].data()) - file->bytes().data());
+    const size_t in_size =
+        static_cast<size_t>(info->blocks[first + blocks - 1].end() - info->blocks[first].begin());
+    file->Prefetch(in_lo, in_size);
     pool.ParallelFor(blocks, [&](size_t j) {
       const size_t b = first + j, lo = j * per, m = std::min<size_t>(per, count - b * per);
       void* target = narrow == nullptr ? static_cast<void*>(f32 + lo) : narrow + lo * elem;
@@ -137,6 +171,7 @@ absl::Status Decompress(const std::string& in_path, const std::string& out_path,
                                                            status[j].message()));
       }
     }
+    file->Release(in_lo, in_size);
     const size_t elements = std::min<size_t>(blocks * per, count - first * per);
     if (absl::Status st = writer->Append(absl::string_view(
             reinterpret_cast<const char*>(f32), elements * sizeof(float)));
