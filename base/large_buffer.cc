@@ -15,12 +15,8 @@ size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
 
-LargeBuffer::LargeBuffer(LargeBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)),
-      capacity_(std::exchange(other.capacity_, 0)),
-      mapping_(std::exchange(other.mapping_, nullptr)),
-      mapping_bytes_(std::exchange(other.mapping_bytes_, 0)),
-      mapped_(std::exchange(other.mapped_, false)) {}
+// An empty buffer takes over `other`'s memory: the assignment's Release has nothing to do.
+LargeBuffer::LargeBuffer(LargeBuffer&& other) noexcept { *this = std::move(other); }
 
 LargeBuffer& LargeBuffer::operator=(LargeBuffer&& other) noexcept {
   if (this != &other) {
