@@ -71,6 +71,13 @@ struct StepProgress {
   bool unreplicated = false;
 };
 
+// The mean of n elements over workers: sum[i] = ((c[0][i] + c[1][i]) + c[2][i]) + ..., in
+// worker order, then divided by the worker count (multiplied by its reciprocal when that is
+// a power of two: the same result bit for bit). Written into c[0]; every c[w] holds n.
+// The reference check and the replicas repeat exactly these operations, so their order is
+// part of the contract.
+void MeanInWorkerOrder(std::vector<std::vector<float>>& c, size_t n);
+
 struct StepAccumulatorOptions {
   uint32_t workers = 1;
   absl::Duration step_timeout = absl::Seconds(10);

@@ -1,6 +1,7 @@
 #include "server/step_accumulator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -58,6 +59,53 @@ TEST(StepAccumulator, AveragesInWorkerOrder) {
     EXPECT_EQ(got[w], (std::vector<float>{2.0f, -1.0f}));
   }
   EXPECT_EQ(acc->steps_completed(), 1u);
+}
+
+// The tiled, vectorized mean is the plain one: the same operations in the same order, so
+// the same bits, for any worker count and length (whole tiles and a tail), specials too.
+TEST(MeanInWorkerOrder, BitIdenticalToSummingOneWorkerAtATime) {
+  uint32_t seed = 12345;
+  auto next = [&seed] {
+    seed = seed * 1664525u + 1013904223u;
+    return seed;
+  };
+  for (size_t workers : {1, 2, 3, 4, 5, 8}) {
+    for (size_t n : {0, 1, 7, 2047, 2048, 2049, 6000}) {
+      std::vector<std::vector<float>> c(workers, std::vector<float>(n));
+      for (auto& v : c) {
+        for (float& x : v) {
+          const uint32_t bits = next();
+          // Mostly gradient-like values of mixed scale, some raw bit patterns (NaN, Inf,
+          // subnormals, -0).
+          if (bits % 16 == 0) {
+            std::memcpy(&x, &bits, 4);
+          } else {
+            x = std::ldexp(static_cast<float>(static_cast<int32_t>(next())) / 2147483648.0f,
+                           static_cast<int>(bits % 40) - 30);
+          }
+        }
+      }
+      std::vector<float> want = c[0];
+      for (size_t w = 1; w < workers; ++w) {
+        for (size_t i = 0; i < n; ++i) want[i] += c[w][i];
+      }
+      for (size_t i = 0; i < n; ++i) {
+        want[i] = (workers & (workers - 1)) == 0 ? want[i] * (1.0f / workers)
+                                                  : want[i] / static_cast<float>(workers);
+      }
+      MeanInWorkerOrder(c, n);
+      for (size_t i = 0; i < n; ++i) {
+        // Which NaN an add of two NaNs keeps is the compiler's choice of operand order.
+        if (std::isnan(want[i])) {
+          ASSERT_TRUE(std::isnan(c[0][i])) << "workers " << workers << " n " << n << " i " << i;
+        } else {
+          ASSERT_EQ(std::memcmp(&c[0][i], &want[i], 4), 0)
+              << "workers " << workers << " n " << n << " i " << i << ": " << c[0][i]
+              << " != " << want[i];
+        }
+      }
+    }
+  }
 }
 
 TEST(StepAccumulator, DuplicatePushIsCountedOnce) {
