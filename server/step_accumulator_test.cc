@@ -91,7 +91,7 @@ TEST(MeanInWorkerOrder, BitIdenticalToSummingOneWorkerAtATime) {
       }
       for (size_t i = 0; i < n; ++i) {
         want[i] = (workers & (workers - 1)) == 0 ? want[i] * (1.0f / workers)
-                                                  : want[i] / static_cast<float>(workers);
+                                                 : want[i] / static_cast<float>(workers);
       }
       MeanInWorkerOrder(c, n);
       for (size_t i = 0; i < n; ++i) {
