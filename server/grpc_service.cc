@@ -11,6 +11,7 @@
 #include "cluster/wire_block.h"
 #include "grpcpp/impl/codegen/method_handler.h"
 #include "grpcpp/impl/codegen/rpc_service_method.h"
+#include "grpcpp/resource_quota.h"
 
 namespace gcomp::server {
 
@@ -352,6 +353,30 @@ grpc::Status AdminGrpcService::Ping(grpc::ServerContext* context, const proto::P
   return grpc::Status::OK;
 }
 
+TransportLimits TransportLimitsFor(const proto::ClusterConfig& config) {
+  // The calls a job keeps in flight to one shard: every worker's pushes, with room for the
+  // peers' transfers and replicas, the admin tool and retries.
+  const uint64_t calls =
+      uint64_t{config.workers()} * std::max<uint32_t>(1, config.max_inflight_chunks());
+  TransportLimits l;
+  l.max_threads = static_cast<int>(std::clamp<uint64_t>(2 * calls + 64, 256, 16384));
+  l.memory_bytes = static_cast<size_t>(std::min<uint64_t>(
+      (2 * calls + 16) * config.max_message_bytes() + (uint64_t{64} << 20), uint64_t{1} << 40));
+  l.max_streams_per_connection = static_cast<int>(
+      std::clamp<uint64_t>(uint64_t{config.limits().max_calls_per_client()} + 16, 1, 1u << 20));
+  return l;
+}
+
+void ApplyTransportLimits(const proto::ClusterConfig& config, grpc::ServerBuilder* builder) {
+  const TransportLimits l = TransportLimitsFor(config);
+  grpc::ResourceQuota quota("gcomp_shard");
+  quota.Resize(l.memory_bytes);
+  quota.SetMaxThreads(l.max_threads);
+  builder->SetResourceQuota(quota);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, l.max_streams_per_connection);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, l.idle_connection_ms);
+}
+
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::ClusterConfig& config,
                                                                 const ShardOptions& options,
                                                                 const std::string& listen_address) {
@@ -401,6 +426,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   s->service_->HoldForRejoinCheck();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  ApplyTransportLimits(config, &builder);
   builder.AddListeningPort(listen_address, security->credentials, &s->port_);
   builder.RegisterService(s->grpc_service_.get());
   builder.RegisterService(s->reshard_service_.get());

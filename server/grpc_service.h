@@ -118,6 +118,28 @@ class AdminGrpcService final : public proto::Admin::Service {
 // or plaintext, with the job token checked on every call but grpc.health.v1. With TLS and
 // security.health_port, a second, plaintext server on that port serves grpc.health.v1
 // only (every other method is UNIMPLEMENTED there), for probes that speak no TLS.
+// What a peer can make gRPC itself hold, before any message reaches the shard's own
+// limits (which see only whole messages). Without these, a peer that opens streams and
+// never finishes a message holds up to max_message_bytes of buffers per stream, and one
+// that holds calls open holds a thread per call, neither counted anywhere.
+struct TransportLimits {
+  // gRPC's buffers for all connections (its resource quota): twice the messages a job has
+  // in flight to a shard, plus 64 MiB. Past it gRPC refuses new streams and closes
+  // connections to free memory.
+  size_t memory_bytes = 0;
+  // Handler threads in all (gRPC's thread quota): twice the calls in flight, plus 64, at
+  // least 256. Calls past it get RESOURCE_EXHAUSTED.
+  int max_threads = 0;
+  // HTTP/2 streams one connection may have open: limits.max_calls_per_client + 16, so that
+  // a client past that limit still gets the shard's own refusal, which names it.
+  int max_streams_per_connection = 0;
+  // A connection with no call for this long is closed (a peer reconnects as it needs to):
+  // idle connections otherwise hold a file descriptor each for good.
+  int idle_connection_ms = 5 * 60 * 1000;
+};
+TransportLimits TransportLimitsFor(const proto::ClusterConfig& config);
+void ApplyTransportLimits(const proto::ClusterConfig& config, grpc::ServerBuilder* builder);
+
 class ShardServer {
  public:
   // Listens on `listen_address` ("host:port"; port 0 picks a free one, see port()); the

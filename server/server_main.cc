@@ -7,6 +7,7 @@
 // shard_map_epoch (e.g. a Kubernetes ConfigMap edited to add or remove shards), shard 0 of
 // the running map coordinates the live re-shard (docs/SERVICE.md, "Re-sharding").
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -171,6 +172,22 @@ int main(int argc, char** argv) {
     gcomp::log::Info("security: {}", gcomp::cluster::DescribeSecurity(*config));
   } else {
     gcomp::log::Warn("security: {}", gcomp::cluster::DescribeSecurity(*config));
+  }
+  // Every peer connection holds a file descriptor, and gRPC stops accepting connections
+  // for good once accept() has failed for want of one: the soft limit (often 1024) is
+  // raised to the hard one, which a flood of connections then has to reach.
+  struct rlimit files;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &files) != 0) {
+      gcomp::log::Warn("cannot raise the open-file limit to {}", files.rlim_max);
+    }
+  }
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < 16384) {
+    gcomp::log::Warn(
+        "open-file limit {}: a peer that opens that many connections stops this shard "
+        "accepting new ones (raise it: ulimit -n, or the container runtime's nofile limit)",
+        files.rlim_cur);
   }
   // Block the signals before any thread starts so that only sigwait() below sees them.
   sigset_t signals;

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -127,6 +128,13 @@ class HostileClientTest : public ::testing::Test {
   }
 
   uint64_t ServerRss() { return ReadProcessUsage(pid_)->rss_bytes; }
+  int ServerThreads() {
+    std::ifstream status(absl::StrCat("/proc/", pid_, "/status"));
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
+    }
+    return -1;
+  }
 
   // Both workers push `key` chunk 0 for `step`; both must get the mean back.
   void ExpectStepWorks(const std::string& key, int64_t step, size_t n) {
@@ -218,6 +226,160 @@ TEST_F(HostileClientTest, CallsPerClientAreBounded) {
   }
   for (auto& f : waiting) EXPECT_TRUE(f.get().ok());
   EXPECT_EQ(Stats().pending_steps(), 0u);
+}
+
+std::string Http2Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  std::string f(9, '\0');
+  f[0] = static_cast<char>(payload.size() >> 16);
+  f[1] = static_cast<char>(payload.size() >> 8);
+  f[2] = static_cast<char>(payload.size());
+  f[3] = static_cast<char>(type);
+  f[4] = static_cast<char>(flags);
+  for (int i = 0; i < 4; ++i) f[5 + i] = static_cast<char>(stream >> (24 - 8 * i));
+  return f + payload;
+}
+
+// A peer speaking raw HTTP/2 that opens PushPull streams and sends all of a message but its
+// last bytes, then waits. No handler ever sees such a message (so no token check, no call
+// limit, no budget applies to it); gRPC buffers it. It answers SETTINGS and PINGs as a
+// well-behaved HTTP/2 peer does, so gRPC widens its flow-control windows for it.
+class SlowPeer {
+ public:
+  SlowPeer(const std::string& address, int streams, size_t message_bytes) {
+    const size_t colon = address.rfind(':');
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+    inet_pton(AF_INET, address.substr(0, colon).c_str(), &to.sin_addr);
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0 || connect(fd_, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) return;
+    if (!Send("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + Http2Frame(4, 0, 0, ""))) return;
+    reader_ = std::thread([this] { Answer(); });
+    // HPACK literal header fields without indexing; every name and value is < 127 bytes.
+    auto literal = [](const std::string& name, const std::string& value) {
+      return std::string(1, '\0') + static_cast<char>(name.size()) + name +
+             static_cast<char>(value.size()) + value;
+    };
+    const std::string headers =
+        literal(":method", "POST") + literal(":scheme", "http") +
+        literal(":path", "/gcomp.proto.Aggregation/PushPull") + literal(":authority", address) +
+        literal("content-type", "application/grpc") + literal("te", "trailers");
+    // A gRPC message prefix (uncompressed, length) and all but the last 100 bytes.
+    std::string body(1, '\0');
+    const uint32_t length = static_cast<uint32_t>(message_bytes - 100);
+    for (int i = 0; i < 4; ++i) body += static_cast<char>(length >> (24 - 8 * i));
+    body.append(message_bytes - 200, '\x0a');
+    for (int i = 0; i < streams; ++i) {
+      const uint32_t id = 1 + 2 * static_cast<uint32_t>(i);
+      std::string out = Http2Frame(1, 0x4, id, headers);  // END_HEADERS
+      for (size_t off = 0; off < body.size(); off += 16384) {
+        out += Http2Frame(0, 0, id, body.substr(off, 16384));
+      }
+      if (!Send(out)) break;  // the shard closed the connection: that is allowed
+    }
+  }
+  ~SlowPeer() {
+    if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+    if (reader_.joinable()) reader_.join();
+    if (fd_ >= 0) close(fd_);
+  }
+
+ private:
+  bool Send(const std::string& bytes) {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    for (size_t off = 0; off < bytes.size();) {
+      const ssize_t n = send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      off += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // Acknowledges SETTINGS and PINGs until the connection ends; ignores the rest.
+  void Answer() {
+    std::string in;
+    char buf[65536];
+    for (ssize_t n; (n = recv(fd_, buf, sizeof(buf), 0)) > 0;) {
+      in.append(buf, static_cast<size_t>(n));
+      while (in.size() >= 9) {
+        const size_t len = (size_t{static_cast<uint8_t>(in[0])} << 16) |
+                           (size_t{static_cast<uint8_t>(in[1])} << 8) | static_cast<uint8_t>(in[2]);
+        if (in.size() < 9 + len) break;
+        const uint8_t type = static_cast<uint8_t>(in[3]), flags = static_cast<uint8_t>(in[4]);
+        if (type == 4 && !(flags & 1)) Send(Http2Frame(4, 1, 0, ""));
+        if (type == 6 && !(flags & 1)) Send(Http2Frame(6, 1, 0, in.substr(9, len)));
+        in.erase(0, 9 + len);
+      }
+    }
+  }
+
+  int fd_ = -1;
+  std::mutex send_mu_;
+  std::thread reader_;
+};
+
+// Slow peers cannot make gRPC hold more than its memory quota (TransportLimits): the first
+// connections' buffers do show in the shard's memory, then it stops growing, stays up, and
+// serves steps on new connections.
+TEST_F(HostileClientTest, UnfinishedMessagesAreBoundedByTheTransportQuota) {
+  ASSERT_TRUE(Declare("w", 1 << 18).ok());
+  ExpectStepWorks("w", 0, 1 << 18);
+  const uint64_t before = ServerRss();
+  const size_t message = 3 << 20;  // max_message_bytes: 2 x chunk_bytes + 1 MiB
+  std::vector<std::unique_ptr<SlowPeer>> peers;
+  for (int c = 0; c < 3; ++c) peers.push_back(std::make_unique<SlowPeer>(address_, 6, message));
+  absl::SleepFor(absl::Milliseconds(500));
+  const uint64_t early = ServerRss();
+  // Of 3 x 6 streams x 3 MiB, some 18 MiB are held by then: the attack itself is real.
+  EXPECT_GT(early, before + (10ull << 20)) << "the slow streams' bytes were never held";
+  for (int c = 0; c < 80; ++c) peers.push_back(std::make_unique<SlowPeer>(address_, 6, message));
+  absl::SleepFor(absl::Milliseconds(500));
+  // 83 connections like the first 3 hold some 500 MiB without a quota; this config's is
+  // (2 x 8 + 16) x 3 MiB + 64 MiB = 160 MiB.
+  const uint64_t peak = ServerRss();
+  EXPECT_LT(peak, before + (200ull << 20))
+      << "slow streams grew the shard to " << (peak >> 20) << " MiB";
+  ExpectStepWorks("w", 1, 1 << 18);
+  peers.clear();
+  ExpectStepWorks("w", 2, 1 << 18);
+}
+
+// Calls that wait (here a worker's duplicate pushes, each held until the step times out)
+// take a handler thread each; past gRPC's thread quota (256 for this config) they are
+// refused with RESOURCE_EXHAUSTED instead of growing the shard a thread per call.
+TEST_F(HostileClientTest, WaitingCallsAreBoundedByTheThreadQuota) {
+  ASSERT_TRUE(Declare("t", 4).ok());
+  const proto::CompressedBlock block = Block("t", 0, 0, 0, {1, 1, 1, 1});
+  std::vector<std::unique_ptr<proto::Aggregation::Stub>> stubs;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<proto::CompressedBlock> outs(60 * 6);
+  std::vector<grpc::Status> statuses(60 * 6);
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<proto::CompressedBlock>>> calls;
+  for (int c = 0; c < 60; ++c) {
+    stubs.push_back(NewStub());
+    for (int i = 0; i < 6; ++i) {  // limits.max_calls_per_client
+      const size_t k = contexts.size();
+      contexts.push_back(Context(5));
+      calls.push_back(stubs.back()->AsyncPushPull(contexts[k].get(), block, &cq));
+      calls.back()->Finish(&outs[k], &statuses[k], reinterpret_cast<void*>(k));
+    }
+  }
+  absl::SleepFor(absl::Seconds(2));
+  const int threads = ServerThreads();
+  EXPECT_LT(threads, 320) << "360 waiting calls made " << threads << " threads";
+  int refused = 0, waited = 0;
+  for (size_t done = 0; done < calls.size(); ++done) {
+    void* tag;
+    bool ok;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    const grpc::Status& s = statuses[reinterpret_cast<size_t>(tag)];
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++refused;
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) ++waited;
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(waited, 0);
+  ASSERT_TRUE(Declare("w2", 8).ok());
+  ExpectStepWorks("w2", 0, 8);
 }
 
 TEST_F(HostileClientTest, OversizedMessagesAndGarbageAreRefused) {
