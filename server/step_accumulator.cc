@@ -158,6 +158,10 @@ void StepAccumulator::FailLocked(absl::Status status) {
   arrived_.assign(options_.workers, false);
   arrived_count_ = 0;
   step_deadline_ = absl::InfiniteFuture();
+  // A chunk whose first step never completed has no step of its own yet: the next push may
+  // start it at any step again, so that one stray push (a step far ahead, a worker of
+  // another run) cannot pin a new chunk to a step the job never reaches.
+  if (completed_step_ < 0) started_ = false;
   ++attempt_;
   ++steps_failed_;
   if (options_.on_step_failed) options_.on_step_failed();

@@ -155,6 +155,27 @@ TEST(StepAccumulator, StaleAndFutureStepsAreRejectedWithoutChange) {
 
 // Found by the shard_service fuzz target: a first push at step 2^63 - 1 overflowed the
 // step counter when the step completed.
+// A stray first push far ahead fails at the step timeout and leaves the chunk free to start
+// at the job's real first step; once a step has completed, the chunk keeps its place.
+TEST(StepAccumulator, AFailedFirstStepDoesNotPinTheChunk) {
+  auto acc = Make(2, 1, absl::Milliseconds(50));
+  auto stray = acc->Push(0, (int64_t{1} << 62) - 1, {5.0f}, absl::InfiniteFuture());
+  EXPECT_EQ(stray.status().code(), absl::StatusCode::kDeadlineExceeded);
+  for (int64_t step : {0, 1}) {
+    std::thread other(
+        [&] { ASSERT_TRUE(acc->Push(1, step, {3.0f}, absl::InfiniteFuture()).ok()); });
+    auto r = acc->Push(0, step, {1.0f}, absl::InfiniteFuture());
+    other.join();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(Values(*r->reply), std::vector<float>{2.0f});
+  }
+  // Step 2 fails the same way; the chunk stays at it rather than restart anywhere.
+  EXPECT_EQ(acc->Push(0, 2, {1.0f}, absl::InfiniteFuture()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(acc->Push(0, 0, {1.0f}, absl::InfiniteFuture()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(StepAccumulator, StepsOutsideTheRangeAreRefusedWithoutChange) {
   auto acc = Make(1, 1);
   for (int64_t step : {int64_t{-1}, kMaxStep, std::numeric_limits<int64_t>::max()}) {
