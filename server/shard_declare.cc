@@ -106,6 +106,21 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
         " tensors (limits.max_tensors = ", config_.limits().max_tensors(), "); '", r.key(),
         "' refused"));
   }
+  // A tensor far too large for this shard is refused before its chunks are assigned:
+  // assigning millions of chunks takes a fraction of a second under the shard's lock, which
+  // every other call waits for. With many chunks a shard, its share of the state is close
+  // to the fair one (replicas / shards of the whole), so half of that must fit now.
+  const uint32_t shards = shard_map_.num_shards();
+  if (layout.num_chunks >= uint64_t{1024} * shards) {
+    const uint64_t share =
+        OwnedChunkBytes(layout, dtype, opt, 0) / 2 * layout.num_chunks / shards * replicas_;
+    absl::Status fits = admission_->ReserveMemory(
+        share,
+        absl::StrCat("declaring '", r.key(), "' (", codec::DTypeName(dtype), " x ", r.elements(),
+                     ", half this shard's expected share of ", layout.num_chunks, " chunks)"));
+    if (!fits.ok()) return fits;
+    admission_->ReleaseMemory(share);
+  }
   // The owner table first (it is what Assign allocates), then the owned chunks' state:
   // both reserved before anything is allocated.
   const uint64_t table_bytes = OwnerTableBytes(r.key(), layout, replicas_);
