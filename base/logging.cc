@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/json.h"
+#include "spdlog/pattern_formatter.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/sinks/stdout_sinks.h"
 
@@ -59,6 +60,33 @@ class JsonFormatter final : public spdlog::formatter {
   const std::string process_;  // already quoted
 };
 
+// The text format's message (flag %*): control characters escaped, so that a tensor key or
+// worker name sent by a peer cannot end the line and forge one of its own, nor put
+// terminal escapes or NULs in the log. Other bytes (UTF-8 included) are kept.
+class EscapedMessage final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    static constexpr char kHex[] = "0123456789abcdef";
+    for (const char c : absl::string_view(msg.payload.data(), msg.payload.size())) {
+      const unsigned char u = static_cast<unsigned char>(c);
+      if (u >= 0x20 && u != 0x7f) {
+        dest.push_back(c);
+      } else if (c == '\n') {
+        dest.append(absl::string_view("\\n"));
+      } else if (c == '\t') {
+        dest.append(absl::string_view("\\t"));
+      } else {
+        const char escaped[] = {'\\', 'x', kHex[u >> 4], kHex[u & 15]};
+        dest.append(escaped, escaped + 4);
+      }
+    }
+  }
+  std::unique_ptr<spdlog::custom_flag_formatter> clone() const override {
+    return std::make_unique<EscapedMessage>();
+  }
+};
+
 }  // namespace
 
 absl::Status InitLogging(absl::string_view program, absl::string_view level,
@@ -84,7 +112,9 @@ absl::Status InitLogging(absl::string_view program, absl::string_view level,
     logger->set_formatter(std::make_unique<JsonFormatter>(name));
   } else {
     logger = spdlog::stderr_color_mt(name);
-    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ %n] %v");
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<EscapedMessage>('*').set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ %n] %*");
+    logger->set_formatter(std::move(formatter));
   }
   logger->set_level(parsed);
   spdlog::set_default_logger(std::move(logger));

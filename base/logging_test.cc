@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -178,6 +179,24 @@ TEST(InitLogging, TextFormatIsOneLinePerMessageWithProgramAndLevel) {
   ASSERT_TRUE(InitLogging("logging_test_after2", "info").ok());
   EXPECT_NE(out.find(" gcomp_text_test] hello world\n"), std::string::npos) << out;
   EXPECT_NE(out.find("I"), std::string::npos) << out;
+}
+
+// What a peer sends (a tensor key, a worker name) lands in messages: control characters
+// are escaped, so it can neither forge a line of its own nor write terminal escapes.
+TEST(InitLogging, TextFormatEscapesControlCharacters) {
+  const std::string key =
+      std::string("k\n2026-12-05T00:00:00.000 E gcomp_server[0]] forged\r\x1b[31m") +
+      std::string(1, '\0') + "\tend \xc3\xa9";
+  const std::string out = CaptureStderr([&] {
+    ASSERT_TRUE(InitLogging("gcomp_escape_test", "info", "text").ok());
+    log::Warn("declared '{}'", key);
+  });
+  ASSERT_TRUE(InitLogging("logging_test_after3", "info").ok());
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_NE(out.find("declared 'k\\n2026-12-05T00:00:00.000 E gcomp_server[0]] "
+                     "forged\\x0d\\x1b[31m\\x00\\tend \xc3\xa9'\n"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace
