@@ -146,7 +146,7 @@ absl::string_view Joined(WirePieces data, std::string* scratch) {
 absl::Status Check(const proto::CompressedBlock& block, WirePieces data, codec::DType dtype,
                    size_t n, std::string* scratch, absl::string_view* gcomp) {
   if (block.dtype() != ToProto(dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat("block dtype ", proto::DType_Name(block.dtype()),
+    return absl::InvalidArgumentError(absl::StrCat("block dtype ", WireDTypeName(block.dtype()),
                                                    " does not match tensor dtype ",
                                                    codec::DTypeName(dtype)));
   }
@@ -223,6 +223,11 @@ absl::Status CheckWireBlock(const proto::CompressedBlock& block, codec::DType dt
                             size_t n) {
   const absl::string_view data = block.data();
   return CheckWireBlock(block, WirePieces(&data, 1), dtype, n, nullptr);
+}
+
+std::string WireDTypeName(proto::DType dtype) {
+  const std::string& name = proto::DType_Name(dtype);
+  return name.empty() ? absl::StrCat("unknown value ", static_cast<int>(dtype)) : name;
 }
 
 absl::Status DecodeWireBlock(const proto::CompressedBlock& block, codec::DType dtype, size_t n,

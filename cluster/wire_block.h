@@ -37,6 +37,10 @@ absl::Status FillWireBlock(const DirectionCodec& codec, codec::DType dtype, size
 // codec block's header and section sizes. Same errors.
 absl::Status CheckWireBlock(const proto::CompressedBlock& block, codec::DType dtype, size_t n);
 
+// The name of a block's dtype field for messages: the enum's name, or "unknown value N" for a
+// number this build does not know (a peer may send any).
+std::string WireDTypeName(proto::DType dtype);
+
 // Decodes `block` into out[0, n) as `dtype`. Errors: InvalidArgument (dtype, element count,
 // codec or size fields disagree with what is expected), DataLoss (checksum mismatch or a
 // corrupt codec block).

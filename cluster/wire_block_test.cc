@@ -59,6 +59,11 @@ TEST(WireBlock, WrongDtypeOrSizeIsInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DecodeWireBlock(b, codec::DType::kF32, 9, out.data()).code(),
             absl::StatusCode::kInvalidArgument);
+  // A dtype number this build does not know is named by its value.
+  b.set_dtype(static_cast<proto::DType>(77));
+  const absl::Status unknown = DecodeWireBlock(b, codec::DType::kF32, 10, out.data());
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.message(), "block dtype unknown value 77 does not match tensor dtype f32");
 }
 
 // A raw block of 8 bytes claiming 2^62 + 2 f32 elements: (2^62 + 2) * 4 wraps to 8.

@@ -115,9 +115,9 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request,
   StepAccumulator* acc = owned->get();
   const size_t n = t->layout.size(a.chunk());
   if (request.dtype() != cluster::ToProto(t->dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat("block dtype ", proto::DType_Name(request.dtype()),
-                                                   " does not match '", a.key(), "' (",
-                                                   codec::DTypeName(t->dtype), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block dtype ", cluster::WireDTypeName(request.dtype()), " does not match '",
+                     a.key(), "' (", codec::DTypeName(t->dtype), ")"));
   }
   if (request.elements() != n) {
     return absl::InvalidArgumentError(absl::StrCat("block holds ", request.elements(),
