@@ -35,6 +35,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/large_buffer.h"
 #include "base/logging.h"
 #include "base/malloc_tuning.h"
 #include "base/npy.h"
@@ -206,13 +207,18 @@ int main(int argc, char** argv) {
   std::vector<double> step_ms;
   const int steps = absl::GetFlag(FLAGS_steps);
   int done_steps = 0;
-  // Checks one step's results (outputs[i] for tensors[i]) against the reference; steps must
-  // come in order, since the reference optimizer advances with each.
-  auto check_step = [&](int step, const std::vector<std::vector<float>>& outputs) {
+  // A step's results, every tensor's back to back: tensor i's at result_offset[i].
+  std::vector<size_t> result_offset(tensors.size() + 1, 0);
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    result_offset[ti + 1] = result_offset[ti] + tensors[ti].grad.size();
+  }
+  // Checks one step's results against the reference; steps must come in order, since the
+  // reference optimizer advances with each.
+  auto check_step = [&](int step, const float* results) {
   // Reference: the same f32 sums in worker order, then the bound per element.
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
     Tensor& t = tensors[ti];
-    const std::vector<float>& output = outputs[ti];
+    const float* output = results + result_offset[ti];
     const size_t n = t.grad.size();
     std::vector<float>& scaled = t.scaled;
     std::vector<float>& sum = t.sum;
@@ -309,28 +315,21 @@ int main(int argc, char** argv) {
       return finish(false, "");
     }
   }
-  std::vector<std::vector<std::vector<float>>> deferred;  // results of steps not yet checked
-  int next_check = 0;                                       // the step deferred[0] holds
+  // Results of steps not yet checked. Each is a LargeBuffer: new memory in huge pages where
+  // the kernel allows (base/large_buffer.h). In vectors, the copy into fresh memory cost this
+  // worker 20-40 ms of page faults between steps on the development VM, which every other
+  // worker then waited for: a third of the step time of W = 4, S = 2.
+  std::vector<gcomp::LargeBuffer> deferred;
+  int next_check = 0;  // the step deferred[0] holds
   // Checked results keep their buffers for the next steps (same reason as Tensor's scratch).
-  std::vector<std::vector<std::vector<float>>> spare;
+  std::vector<gcomp::LargeBuffer> spare;
   auto flush_checks = [&] {
-    for (auto& outputs : deferred) {
-      check_step(next_check++, outputs);
-      spare.push_back(std::move(outputs));
+    for (gcomp::LargeBuffer& results : deferred) {
+      check_step(next_check++, reinterpret_cast<const float*>(results.data()));
+      spare.push_back(std::move(results));
     }
     deferred.clear();
   };
-  // Every buffer a deferred result will need is made (and its pages faulted in) here,
-  // before the first timed step. Made fresh for each step instead, the copy into new memory
-  // cost this worker 20-40 ms of page faults between steps on the development VM, which
-  // every other worker then waited for: it was a third of the step time of W = 4, S = 2.
-  if (verify && steps > 0) {
-    spare.resize(std::min<size_t>(defer_limit, static_cast<size_t>(steps)));
-    for (auto& outputs : spare) {
-      outputs.resize(tensors.size());
-      for (size_t ti = 0; ti < tensors.size(); ++ti) outputs[ti].resize(tensors[ti].grad.size());
-    }
-  }
   gcomp::ProgressMeter meter(steps, absl::Now());
   gcomp::ProgressPrinter printer(stderr, gcomp::ProgressEnabled(*progress_mode, STDERR_FILENO));
   for (int step = 0; step < steps; ++step) {
@@ -374,16 +373,19 @@ int main(int argc, char** argv) {
 
     for (const Tensor& t : tensors) digest = XXH64(t.output.data(), t.grad.size() * 4, digest);
     if (!verify) continue;
-    std::vector<std::vector<float>> outputs;
+    gcomp::LargeBuffer results;
     if (!spare.empty()) {
-      outputs = std::move(spare.back());
+      results = std::move(spare.back());
       spare.pop_back();
     }
-    outputs.resize(tensors.size());
-    for (size_t ti = 0; ti < tensors.size(); ++ti) outputs[ti].assign(tensors[ti].output.begin(), tensors[ti].output.end());
+    float* kept = reinterpret_cast<float*>(results.Reserve(result_offset.back() * sizeof(float)));
+    for (size_t ti = 0; ti < tensors.size(); ++ti) {
+      std::memcpy(kept + result_offset[ti], tensors[ti].output.data(),
+                  tensors[ti].grad.size() * sizeof(float));
+    }
     // Checking costs W times the reference work; done between steps it would stall the
     // next push of every worker, so results wait until the end (or until 1 GiB of them).
-    deferred.push_back(std::move(outputs));
+    deferred.push_back(std::move(results));
     if (deferred.size() >= defer_limit) flush_checks();
   }
   printer.Finish();  // the JSON line and any error start on a line of their own
