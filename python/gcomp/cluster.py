@@ -152,9 +152,24 @@ def read_config(config_path, overrides=()):
     return json.loads(extension().read_config(config_path, list(overrides)))
 
 
+class WorkerClient:
+    """A worker Client (the extension's `Client`: declare, push_pull, stats, close, ...)
+    with the cluster config it was made from, as `config` (read_config's dict), so that
+    what follows the config (ClientTransport's error feedback) needs no second copy."""
+
+    def __init__(self, client, config):
+        self._client = client
+        self.config = config
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
 def connect(config_path, worker, metrics_address=""):
     """The worker Client of `worker` (0..W-1) for the cluster in `config_path`.
 
     With metrics_address ("host:port", port 0 picks one: see client.metrics_port()) the
     worker's Prometheus metrics are served on http://host:port/metrics."""
-    return extension().Client(config_path, worker, metrics_address=metrics_address)
+    config = read_config(config_path)
+    return WorkerClient(extension().Client(config_path, worker, metrics_address=metrics_address),
+                        config)

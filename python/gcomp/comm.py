@@ -131,11 +131,21 @@ class ClientTransport(Transport):
     Byte counts come from the Client's own counters (what its chunks carried and sent).
     """
 
-    def __init__(self, client, policy=None, block_bytes=codec.DEFAULT_BLOCK_BYTES):
+    def __init__(self, client, policy=None, block_bytes=None):
+        """`policy`: what quantize() (error feedback) assumes the shards receive. Left out,
+        it is the cluster config's uplink (with a client from gcomp.cluster.connect, which
+        carries its config), and quantize() cuts the tensor into the config's chunks, each
+        one block, as the Client does: the residual is then exactly what the shards lost."""
         # No Transport.__init__: the byte counts are the Client's.
         self.client = client
+        config = getattr(client, "config", None)
+        self.chunk_bytes = None
+        if policy is None and config is not None:
+            up = config["uplink"]
+            policy = policy_for(up["mode"], up["rel_bits"], up["abs_log2"])
+            self.chunk_bytes = int(config["chunk_bytes"])
         self.policy = policy
-        self.block_bytes = block_bytes
+        self.block_bytes = block_bytes or self.chunk_bytes or codec.DEFAULT_BLOCK_BYTES
         self._declared = {}
         self._final_stats = None
 
@@ -195,7 +205,15 @@ class ClientTransport(Transport):
     def quantize(self, tensor):
         if self.policy is None or self.policy.mode == "lossless":
             return tensor
-        return codec.roundtrip(tensor, self.policy, self.block_bytes)[0]
+        if self.chunk_bytes is None:
+            return codec.roundtrip(tensor, self.policy, self.block_bytes)[0]
+        # Chunk by chunk, each one block, as the Client encodes them for the shards.
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        out = torch.empty_like(flat)
+        per = max(1, self.chunk_bytes // flat.element_size())
+        for lo in range(0, flat.numel(), per):
+            codec.roundtrip(flat[lo:lo + per], self.policy, self.chunk_bytes, out=out[lo:lo + per])
+        return out.reshape(tensor.shape)
 
     def close(self):
         if self._final_stats is None:

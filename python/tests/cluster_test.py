@@ -164,3 +164,29 @@ def test_training_goes_on_across_a_live_reshard_from_the_config_file(tmp_path):
     assert not wrong, wrong
     # Both workers moved to the new map once: the re-shard happened while they trained.
     assert all(s["map_switches"] == 1 for s in stats), (stats, logs[-3000:])
+
+
+def test_client_transport_error_feedback_follows_the_cluster_config(tmp_path):
+    """ClientTransport(cluster.connect(...)) with no policy quantizes as the config's uplink
+    does, chunk by chunk: with one worker and a raw downlink, what comes back is exactly
+    what quantize() said the shards received (so the error-feedback residual is exact)."""
+    needs_client()
+    torch = pytest.importorskip("torch")
+    from gcomp import comm
+    n = 10_000  # 2.4 chunks of 16 KiB
+    c = cluster.LocalCluster(shards=2, workers=1, mode="near-lossless", rel_bits=2,
+                             workdir=str(tmp_path), chunk_bytes=16384)
+    c.config["downlink"] = {"mode": "none"}
+    with c:
+        transport = comm.ClientTransport(cluster.connect(c.config_path, 0))
+        assert transport.policy == gcomp.codec.Policy("near-lossless", 2, -16)
+        assert transport.chunk_bytes == 16384
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(n, generator=g) * torch.logspace(-3, 1, n)
+        pushed = transport.quantize(x)
+        assert not torch.equal(pushed, x)  # R = 2 keeps 2 mantissa bits: the residual is real
+        assert (pushed - x).norm() <= 0.25 * x.norm()
+        got = x.clone()
+        transport.push_pull("g", 0, got)
+        assert torch.equal(got, pushed)
+        transport.close()
