@@ -43,6 +43,20 @@ TEST(WireBlock, CorruptionIsDataLoss) {
   (*b.mutable_data())[b.data().size() / 2] ^= 0x40;
   EXPECT_EQ(DecodeWireBlock(b, codec::DType::kF32, 100, out.data()).code(),
             absl::StatusCode::kDataLoss);
+  // A consistent wire checksum over a damaged codec block: the block's own checksum (no
+  // other check meets a flip in the plane) still refuses it, whether decoded or checked.
+  ASSERT_TRUE(EncodeWireBlock({false, {}}, codec::DType::kF32, in.data(), 100, &b).ok());
+  (*b.mutable_data())[codec::kBlockHeaderBytes] ^= 0x10;
+  {
+    const absl::string_view data = b.data();
+    b.set_checksum(*WireChecksum(b.checksum_kind(), WirePieces(&data, 1)));
+  }
+  const absl::Status decoded = DecodeWireBlock(b, codec::DType::kF32, 100, out.data());
+  EXPECT_EQ(decoded.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(decoded.message(), "corrupt codec block: block checksum mismatch");
+  const absl::Status checked = CheckWireBlock(b, codec::DType::kF32, 100);
+  EXPECT_EQ(checked.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(checked.message(), "corrupt codec block: block checksum mismatch");
   // Consistent checksum over corrupt codec bytes: the codec itself must catch it.
   b.set_data(std::string(b.data().size(), '\x5a'));
   const absl::string_view data = b.data();

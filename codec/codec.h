@@ -199,6 +199,10 @@ struct BlockInfo {
 };
 
 absl::StatusOr<BlockInfo> InspectBlock(absl::Span<const uint8_t> block);
+// InspectBlock without recomputing the checksum (a pass over every byte), for a caller that
+// decodes the block next (DecodeBlock verifies it) or wrote it itself. Every other check is
+// made.
+absl::StatusOr<BlockInfo> InspectBlockSkippingChecksum(absl::Span<const uint8_t> block);
 
 // ---------------------------------------------------------------------------------------------
 // Buffers: a frame of blocks of at most block_bytes of input each, encoded/decoded on a thread

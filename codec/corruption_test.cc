@@ -72,6 +72,34 @@ TEST(Corruption, EverySingleBitFlipFails) {
   }
 }
 
+// The checksum is the only check a flip in a mantissa byte meets: InspectBlock catches it,
+// InspectBlockSkippingChecksum (for callers that decode next) lets it through with the same
+// fields, and still refuses a damaged header.
+TEST(Corruption, InspectingWithoutTheChecksumSkipsOnlyTheChecksum) {
+  for (const Case& c : Cases()) {
+    std::vector<uint8_t> in;
+    const size_t n = 200;
+    const std::string block = EncodeCase(c, n, &in);
+    absl::StatusOr<BlockInfo> good = InspectBlock(AsBytes(block));
+    ASSERT_TRUE(good.ok());
+    std::vector<uint8_t> bad(block.begin(), block.end());
+    bad[kBlockHeaderBytes] ^= 0x10;  // the first byte of the sign + mantissa plane
+    const absl::Status checked = InspectBlock(absl::MakeConstSpan(bad)).status();
+    EXPECT_EQ(checked.code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(checked.message(), "block checksum mismatch");
+    absl::StatusOr<BlockInfo> skipped = InspectBlockSkippingChecksum(absl::MakeConstSpan(bad));
+    ASSERT_TRUE(skipped.ok()) << skipped.status();
+    EXPECT_EQ(skipped->nonzeros, good->nonzeros);
+    EXPECT_EQ(skipped->mantissa_bytes, good->mantissa_bytes);
+    EXPECT_EQ(skipped->exponent_bytes, good->exponent_bytes);
+    std::vector<uint8_t> out(n * DTypeBytes(c.dtype));
+    EXPECT_EQ(DecodeBlock(absl::MakeConstSpan(bad), c.dtype, out.data(), n).code(),
+              absl::StatusCode::kDataLoss);
+    bad[0] ^= 1;  // the magic
+    EXPECT_FALSE(InspectBlockSkippingChecksum(absl::MakeConstSpan(bad)).ok());
+  }
+}
+
 TEST(Corruption, RandomDamageNeverCrashes) {
   std::mt19937 rng(5);
   for (const Case& c : Cases()) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/large_buffer.h"
+#include "base/reused_per_thread.h"
 #include "codec/internal/cpu.h"
 #include "codec/internal/huffman_kernels.h"
 #include "format/huffman_code.h"
@@ -92,10 +93,16 @@ void BuildDecodeTable(const HuffmanCode& code, uint16_t* table) {
 
 namespace {
 
+// A type of its own: every use of ReusedPerThread<T> with one T shares the object.
+struct StreamScratch {
+  LargeBuffer buffer;
+};
+
 StreamPlan PlanStreams(const uint8_t* syms, size_t n, uint8_t* out) {
   // Never zero-filled and in huge pages where it is large (base/large_buffer.h): streams
-  // 1-3 are written before JoinStreams reads them.
-  thread_local LargeBuffer scratch;
+  // 1-3 are written before JoinStreams reads them. Kept across threads as the block
+  // scratch is (block.cc).
+  LargeBuffer& scratch = ReusedPerThread<StreamScratch>::Get().buffer;
   StreamPlan plan;
   size_t offset[kNumStreams];
   size_t total = 0, start = 0;
