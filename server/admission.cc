@@ -7,8 +7,7 @@
 
 namespace gcomp::server {
 
-absl::Status Admission::ReserveMemory(uint64_t bytes, absl::string_view what) {
-  absl::MutexLock lock(&mu_);
+absl::Status Admission::FitsLocked(uint64_t bytes, absl::string_view what) {
   if (bytes > limits_.memory_budget_bytes - usage_.memory_bytes) {
     ++usage_.refused;
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -16,8 +15,19 @@ absl::Status Admission::ReserveMemory(uint64_t bytes, absl::string_view what) {
         limits_.memory_budget_bytes, "): ", usage_.memory_bytes, " bytes in use, ", what,
         " asks for ", bytes, " more"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Admission::ReserveMemory(uint64_t bytes, absl::string_view what) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status fits = FitsLocked(bytes, what); !fits.ok()) return fits;
   usage_.memory_bytes += bytes;
   return absl::OkStatus();
+}
+
+absl::Status Admission::CheckMemory(uint64_t bytes, absl::string_view what) {
+  absl::MutexLock lock(&mu_);
+  return FitsLocked(bytes, what);
 }
 
 void Admission::ReleaseMemory(uint64_t bytes) {

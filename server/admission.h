@@ -47,6 +47,9 @@ class Admission {
   // ResourceExhausted naming limits.memory_budget_bytes.
   absl::Status ReserveMemory(uint64_t bytes, absl::string_view what);
   void ReleaseMemory(uint64_t bytes);
+  // Whether `bytes` more would fit now, with ReserveMemory's refusal (counted as one) when
+  // not; reserves nothing.
+  absl::Status CheckMemory(uint64_t bytes, absl::string_view what);
 
   // Admits a push of `bytes` decoded bytes to a pending step; `starts_step` when it is the
   // step's first push (the chunk becomes pending). ResourceExhausted naming
@@ -63,6 +66,10 @@ class Admission {
 
  private:
   const AdmissionLimits limits_;  // constant after construction
+
+  // ReserveMemory's refusal when `bytes` more do not fit (counted), else OK.
+  absl::Status FitsLocked(uint64_t bytes, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   AdmissionUsage usage_ ABSL_GUARDED_BY(mu_);

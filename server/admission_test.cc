@@ -24,6 +24,19 @@ TEST(Admission, MemoryIsReservedUpToTheBudget) {
   EXPECT_EQ(a.usage().memory_bytes, 0u);
 }
 
+TEST(Admission, CheckingMemoryReservesNothing) {
+  Admission a({.memory_budget_bytes = 1000});
+  ASSERT_TRUE(a.ReserveMemory(600, "first").ok());
+  EXPECT_TRUE(a.CheckMemory(400, "fits").ok());
+  EXPECT_EQ(a.usage().memory_bytes, 600u);
+  absl::Status s = a.CheckMemory(401, "declaring 'w'");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("600 bytes in use"), HasSubstr("declaring 'w' asks for 401")));
+  EXPECT_EQ(a.usage().memory_bytes, 600u);
+  EXPECT_EQ(a.usage().refused, 1u);
+}
+
 TEST(Admission, HugeRequestsDoNotOverflow) {
   Admission a({.memory_budget_bytes = 1000});
   ASSERT_TRUE(a.ReserveMemory(10, "x").ok());

@@ -112,12 +112,6 @@ class AdminGrpcService final : public proto::Admin::Service {
   const std::shared_ptr<cluster::JobToken> token_;
 };
 
-// A running shard: ShardService + gRPC server (Aggregation, Admin, and the standard
-// grpc.health.v1 service, SERVING for "" and "gcomp.proto.Aggregation" until Shutdown).
-// The port speaks what the config's `security` says (cluster/credentials.h): mutual TLS
-// or plaintext, with the job token checked on every call but grpc.health.v1. With TLS and
-// security.health_port, a second, plaintext server on that port serves grpc.health.v1
-// only (every other method is UNIMPLEMENTED there), for probes that speak no TLS.
 // What a peer can make gRPC itself hold, before any message reaches the shard's own
 // limits (which see only whole messages). Without these, a peer that opens streams and
 // never finishes a message holds up to max_message_bytes of buffers per stream, and one
@@ -140,6 +134,12 @@ struct TransportLimits {
 TransportLimits TransportLimitsFor(const proto::ClusterConfig& config);
 void ApplyTransportLimits(const proto::ClusterConfig& config, grpc::ServerBuilder* builder);
 
+// A running shard: ShardService + gRPC server (Aggregation, Admin, and the standard
+// grpc.health.v1 service, SERVING for "" and "gcomp.proto.Aggregation" until Shutdown).
+// The port speaks what the config's `security` says (cluster/credentials.h): mutual TLS
+// or plaintext, with the job token checked on every call but grpc.health.v1. With TLS and
+// security.health_port, a second, plaintext server on that port serves grpc.health.v1
+// only (every other method is UNIMPLEMENTED there), for probes that speak no TLS.
 class ShardServer {
  public:
   // Listens on `listen_address` ("host:port"; port 0 picks a free one, see port()); the

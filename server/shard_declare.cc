@@ -114,12 +114,11 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
   if (layout.num_chunks >= uint64_t{1024} * shards) {
     const uint64_t share =
         OwnedChunkBytes(layout, dtype, opt, 0) / 2 * layout.num_chunks / shards * replicas_;
-    absl::Status fits = admission_->ReserveMemory(
+    absl::Status fits = admission_->CheckMemory(
         share,
         absl::StrCat("declaring '", r.key(), "' (", codec::DTypeName(dtype), " x ", r.elements(),
                      ", half this shard's expected share of ", layout.num_chunks, " chunks)"));
     if (!fits.ok()) return fits;
-    admission_->ReleaseMemory(share);
   }
   // The owner table first (it is what Assign allocates), then the owned chunks' state:
   // both reserved before anything is allocated.

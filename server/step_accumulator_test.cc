@@ -153,8 +153,6 @@ TEST(StepAccumulator, StaleAndFutureStepsAreRejectedWithoutChange) {
   EXPECT_EQ(acc->steps_completed(), 3u);
 }
 
-// Found by the shard_service fuzz target: a first push at step 2^63 - 1 overflowed the
-// step counter when the step completed.
 // A stray first push far ahead fails at the step timeout and leaves the chunk free to start
 // at the job's real first step; once a step has completed, the chunk keeps its place.
 TEST(StepAccumulator, AFailedFirstStepDoesNotPinTheChunk) {
@@ -176,6 +174,8 @@ TEST(StepAccumulator, AFailedFirstStepDoesNotPinTheChunk) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Found by the shard_service fuzz target: a first push at step 2^63 - 1 overflowed the
+// step counter when the step completed.
 TEST(StepAccumulator, StepsOutsideTheRangeAreRefusedWithoutChange) {
   auto acc = Make(1, 1);
   for (int64_t step : {int64_t{-1}, kMaxStep, std::numeric_limits<int64_t>::max()}) {
