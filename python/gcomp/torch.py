@@ -89,7 +89,15 @@ def ps_hook(state, bucket):
     buf = bucket.buffer()
     check_tensor(buf, "ps_hook", state.transport)
     key = "ddp/bucket%d/%d" % (bucket.index(), buf.numel())
-    return state.submit(key, buf)
+    # torch 1.13's Future.set_exception stores the exception as the future's value, which
+    # DDP's C++ side then fails to read as a Tensor ("Unable to cast ... to Tensor"). A
+    # callback that raises marks the chained future failed in C++ itself, so DDP's backward
+    # raises naming the original exception's type and message.
+    return state.submit(key, buf).then(_value_or_raise)
+
+
+def _value_or_raise(fut):
+    return fut.wait()
 
 
 def check_tensor(t, who, transport):

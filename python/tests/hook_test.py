@@ -107,6 +107,28 @@ def test_hook_through_the_shards(mode, tmp_path):
             assert r["ddp_wire_bytes"] < r["ddp_raw_bytes"]
 
 
+def test_a_failed_push_pull_names_its_cause(tmp_path):
+    """A step after the only shard stopped: DDP's backward raises naming the worker
+    Client's error (torch 1.13 once turned a hook's exception into "Unable to cast ... to
+    Tensor"), and GradientSync.sync() raises that error itself."""
+    needs_shards()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "hook_error_worker.py"), str(port), str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["before"] == [None, None]
+    ddp, plain = result["after"]
+    assert ddp is not None and plain is not None, result
+    assert "Unable to cast" not in ddp["message"]
+    assert "ConnectionError: UNAVAILABLE: push-pull of 'ddp/bucket0/" in ddp["message"]
+    assert plain["type"] == "ConnectionError"
+    assert plain["message"].startswith("UNAVAILABLE: push-pull of 'grads/0/")
+
+
 # One rounding of the float32 mean to the dtype: at most half a unit in the last place,
 # relative (bfloat16 keeps 8 significant bits, float16 11), plus float16's subnormal step.
 ROUNDING = {"bf16": (2.0 ** -8, 0.0), "f16": (2.0 ** -11, 2.0 ** -24)}
