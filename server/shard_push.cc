@@ -120,9 +120,12 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request,
                      a.key(), "' (", codec::DTypeName(t->dtype), ")"));
   }
   if (request.elements() != n) {
-    return absl::InvalidArgumentError(absl::StrCat("block holds ", request.elements(),
-                                                   " elements; chunk ", a.chunk(), " of '",
-                                                   a.key(), "' has ", n));
+    // Workers and shards split a tensor by the same chunk_bytes; a worker started with
+    // another value (its own --set or config file) is the usual cause.
+    return absl::InvalidArgumentError(
+        absl::StrCat("block holds ", request.elements(), " elements; chunk ", a.chunk(), " of '",
+                     a.key(), "' has ", n, " (this shard's chunk_bytes is ", config_.chunk_bytes(),
+                     ": does the worker's config set the same?)"));
   }
   size_t data_size = 0;
   for (absl::string_view piece : data) data_size += piece.size();

@@ -175,7 +175,12 @@ TEST_F(ShardServiceTest, WrongDtypeIsInvalidArgument) {
 TEST_F(ShardServiceTest, WrongSizeIsInvalidArgument) {
   auto b = Block(0, 0);
   b.set_elements(15);
-  EXPECT_EQ(Push(b).code(), absl::StatusCode::kInvalidArgument);
+  absl::Status wrong = Push(b);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  // The usual cause, a worker with another chunk_bytes, is named.
+  EXPECT_THAT(std::string(wrong.message()),
+              HasSubstr("block holds 15 elements; chunk 0 of 'w' has 16 (this shard's "
+                        "chunk_bytes is 64: does the worker's config set the same?)"));
   auto c = Block(7, 0);
   EXPECT_EQ(Push(c).code(), absl::StatusCode::kInvalidArgument);  // no chunk 7
   ExpectUnchanged();
@@ -201,6 +206,7 @@ TEST_F(ShardServiceTest, StaleAndFutureStepsAreFailedPrecondition) {
   auto stale = Push(Block(0, 2));
   EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(stale.message()), HasSubstr("stale step 2"));
+  EXPECT_THAT(std::string(stale.message()), HasSubstr("a new job needs its own shards"));
   EXPECT_EQ(Push(Block(0, 9)).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Push(Block(0, 5)).ok());
   EXPECT_TRUE(Push(Block(0, 5)).ok());  // retry of the completed step

@@ -83,8 +83,12 @@ absl::Status StepAccumulator::CheckStepLocked(int64_t step) const {
 }
 
 absl::Status StepAccumulator::StaleLocked(int64_t step) const {
-  return absl::FailedPreconditionError(absl::StrCat("stale step ", step, " for ", options_.label,
-                                                    ": the shard is at step ", current_step_));
+  // Most often a worker process restarted its step count, or a second job reuses these
+  // shards and keys; the shard cannot tell which, so the message names both.
+  return absl::FailedPreconditionError(absl::StrCat(
+      "stale step ", step, " for ", options_.label, ": the shard is at step ", current_step_,
+      " (a worker that restarted must go on from the shard's step; a new job needs its own "
+      "shards, restarted shards or other tensor keys)"));
 }
 
 absl::StatusOr<bool> StepAccumulator::Admit(uint32_t worker, int64_t step) const {
