@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -12,6 +14,7 @@
 #include "grpcpp/impl/codegen/method_handler.h"
 #include "grpcpp/impl/codegen/rpc_service_method.h"
 #include "grpcpp/resource_quota.h"
+#include "server/unparseable_request.h"
 
 namespace gcomp::server {
 
@@ -431,6 +434,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   builder.RegisterService(s->grpc_service_.get());
   builder.RegisterService(s->reshard_service_.get());
   builder.RegisterService(s->admin_service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> parse;
+  parse.push_back(std::make_unique<UnparseableRequestInterceptorFactory>(
+      std::vector<std::string>{cluster::kPushPullMethod}));
+  builder.experimental().SetInterceptorCreators(std::move(parse));
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes()));
   // PushPull handlers block until the step's last push: every step takes up to W x

@@ -22,13 +22,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/process_usage.h"
+#include "cluster/testing/raw_unary_call.h"
 #include "cluster/wire_block.h"
 #include "cluster/wire_message.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "tests/free_port.h"
 #include "proto/aggregation.grpc.pb.h"
+#include "tests/free_port.h"
 
 namespace gcomp {
 namespace {
@@ -426,6 +427,44 @@ TEST_F(HostileClientTest, OversizedMessagesAndGarbageAreRefused) {
   EXPECT_EQ(stats.steps_completed(), 0u);
   EXPECT_EQ(stats.pending_steps(), 0u);
   EXPECT_EQ(stats.tensors(), 1u);
+  ExpectStepWorks("w", 0, 1000);
+}
+
+// Bytes that are no protobuf message of the method's type reach no handler; every unary
+// method answers INVALID_ARGUMENT naming itself (gRPC alone says INTERNAL, no message).
+TEST_F(HostileClientTest, RequestsThatDoNotParseAreInvalidArgument) {
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  const std::vector<std::string> methods = {"/gcomp.proto.Aggregation/RegisterWorker",
+                                            "/gcomp.proto.Aggregation/DeclareTensor",
+                                            "/gcomp.proto.Aggregation/Pull",
+                                            "/gcomp.proto.Aggregation/Stats",
+                                            "/gcomp.proto.Resharding/Prepare",
+                                            "/gcomp.proto.Resharding/Commit",
+                                            "/gcomp.proto.Resharding/Abort",
+                                            "/gcomp.proto.Resharding/Transfer",
+                                            "/gcomp.proto.Resharding/GetConfig",
+                                            "/gcomp.proto.Resharding/ReshardStatus",
+                                            "/gcomp.proto.Resharding/Replicate",
+                                            "/gcomp.proto.Resharding/ReportDown",
+                                            "/gcomp.proto.Resharding/InstallMap",
+                                            "/gcomp.proto.Resharding/Rejoin",
+                                            "/gcomp.proto.Admin/Ping",
+                                            "/grpc.health.v1.Health/Check"};
+  for (const std::string& method : methods) {
+    // A truncated varint tag, then a length-delimited field 1 that runs past the end.
+    for (const std::string& bytes : {std::string("\xff\xff\xff"), std::string("\x0a\x7f") + "ab"}) {
+      grpc::Status s = testing::RawUnaryCall(channel_, method, bytes);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << method << ": " << s.error_code() << " " << s.error_message();
+      if (method.rfind("/gcomp.proto.", 0) == 0) {
+        EXPECT_THAT(s.error_message(), HasSubstr("the request to " + method + " does not parse"));
+      }
+    }
+  }
+  // PushPull parses its own bytes and says what is wrong with them.
+  grpc::Status push = testing::RawUnaryCall(channel_, cluster::kPushPullMethod, "\xff\xff\xff");
+  EXPECT_EQ(push.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << push.error_message();
+  EXPECT_EQ(Stats().tensors(), 1u);
   ExpectStepWorks("w", 0, 1000);
 }
 
