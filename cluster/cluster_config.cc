@@ -203,6 +203,16 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
     return FieldError("limits.max_calls_per_client",
                       absl::StrCat("must be in [1, 65536], got ", l.max_calls_per_client()));
   }
+  // Every worker keeps channels_per_shard connections to each shard, and a few more
+  // (peers, the admin tool, probes) come and go.
+  const uint64_t worker_connections = uint64_t{c.workers()} * c.channels_per_shard() + 16;
+  if (l.max_connections() != 0 &&
+      (l.max_connections() < worker_connections || l.max_connections() > (1u << 24))) {
+    return FieldError(
+        "limits.max_connections",
+        absl::StrCat("must be 0 (derived) or in [workers x channels_per_shard + 16 = ",
+                     worker_connections, ", 2^24], got ", l.max_connections()));
+  }
   if (c.replicas() > static_cast<uint32_t>(c.shards_size()) || c.replicas() > kMaxReplicas) {
     return FieldError("replicas", absl::StrCat("must be in [1, min(", kMaxReplicas,
                                                ", the number of shards = ", c.shards_size(),

@@ -67,13 +67,15 @@ TEST(ClusterConfig, YamlRoundTrips) {
 TEST(ClusterConfig, LimitsAndSecurityParseAndRoundTrip) {
   absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(
       "workers: 2\nshards: [a:1]\n"
-      "limits: {memory_budget_bytes: 67108864, max_tensors: 7, max_calls_per_client: 9}\n"
+      "limits: {memory_budget_bytes: 67108864, max_tensors: 7, max_calls_per_client: 9,"
+      " max_connections: 20}\n"
       "security: {ca_file: /s/ca.pem, cert_file: /s/c.pem, key_file: /s/k.pem,"
       " token_file: /s/token, health_port: 7100}\n");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->limits().memory_budget_bytes(), 64u << 20);
   EXPECT_EQ(c->limits().max_tensors(), 7u);
   EXPECT_EQ(c->limits().max_calls_per_client(), 9u);
+  EXPECT_EQ(c->limits().max_connections(), 20u);  // 2 workers x 2 channels + 16
   EXPECT_EQ(c->limits().max_key_bytes(), 1024u);  // default kept
   EXPECT_EQ(c->security().token_file(), "/s/token");
   EXPECT_EQ(c->security().health_port(), 7100u);
@@ -127,6 +129,8 @@ TEST(ClusterConfig, EveryBadFieldIsNamed) {
       {"limits.max_key_bytes=0", "'limits.max_key_bytes'"},
       {"limits.max_pending_steps=0", "'limits.max_pending_steps'"},
       {"limits.max_calls_per_client=0", "'limits.max_calls_per_client'"},
+      {"limits.max_connections=3", "'limits.max_connections'"},
+      {"limits.max_connections=16777217", "'limits.max_connections'"},
       {"limits.max_tensors=-3", "'limits.max_tensors'"},
       {"limits.colour=red", "'limits.colour'"},
       {"colour=red", "'colour'"},

@@ -69,6 +69,7 @@ constexpr Field kFields[] = {
     {"limits.max_pending_steps", Kind::kUnsigned, "65536"},
     {"limits.max_pending_bytes", Kind::kUnsigned, "0"},  // 0: only the memory budget bounds them
     {"limits.max_calls_per_client", Kind::kUnsigned, "1024"},
+    {"limits.max_connections", Kind::kUnsigned, "0"},  // 0: derived from workers and channels
     {"checkpoint.dir", Kind::kString, nullptr},
     {"checkpoint.every_steps", Kind::kUnsigned, nullptr},
     {"checkpoint.keep", Kind::kUnsigned, "2"},

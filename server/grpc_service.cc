@@ -367,6 +367,11 @@ TransportLimits TransportLimitsFor(const proto::ClusterConfig& config) {
       (2 * calls + 16) * config.max_message_bytes() + (uint64_t{64} << 20), uint64_t{1} << 40));
   l.max_streams_per_connection = static_cast<int>(
       std::clamp<uint64_t>(uint64_t{config.limits().max_calls_per_client()} + 16, 1, 1u << 20));
+  l.max_connections =
+      config.limits().max_connections() != 0
+          ? config.limits().max_connections()
+          : std::max<uint64_t>(4096,
+                               4 * uint64_t{config.workers()} * config.channels_per_shard() + 256);
   return l;
 }
 
@@ -428,9 +433,18 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   // caught up (checked once it listens, since the peers then call it).
   s->service_->HoldForRejoinCheck();
   grpc::EnableDefaultHealthCheckService(true);
+  ListenerOptions listening;
+  listening.max_connections = TransportLimitsFor(config).max_connections;
+  listening.cap_name = "limits.max_connections";
+  absl::StatusOr<std::unique_ptr<Listener>> listener = Listener::Bind(listen_address, listening);
+  if (!listener.ok()) return listener.status();
+  s->listener_ = *std::move(listener);
+  s->port_ = s->listener_->port();
   grpc::ServerBuilder builder;
   ApplyTransportLimits(config, &builder);
-  builder.AddListeningPort(listen_address, security->credentials, &s->port_);
+  auto acceptor = builder.experimental().AddExternalConnectionAcceptor(
+      grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+      security->credentials);
   builder.RegisterService(s->grpc_service_.get());
   builder.RegisterService(s->reshard_service_.get());
   builder.RegisterService(s->admin_service_.get());
@@ -450,9 +464,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
       static_cast<int>(std::min<uint64_t>(
           256, uint64_t{config.workers()} * std::max<uint32_t>(1, config.max_inflight_chunks()) + 4)));
   s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));
+  if (s->server_ == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot start the gRPC server for ", listen_address));
   }
+  s->listener_->Start(std::move(acceptor));
   if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
     health->SetServingStatus(proto::Aggregation::service_full_name(), true);
   }
@@ -463,16 +479,24 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
     const std::string health_address =
         absl::StrCat(HostOf(listen_address), ":", config.security().health_port());
     s->health_only_ = std::make_unique<grpc::CallbackGenericService>();
+    absl::StatusOr<std::unique_ptr<Listener>> health = Listener::Bind(health_address, listening);
+    if (!health.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat(health.status().message(), " (security.health_port)"));
+    }
+    s->health_listener_ = *std::move(health);
+    s->health_port_ = s->health_listener_->port();
     grpc::ServerBuilder health_builder;
-    health_builder.AddListeningPort(health_address, grpc::InsecureServerCredentials(),
-                                    &s->health_port_);
+    auto health_acceptor = health_builder.experimental().AddExternalConnectionAcceptor(
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+        grpc::InsecureServerCredentials());
     health_builder.RegisterCallbackGenericService(s->health_only_.get());
     s->health_server_ = health_builder.BuildAndStart();
-    if (s->health_server_ == nullptr || s->health_port_ == 0) {
-      s->health_server_.reset();
-      return absl::UnavailableError(absl::StrCat(
-          "cannot listen on ", health_address, " (security.health_port)"));
+    if (s->health_server_ == nullptr) {
+      return absl::UnavailableError(absl::StrCat("cannot start the gRPC server for ",
+                                                 health_address, " (security.health_port)"));
     }
+    s->health_listener_->Start(std::move(health_acceptor));
     if (grpc::HealthCheckServiceInterface* health = s->health_server_->GetHealthCheckService()) {
       health->SetServingStatus(proto::Aggregation::service_full_name(), true);
     }
@@ -490,7 +514,10 @@ void ShardServer::Shutdown(absl::Duration grace) {
   if (health_server_ != nullptr && health_server_->GetHealthCheckService() != nullptr) {
     health_server_->GetHealthCheckService()->Shutdown();
   }
+  // No new connections from here on (gRPC's own listener closed at Shutdown too).
+  if (listener_ != nullptr) listener_->Stop();
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  if (health_listener_ != nullptr) health_listener_->Stop();
   if (health_server_ != nullptr) health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
 }
 

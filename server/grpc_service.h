@@ -16,6 +16,7 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/reshard.grpc.pb.h"
 #include "server/call_limiter.h"
+#include "server/listener.h"
 #include "server/shard_service.h"
 
 namespace gcomp::server {
@@ -130,6 +131,9 @@ struct TransportLimits {
   // A connection with no call for this long is closed (a peer reconnects as it needs to):
   // idle connections otherwise hold a file descriptor each for good.
   int idle_connection_ms = 5 * 60 * 1000;
+  // Connections held at once (server/listener.h), each 20-40 KiB of gRPC's:
+  // limits.max_connections, or max(4096, 4 x workers x channels_per_shard + 256).
+  uint64_t max_connections = 0;
 };
 TransportLimits TransportLimitsFor(const proto::ClusterConfig& config);
 void ApplyTransportLimits(const proto::ClusterConfig& config, grpc::ServerBuilder* builder);
@@ -164,11 +168,15 @@ class ShardServer {
   std::unique_ptr<ReshardingGrpcService> reshard_service_;
   std::unique_ptr<AdminGrpcService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  // Accepts for server_ (gRPC's own listener stops for good at the first accept() that
+  // fails for want of a descriptor) and closes connections past max_connections.
+  std::unique_ptr<Listener> listener_;
   int port_ = 0;
   // Answers UNIMPLEMENTED on the health-only server; its registration is also what lets
   // that server start with no service of its own besides the default health service.
   std::unique_ptr<grpc::CallbackGenericService> health_only_;
   std::unique_ptr<grpc::Server> health_server_;  // null without a health port
+  std::unique_ptr<Listener> health_listener_;
   int health_port_ = 0;
   bool shut_down_ = false;
 };

@@ -173,9 +173,10 @@ int main(int argc, char** argv) {
   } else {
     gcomp::log::Warn("security: {}", gcomp::cluster::DescribeSecurity(*config));
   }
-  // Every peer connection holds a file descriptor, and gRPC stops accepting connections
-  // for good once accept() has failed for want of one: the soft limit (often 1024) is
-  // raised to the hard one, which a flood of connections then has to reach.
+  // Every connection holds a file descriptor. The shard's listener refuses connections
+  // past limits.max_connections, and past the soft open-file limit less a reserve for the
+  // shard itself (server/listener.h); the soft limit (often 1024) is raised to the hard one
+  // so that the configured cap is the one that applies.
   struct rlimit files;
   if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
     files.rlim_cur = files.rlim_max;
@@ -183,11 +184,18 @@ int main(int argc, char** argv) {
       gcomp::log::Warn("cannot raise the open-file limit to {}", files.rlim_max);
     }
   }
-  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < 16384) {
+  const uint64_t max_connections = gcomp::server::TransportLimitsFor(*config).max_connections;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY &&
+      files.rlim_cur < max_connections + gcomp::server::ListenerOptions().reserve_fds) {
     gcomp::log::Warn(
-        "open-file limit {}: a peer that opens that many connections stops this shard "
-        "accepting new ones (raise it: ulimit -n, or the container runtime's nofile limit)",
-        files.rlim_cur);
+        "open-file limit {}: this shard holds at most about {} connections, fewer than "
+        "limits.max_connections = {} (raise it: ulimit -n, or the container runtime's "
+        "nofile limit)",
+        files.rlim_cur,
+        files.rlim_cur > static_cast<rlim_t>(gcomp::server::ListenerOptions().reserve_fds)
+            ? files.rlim_cur - gcomp::server::ListenerOptions().reserve_fds
+            : 0,
+        max_connections);
   }
   // Block the signals before any thread starts so that only sigwait() below sees them.
   sigset_t signals;
@@ -207,9 +215,11 @@ int main(int argc, char** argv) {
     gcomp::log::Error("{}", server.status().ToString());
     return 1;
   }
-  gcomp::log::Info("shard {} of {} listening on {} (port {}), job '{}', {} workers, epoch {}",
-                   shard, config->shards_size(), listen, (*server)->port(), config->job(),
-                   config->workers(), config->shard_map_epoch());
+  gcomp::log::Info(
+      "shard {} of {} listening on {} (port {}), job '{}', {} workers, epoch {}, at most {} "
+      "connections",
+      shard, config->shards_size(), listen, (*server)->port(), config->job(), config->workers(),
+      config->shard_map_epoch(), max_connections);
   std::unique_ptr<gcomp::MetricsExposer> metrics;
   if (absl::GetFlag(FLAGS_metrics_address) != "none") {
     absl::StatusOr<std::unique_ptr<gcomp::MetricsExposer>> exposer = gcomp::MetricsExposer::Start(

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/process_usage.h"
+#include "base/testing/connection_flood.h"
 #include "cluster/testing/raw_unary_call.h"
 #include "cluster/wire_block.h"
 #include "cluster/wire_message.h"
@@ -52,10 +54,14 @@ class HostileClientTest : public ::testing::Test {
                           << "rpc_timeout_ms: 30000\n"
                           << "limits: {memory_budget_bytes: " << kBudgetBytes
                           << ", max_tensors: 1000, max_calls_per_client: 6,"
-                          << " max_pending_steps: 64}\n";
+                          << " max_pending_steps: 64" << extra_limits_ << "}\n";
     const std::string server = std::string(getenv("TEST_SRCDIR")) + "/gcomp_ps/server/gcomp_server";
     pid_ = fork();
     if (pid_ == 0) {
+      if (fd_limit_ != 0) {
+        const rlimit files{fd_limit_, fd_limit_};
+        setrlimit(RLIMIT_NOFILE, &files);
+      }
       execl(server.c_str(), server.c_str(), "--config", config.c_str(), "--shard", "0",
             "--log_level", "warn", "--shutdown_grace_ms", "500", "--metrics_address",
             "127.0.0.1:0", nullptr);
@@ -137,10 +143,16 @@ class HostileClientTest : public ::testing::Test {
     return -1;
   }
 
-  // Both workers push `key` chunk 0 for `step`; both must get the mean back.
-  void ExpectStepWorks(const std::string& key, int64_t step, size_t n) {
+  // Both workers push `key` chunk 0 for `step` (worker 1 on a new connection, or on
+  // `other`); both must get the mean back.
+  void ExpectStepWorks(const std::string& key, int64_t step, size_t n,
+                       proto::Aggregation::Stub* other = nullptr) {
     std::vector<float> a(n, 1.0f), b(n, 3.0f);
-    auto other = NewStub();
+    std::unique_ptr<proto::Aggregation::Stub> own;
+    if (other == nullptr) {
+      own = NewStub();
+      other = own.get();
+    }
     std::future<grpc::Status> first = std::async(std::launch::async, [&] {
       proto::CompressedBlock out;
       return other->PushPull(Context().get(), Block(key, 0, step, 1, b), &out);
@@ -154,6 +166,12 @@ class HostileClientTest : public ::testing::Test {
     EXPECT_EQ(mean, std::vector<float>(n, 2.0f));
   }
 
+  int Port() const { return std::stoi(address_.substr(address_.rfind(':') + 1)); }
+
+  // Set by derived fixtures' constructors: more `limits` fields (", field: value"), and
+  // the shard's open-file limit (0: as inherited).
+  std::string extra_limits_;
+  rlim_t fd_limit_ = 0;
   pid_t pid_ = -1;
   std::string address_;
   int connections_ = 0;
@@ -535,6 +553,62 @@ TEST_F(HostileClientTest, BytesThatAreNoBlockAreRefusedBeforeTheHandler) {
   EXPECT_EQ(stats.steps_completed(), 0u);
   EXPECT_EQ(stats.pending_steps(), 0u);
   ExpectStepWorks("w", 0, 1000);
+}
+
+// A flood of connections that send nothing: past limits.max_connections each new one is
+// closed at once, so the flood holds at most that many (and their memory); connections
+// already open go on working, and once the flood ends new connections are served again.
+class ConnectionCapTest : public HostileClientTest {
+ protected:
+  ConnectionCapTest() { extra_limits_ = ", max_connections: 64"; }
+};
+
+TEST_F(ConnectionCapTest, ConnectionsPastTheCapAreClosedAtOnce) {
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  std::unique_ptr<proto::Aggregation::Stub> worker1 = NewStub();
+  ASSERT_TRUE(Declare("w", 1000, worker1.get()).ok());  // connected before the flood
+  const uint64_t before = ServerRss();
+  {
+    testing::ConnectionFlood flood(Port(), 3000);
+    const auto [closed, first_closed] = flood.Closed();
+    EXPECT_GE(closed, 3000 - 64);
+    EXPECT_FALSE(first_closed);
+    // Without the cap these 3000 grew the shard by 15 MiB (1.2 MiB with it); ones that
+    // send HTTP/2's preface cost gRPC 20 KiB or more each.
+    EXPECT_LT(ServerRss(), before + (6ull << 20));
+    ExpectStepWorks("w", 0, 1000, worker1.get());
+    // A new connection now is refused: the caller sees UNAVAILABLE, not a hang.
+    auto late = NewStub();
+    proto::StatsResponse stats;
+    EXPECT_EQ(late->Stats(Context(5).get(), proto::StatsRequest(), &stats).error_code(),
+              grpc::StatusCode::UNAVAILABLE);
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // the shard sees the flood's ends
+  ExpectStepWorks("w", 1, 1000);
+}
+
+// A shard whose open-file limit the flood reaches (limit 400, no connection cap below it):
+// gRPC's own listener stopped accepting for good at the first accept() that failed for
+// want of a descriptor, so after such a flood no worker could ever connect again.
+class DescriptorFloodTest : public HostileClientTest {
+ protected:
+  DescriptorFloodTest() {
+    extra_limits_ = ", max_connections: 100000";
+    fd_limit_ = 400;
+  }
+};
+
+TEST_F(DescriptorFloodTest, RunningOutOfDescriptorsDoesNotStopTheShardAccepting) {
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  {
+    testing::ConnectionFlood flood(Port(), 1500);
+    const auto [closed, first_closed] = flood.Closed();
+    EXPECT_GE(closed, 1500 - 400);
+    EXPECT_FALSE(first_closed);
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  ExpectStepWorks("w", 0, 1000);
+  EXPECT_EQ(Stats().tensors(), 1u);
 }
 
 }  // namespace
