@@ -131,8 +131,9 @@ struct TransportLimits {
   // A connection with no call for this long is closed (a peer reconnects as it needs to):
   // idle connections otherwise hold a file descriptor each for good.
   int idle_connection_ms = 5 * 60 * 1000;
-  // Connections held at once (server/listener.h), each 20-40 KiB of gRPC's:
-  // limits.max_connections, or max(4096, 4 x workers x channels_per_shard + 256).
+  // Connections held at once (server/listener.h), each 5 KiB (silent) to 22 KiB (HTTP/2
+  // preface sent) of gRPC's: limits.max_connections, or max(4096, 4 x workers x
+  // channels_per_shard + 256).
   uint64_t max_connections = 0;
 };
 TransportLimits TransportLimitsFor(const proto::ClusterConfig& config);

@@ -3,7 +3,7 @@
 // gRPC 1.51 stops listening for good once one accept() fails for want of a file
 // descriptor: a peer that opened connections until the shard ran out of descriptors left
 // it deaf to every new worker, admin call and probe, even after those connections closed.
-// Its listener also takes any number of connections, each costing the shard 20-40 KiB.
+// Its listener also takes any number of connections, each costing the shard 5-22 KiB.
 // Here a failed accept is retried after a pause, and a connection past the caps below is
 // closed at once; the caps only ever refuse new connections, never touch open ones.
 #ifndef GCOMP_SERVER_LISTENER_H_

@@ -185,17 +185,14 @@ int main(int argc, char** argv) {
     }
   }
   const uint64_t max_connections = gcomp::server::TransportLimitsFor(*config).max_connections;
+  const rlim_t reserve = gcomp::server::ListenerOptions().reserve_fds;
   if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY &&
-      files.rlim_cur < max_connections + gcomp::server::ListenerOptions().reserve_fds) {
+      files.rlim_cur < max_connections + reserve) {
     gcomp::log::Warn(
         "open-file limit {}: this shard holds at most about {} connections, fewer than "
         "limits.max_connections = {} (raise it: ulimit -n, or the container runtime's "
         "nofile limit)",
-        files.rlim_cur,
-        files.rlim_cur > static_cast<rlim_t>(gcomp::server::ListenerOptions().reserve_fds)
-            ? files.rlim_cur - gcomp::server::ListenerOptions().reserve_fds
-            : 0,
-        max_connections);
+        files.rlim_cur, files.rlim_cur > reserve ? files.rlim_cur - reserve : 0, max_connections);
   }
   // Block the signals before any thread starts so that only sigwait() below sees them.
   sigset_t signals;

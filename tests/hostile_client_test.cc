@@ -574,7 +574,7 @@ TEST_F(ConnectionCapTest, ConnectionsPastTheCapAreClosedAtOnce) {
     EXPECT_GE(closed, 3000 - 64);
     EXPECT_FALSE(first_closed);
     // Without the cap these 3000 grew the shard by 15 MiB (1.2 MiB with it); ones that
-    // send HTTP/2's preface cost gRPC 20 KiB or more each.
+    // send HTTP/2's preface cost gRPC about 22 KiB each.
     EXPECT_LT(ServerRss(), before + (6ull << 20));
     ExpectStepWorks("w", 0, 1000, worker1.get());
     // A new connection now is refused: the caller sees UNAVAILABLE, not a hang.
