@@ -4,6 +4,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace gcomp::codec::internal {
 namespace {
 
@@ -32,7 +36,38 @@ VectorLevel Capped(VectorLevel level) {
   return level;
 }
 
+bool DetectFastPext() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("bmi2")) return false;
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  char vendor[13];
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  vendor[12] = '\0';
+  if (std::strcmp(vendor, "GenuineIntel") == 0) return true;
+  if (std::strcmp(vendor, "AuthenticAMD") != 0) return false;  // Hygon is Zen 1
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  unsigned family = (eax >> 8) & 0xf;
+  if (family == 0xf) family += (eax >> 20) & 0xff;
+  return family >= 0x19;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
+
+bool FastPext() {
+  static const bool fast = [] {
+    const char* pext = std::getenv("GCOMP_PEXT");
+    if (pext != nullptr && std::strcmp(pext, "off") == 0) return false;
+    return DetectFastPext();
+  }();
+  return fast;
+}
 
 VectorLevel MaxVectorLevel() {
   static const VectorLevel level = Capped(Detect());

@@ -16,6 +16,12 @@ enum class VectorLevel { kScalar, kAvx2, kAvx512 };
 // GCOMP_SIMD=avx2 or GCOMP_SIMD=scalar caps it (the bytes written never depend on it).
 VectorLevel MaxVectorLevel();
 
+// Whether BMI2's PEXT takes a few cycles on this CPU: on every Intel CPU that has BMI2 and on
+// AMD from Zen 3 (family 19h) on. Zen 1 and Zen 2 run it as microcode (tens to hundreds of
+// cycles), slower than the shifts it replaces, so the AVX2 pass uses it only where this is
+// true. Detected once; GCOMP_PEXT=off in the environment makes it false (to compare paths).
+bool FastPext();
+
 }  // namespace gcomp::codec::internal
 
 #endif  // GCOMP_CODEC_INTERNAL_CPU_H_

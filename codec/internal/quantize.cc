@@ -42,7 +42,7 @@ int MaxFiniteExponent(DType dtype, const void* in, size_t n) {
 
 size_t SplitElementsAt(VectorLevel level, DType dtype, const void* in, size_t n,
                        const QuantParams& q, uint8_t* plane, uint8_t* syms, uint64_t* bitmap,
-                       size_t* nnz) {
+                       size_t* nnz, bool pext) {
 #if defined(__x86_64__)
   if (level > MaxVectorLevel()) level = MaxVectorLevel();
   // The AVX-512 pass has no form for policies that keep exponent field 0 (kGeneral).
@@ -50,7 +50,7 @@ size_t SplitElementsAt(VectorLevel level, DType dtype, const void* in, size_t n,
     return SplitElementsAvx512(dtype, in, n, q, plane, syms, bitmap, nnz);
   }
   if (level >= VectorLevel::kAvx2) {
-    return SplitElementsAvx2(dtype, in, n, q, plane, syms, bitmap, nnz);
+    return SplitElementsAvx2(dtype, in, n, q, plane, syms, bitmap, nnz, pext);
   }
 #endif
   return SplitElementsScalar(dtype, in, n, q, plane, syms, bitmap, nnz);
@@ -58,7 +58,7 @@ size_t SplitElementsAt(VectorLevel level, DType dtype, const void* in, size_t n,
 
 size_t SplitElements(DType dtype, const void* in, size_t n, const QuantParams& q, uint8_t* plane,
                      uint8_t* syms, uint64_t* bitmap, size_t* nnz) {
-  return SplitElementsAt(MaxVectorLevel(), dtype, in, n, q, plane, syms, bitmap, nnz);
+  return SplitElementsAt(MaxVectorLevel(), dtype, in, n, q, plane, syms, bitmap, nnz, FastPext());
 }
 
 }  // namespace gcomp::codec::internal

@@ -50,9 +50,11 @@ inline int WidthOf(const QuantParams& q, int s) {
 size_t SplitElements(DType dtype, const void* in, size_t n, const QuantParams& q,
                      uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz);
 // SplitElements limited to `level` (clamped to MaxVectorLevel()); tests compare the levels.
+// `pext`: whether the AVX2 pass may join fields of up to 8 bits with PEXT (same bytes either
+// way; SplitElements passes FastPext()).
 size_t SplitElementsAt(VectorLevel level, DType dtype, const void* in, size_t n,
                        const QuantParams& q, uint8_t* plane, uint8_t* syms, uint64_t* bitmap,
-                       size_t* nnz);
+                       size_t* nnz, bool pext);
 // The same without the vector path (tests compare the two byte for byte).
 size_t SplitElementsScalar(DType dtype, const void* in, size_t n, const QuantParams& q,
                            uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz);

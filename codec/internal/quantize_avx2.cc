@@ -79,8 +79,8 @@ constexpr CompactTables kCompact;
 // loads itself: the output stores might alias the params).
 struct QuantVectors {
   __m256i mag_mask, mant_mask, zero_test, zero_floor, offset, cap, full, special_above,
-      ordinary_limit, half_w, one, all;
-  __m128i W, top;
+      ordinary_limit, half_w, one, all, sign32;
+  __m128i W, top, to_bit23;
 };
 __attribute__((target("avx2"))) inline QuantVectors MakeQuantVectors(const QuantParams& q) {
   QuantVectors v;
@@ -96,8 +96,10 @@ __attribute__((target("avx2"))) inline QuantVectors MakeQuantVectors(const Quant
   v.half_w = _mm256_set1_epi32(1 << (q.mant_bits - 1));
   v.one = _mm256_set1_epi32(1);
   v.all = _mm256_set1_epi32(-1);
+  v.sign32 = _mm256_set1_epi32(INT32_MIN);
   v.W = _mm_cvtsi32_si128(q.mant_bits);
   v.top = _mm_cvtsi32_si128(q.top);
+  v.to_bit23 = _mm_cvtsi32_si128(23 - q.mant_bits);
   return v;
 }
 
@@ -108,8 +110,8 @@ struct Quantized8 {
 };
 
 // Any element, any mode: the closed form of format.h with both special cases.
-__attribute__((target("avx2"))) inline Quantized8 QuantizeGeneral8(__m256i u,
-                                                                   const QuantVectors& v) {
+__attribute__((target("avx2"), always_inline)) inline Quantized8 QuantizeGeneral8(
+    __m256i u, const QuantVectors& v) {
   const __m256i mag = _mm256_and_si256(u, v.mag_mask);
   const __m256i e = _mm256_srl_epi32(mag, v.W);
   const __m256i is_zero =
@@ -170,8 +172,9 @@ __attribute__((target("avx2"))) inline Quantized8 QuantizeLossless8(__m256i u,
 // Appends 8 fields to the plane. Fields are joined in pairs (<= 48 bits), then in fours
 // when every field has <= 14 bits (near-lossless with R <= 13), and in eights (<= 64 bits)
 // when every field has <= 8 bits (R <= 7, the default).
-__attribute__((target("avx2,bmi2"))) inline void PutFields8(__m256i value, __m256i bits,
-                                                            WordWriter& w) {
+__attribute__((target("avx2,bmi2"), always_inline)) inline void PutFields8(__m256i value,
+                                                                           __m256i bits,
+                                                                           WordWriter& w) {
   const __m256i lo32 = _mm256_set1_epi64x(0xffffffff);
   const __m256i first = _mm256_and_si256(bits, lo32);
   const __m256i pv = _mm256_or_si256(_mm256_and_si256(value, lo32),
@@ -200,6 +203,43 @@ __attribute__((target("avx2,bmi2"))) inline void PutFields8(__m256i value, __m25
   _mm256_store_si256(reinterpret_cast<__m256i*>(tv), pv);
   _mm256_store_si256(reinterpret_cast<__m256i*>(tb), pb);
   for (int k = 0; k < 4; ++k) w.Put(tv[k], static_cast<unsigned>(tb[k]));
+}
+
+// Near-lossless, ordinary elements (as QuantizeOrdinary8) whose fields have at most 8 bits
+// (width_cap <= 7), appended to the plane with PEXT. Each element's field is the top
+// k2 + 1 bits of a byte B = (sign, the 7 top mantissa bits of the rounded magnitude): byte 2
+// of each lane holds B, byte 3 the mask of its top k2 + 1 bits (none for a zero), and PEXT
+// keeps the masked bits in order. When rounding carries into the exponent (k2 = k + 1) the
+// rounded mantissa's bits from drop - 1 up are zero, so B's extra bit reads right. Returns
+// the nonzero mask; sym gets the rounded exponent fields.
+template <typename U>
+__attribute__((target("avx2,bmi2,popcnt"))) inline __m256i PutOrdinaryBytes8(__m256i u, __m256i e,
+                                                                             const QuantVectors& v,
+                                                                             WordWriter& w,
+                                                                             __m256i* sym) {
+  const __m256i mag = _mm256_and_si256(u, v.mag_mask);
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i nz = _mm256_cmpgt_epi32(e, v.zero_floor);
+  const __m256i k = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(e, v.offset), zero), v.cap);
+  const __m256i rounded = _mm256_add_epi32(mag, _mm256_srlv_epi32(v.half_w, k));
+  *sym = _mm256_srl_epi32(rounded, v.W);
+  const __m256i k2 =
+      _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(*sym, v.offset), zero), v.cap);
+  // sign at bit W, just above the mantissa; then (for 16-bit floats) up to bit 23.
+  __m256i y = _mm256_or_si256(_mm256_and_si256(rounded, v.mant_mask),
+                              _mm256_sll_epi32(_mm256_srl_epi32(u, v.top), v.W));
+  if constexpr (sizeof(U) == 2) y = _mm256_sll_epi32(y, v.to_bit23);
+  const __m256i keep = _mm256_and_si256(_mm256_srav_epi32(v.sign32, k2), nz);
+  const __m256i by_lane = _mm256_shuffle_epi8(
+      _mm256_or_si256(y, keep),
+      _mm256_setr_epi8(2, 6, 10, 14, 3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1, 2, 6, 10, 14, 3,
+                       7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1));
+  const __m128i both = _mm256_castsi256_si128(
+      _mm256_permutevar8x32_epi32(by_lane, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0)));
+  const uint64_t bytes = static_cast<uint64_t>(_mm_cvtsi128_si64(both));
+  const uint64_t mask = static_cast<uint64_t>(_mm_extract_epi64(both, 1));
+  w.Put(_pext_u64(bytes, mask), static_cast<unsigned>(__builtin_popcountll(mask)));
+  return nz;
 }
 
 // Lossless f32 fields are 24 bits: whole bytes, so they are stored 3 bytes per nonzero
@@ -232,7 +272,7 @@ __attribute__((target("avx2"))) inline void PutBytes8(__m256i x, uint32_t m8, ui
   _mm_storel_epi64(reinterpret_cast<__m128i*>(p), kept);
 }
 
-template <typename U, SplitPath P>
+template <typename U, SplitPath P, bool kPext = false>
 __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, size_t n,
                                                                   const QuantParams& q,
                                                                   uint8_t* plane, uint8_t* syms,
@@ -241,50 +281,63 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
   constexpr bool kByteFields = P == SplitPath::kLossless && sizeof(U) == 4;
   const bool byte_fields16 = P == SplitPath::kLossless && q.mant_bits == 7;
   const QuantVectors v = MakeQuantVectors(q);
+  // Ordinary near-lossless fields have at most width_cap + 1 bits.
+
   uint8_t* bytes = plane;  // where byte-aligned fields go next
   WordWriter w(plane);
-  Group g;
   size_t j = 0;
-  for (size_t lo = 0; lo < n; lo += kGroup) {
-    const size_t count = n - lo < kGroup ? n - lo : kGroup;
-    uint64_t mask = 0;
-    size_t i = 0;
-    for (; i + 8 <= count; i += 8) {
-      const __m256i u = Load8(in + lo + i);
-      Quantized8 r;
-      if constexpr (P == SplitPath::kLossless) {
-        r = QuantizeLossless8(u, v);
-      } else if constexpr (P == SplitPath::kNearLossless) {
-        const __m256i e = _mm256_srl_epi32(_mm256_and_si256(u, v.mag_mask), v.W);
-        if (__builtin_expect(_mm256_movemask_epi8(_mm256_cmpgt_epi32(e, v.ordinary_limit)) == 0,
-                             1)) {
-          r = QuantizeOrdinary8(u, e, v);
-        } else {
-          r = QuantizeGeneral8(u, v);
+  // The bitmap is written a byte (8 elements) at a time: x86 is little-endian, so byte b of
+  // the words holds elements 8b .. 8b + 7. The last word's bytes past the end stay zero.
+  uint8_t* mask_bytes = reinterpret_cast<uint8_t*>(bitmap);
+  if (n > 0) bitmap[(n - 1) / kGroup] = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = Load8(in + i);
+    Quantized8 r;
+    if constexpr (P == SplitPath::kLossless) {
+      r = QuantizeLossless8(u, v);
+    } else if constexpr (P == SplitPath::kNearLossless) {
+      const __m256i e = _mm256_srl_epi32(_mm256_and_si256(u, v.mag_mask), v.W);
+      if (__builtin_expect(_mm256_movemask_epi8(_mm256_cmpgt_epi32(e, v.ordinary_limit)) == 0, 1)) {
+        if constexpr (kPext) {
+          __m256i sym;
+          const __m256i nz = PutOrdinaryBytes8<U>(u, e, v, w, &sym);
+          const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(nz)));
+          mask_bytes[i / 8] = static_cast<uint8_t>(m8);
+          PutBytes8(sym, m8, syms + j);
+          j += static_cast<size_t>(__builtin_popcount(m8));
+          continue;
         }
+        r = QuantizeOrdinary8(u, e, v);
       } else {
         r = QuantizeGeneral8(u, v);
       }
-      const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(r.nz)));
-      mask |= uint64_t{m8} << i;
-      if constexpr (kByteFields) {
-        bytes = PutTriples8(r.value, m8, bytes);
-      } else if (byte_fields16) {
-        PutBytes8(r.value, m8, bytes);
-        bytes += __builtin_popcount(m8);
-      } else {
-        PutFields8(r.value, r.bits, w);
-      }
-      PutBytes8(r.sym, m8, syms + j);
-      j += static_cast<size_t>(__builtin_popcount(m8));
+    } else {
+      r = QuantizeGeneral8(u, v);
     }
-    if (i < count) {  // the last few elements of the block
-      mask |= QuantizeScalarTyped(in + lo + i, count - i, q, &g) << i;
-      if (kByteFields || byte_fields16) w = WordWriter(bytes);
-      PackGroupScalar(g, count - i, &w, syms, &j);
-      if (kByteFields || byte_fields16) bytes += w.Finish();
+    const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(r.nz)));
+    mask_bytes[i / 8] = static_cast<uint8_t>(m8);
+    if constexpr (kByteFields) {
+      bytes = PutTriples8(r.value, m8, bytes);
+    } else if (byte_fields16) {
+      PutBytes8(r.value, m8, bytes);
+      bytes += __builtin_popcount(m8);
+    } else {
+      PutFields8(r.value, r.bits, w);
     }
-    bitmap[lo / kGroup] = mask;
+    PutBytes8(r.sym, m8, syms + j);
+    j += static_cast<size_t>(__builtin_popcount(m8));
+  }
+  if (i < n) {  // the last few elements of the block
+    Group g;
+    mask_bytes[i / 8] = static_cast<uint8_t>(QuantizeScalarTyped(in + i, n - i, q, &g));
+    // Copies, so that no pointer to w or j escapes the loop above: they stay in registers.
+    WordWriter tail = kByteFields || byte_fields16 ? WordWriter(bytes) : w;
+    size_t tail_j = j;
+    PackGroupScalar(g, n - i, &tail, syms, &tail_j);
+    if (kByteFields || byte_fields16) bytes += tail.Finish();
+    w = tail;
+    j = tail_j;
   }
   *nnz = j;
   if (kByteFields || byte_fields16) return static_cast<size_t>(bytes - plane);
@@ -293,12 +346,15 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
 
 template <typename U>
 size_t SplitAvx2(const U* in, size_t n, const QuantParams& q, uint8_t* plane, uint8_t* syms,
-                 uint64_t* bitmap, size_t* nnz) {
+                 uint64_t* bitmap, size_t* nnz, bool pext) {
   const SplitPath path = SplitPathOf(q);
   if (path == SplitPath::kLossless) {
     return SplitAvx2Typed<U, SplitPath::kLossless>(in, n, q, plane, syms, bitmap, nnz);
   }
   if (path == SplitPath::kNearLossless) {
+    if (pext && q.width_cap <= 7) {
+      return SplitAvx2Typed<U, SplitPath::kNearLossless, true>(in, n, q, plane, syms, bitmap, nnz);
+    }
     return SplitAvx2Typed<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap, nnz);
   }
   return SplitAvx2Typed<U, SplitPath::kGeneral>(in, n, q, plane, syms, bitmap, nnz);
@@ -307,11 +363,11 @@ size_t SplitAvx2(const U* in, size_t n, const QuantParams& q, uint8_t* plane, ui
 }  // namespace
 
 size_t SplitElementsAvx2(DType dtype, const void* in, size_t n, const QuantParams& q,
-                         uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz) {
+                         uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz, bool pext) {
   if (dtype == DType::kF32) {
-    return SplitAvx2(static_cast<const uint32_t*>(in), n, q, plane, syms, bitmap, nnz);
+    return SplitAvx2(static_cast<const uint32_t*>(in), n, q, plane, syms, bitmap, nnz, pext);
   }
-  return SplitAvx2(static_cast<const uint16_t*>(in), n, q, plane, syms, bitmap, nnz);
+  return SplitAvx2(static_cast<const uint16_t*>(in), n, q, plane, syms, bitmap, nnz, pext);
 }
 
 int MaxFiniteExponentAvx2(DType dtype, const void* in, size_t n) {

@@ -116,8 +116,9 @@ __attribute__((target("avx2"))) inline __m256i WidthOf8(__m256i s, __m256i offse
 
 // The vector versions of the public passes in quantize.h. Call them only at a level
 // MaxVectorLevel() allows.
+// `pext`: join near-lossless fields of up to 8 bits with PEXT (see FastPext in cpu.h).
 size_t SplitElementsAvx2(DType dtype, const void* in, size_t n, const QuantParams& q,
-                         uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz);
+                         uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz, bool pext);
 // Requires SplitPathOf(q) != SplitPath::kGeneral.
 size_t SplitElementsAvx512(DType dtype, const void* in, size_t n, const QuantParams& q,
                            uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz);
