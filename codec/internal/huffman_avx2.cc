@@ -31,8 +31,8 @@ __attribute__((target("avx2"))) inline __m256i LookupBytes(__m256i idx, const __
 }
 
 // 16 lanes of (code | length << 12) -> 4 lanes of 4 concatenated codes (<= 44 bits, the first
-// code in the low bits) with their total length in bits 56-63.
-__attribute__((target("avx2"))) inline __m256i ConcatCodes(__m256i v) {
+// code in the low bits) and 4 lanes of their total lengths.
+__attribute__((target("avx2"))) inline void ConcatFours(__m256i v, __m256i* code4, __m256i* len4) {
   const __m256i lo16 = _mm256_set1_epi32(0xffff);
   const __m256i lo32 = _mm256_set1_epi64x(0xffffffff);
   __m256i len = _mm256_srli_epi16(v, 12);
@@ -42,19 +42,30 @@ __attribute__((target("avx2"))) inline __m256i ConcatCodes(__m256i v) {
                          _mm256_sllv_epi32(_mm256_srli_epi32(code, 16), first));
   len = _mm256_add_epi32(first, _mm256_srli_epi32(len, 16));
   first = _mm256_and_si256(len, lo32);
-  code = _mm256_or_si256(_mm256_and_si256(code, lo32),
-                         _mm256_sllv_epi64(_mm256_srli_epi64(code, 32), first));
-  len = _mm256_add_epi64(first, _mm256_srli_epi64(len, 32));
+  *code4 = _mm256_or_si256(_mm256_and_si256(code, lo32),
+                           _mm256_sllv_epi64(_mm256_srli_epi64(code, 32), first));
+  *len4 = _mm256_add_epi64(first, _mm256_srli_epi64(len, 32));
+}
+
+// The same with each total length in bits 56-63 of its codes' lane.
+__attribute__((target("avx2"))) inline __m256i ConcatCodes(__m256i v) {
+  __m256i code, len;
+  ConcatFours(v, &code, &len);
   return _mm256_or_si256(code, _mm256_slli_epi64(len, 56));
 }
 
-// 4-code chunks (code | length << 56) joined in pairs within each 128-bit lane: the
-// 8-code code and length in 64-bit lane 0 of each 128-bit lane.
-__attribute__((target("avx2"))) inline void JoinFours(__m256i four, __m256i* code, __m256i* len) {
-  const __m256i c = _mm256_and_si256(four, _mm256_set1_epi64x((int64_t{1} << 56) - 1));
-  const __m256i l = _mm256_srli_epi64(four, 56);
+// 4-code chunks joined in pairs within each 128-bit lane: the 8-code code and length in
+// 64-bit lane 0 of each 128-bit lane.
+__attribute__((target("avx2"))) inline void JoinFours(__m256i c, __m256i l, __m256i* code,
+                                                      __m256i* len) {
   *code = _mm256_or_si256(c, _mm256_sllv_epi64(_mm256_bsrli_epi128(c, 8), l));
   *len = _mm256_add_epi64(l, _mm256_bsrli_epi128(l, 8));
+}
+
+// The same from 4-code chunks of (code | length << 56).
+__attribute__((target("avx2"))) inline void JoinFours(__m256i four, __m256i* code, __m256i* len) {
+  JoinFours(_mm256_and_si256(four, _mm256_set1_epi64x((int64_t{1} << 56) - 1)),
+            _mm256_srli_epi64(four, 56), code, len);
 }
 
 template <int NT>
@@ -82,6 +93,36 @@ __attribute__((target("avx2"))) inline void PiecesOf32(const uint8_t* in, __m256
   _mm256_store_si256(reinterpret_cast<__m256i*>(p->sixteen_len), _mm256_add_epi64(la, lb));
 }
 
+// The usual case of PiecesOf32 + PutPieces: when both runs of 16 codes fit in 64 bits, puts
+// them straight from registers and returns true; otherwise puts nothing and returns false.
+template <int NT>
+__attribute__((target("avx2,bmi2"), always_inline)) inline bool PutSixteens32(
+    const uint8_t* in, __m256i min_sym, const __m256i* lo_table, const __m256i* hi_table,
+    WordWriter& w) {
+  const __m256i idx =
+      _mm256_sub_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)), min_sym);
+  const __m256i lo = LookupBytes<NT>(idx, lo_table);
+  const __m256i hi = LookupBytes<NT>(idx, hi_table);
+  __m256i code4, len4, ca, la, cb, lb;
+  ConcatFours(_mm256_unpacklo_epi8(lo, hi), &code4, &len4);
+  JoinFours(code4, len4, &ca, &la);
+  ConcatFours(_mm256_unpackhi_epi8(lo, hi), &code4, &len4);
+  JoinFours(code4, len4, &cb, &lb);
+  const __m256i len = _mm256_add_epi64(la, lb);  // runs in 64-bit lanes 0 and 2
+  if (_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpgt_epi64(len, _mm256_set1_epi64x(64)))) &
+      5) {
+    return false;
+  }
+  const __m256i code = _mm256_or_si256(ca, _mm256_sllv_epi64(cb, la));
+  const __m128i high_code = _mm256_extracti128_si256(code, 1);
+  const __m128i high_len = _mm256_extracti128_si256(len, 1);
+  w.Put(static_cast<uint64_t>(_mm_cvtsi128_si64(_mm256_castsi256_si128(code))),
+        static_cast<unsigned>(_mm_cvtsi128_si64(_mm256_castsi256_si128(len))));
+  w.Put(static_cast<uint64_t>(_mm_cvtsi128_si64(high_code)),
+        static_cast<unsigned>(_mm_cvtsi128_si64(high_len)));
+  return true;
+}
+
 template <int NT>
 __attribute__((target("avx2,bmi2"))) void EncodeWithTables(const StreamPlan& plan, int min_sym,
                                                            const HuffmanCode& code,
@@ -106,15 +147,16 @@ __attribute__((target("avx2,bmi2"))) void EncodeWithTables(const StreamPlan& pla
   const size_t q = plan.count[kNumStreams - 1];  // the shortest stream
   Pieces<4> p;
   size_t i = 0;
+  WordWriter* const writers[kNumStreams] = {&w0, &w1, &w2, &w3};
   for (; i + 32 <= q; i += 32) {
-    PiecesOf32<NT>(plan.in[0] + i, min_vec, lo_table, hi_table, &p);
-    PutPieces(w0, p);
-    PiecesOf32<NT>(plan.in[1] + i, min_vec, lo_table, hi_table, &p);
-    PutPieces(w1, p);
-    PiecesOf32<NT>(plan.in[2] + i, min_vec, lo_table, hi_table, &p);
-    PutPieces(w2, p);
-    PiecesOf32<NT>(plan.in[3] + i, min_vec, lo_table, hi_table, &p);
-    PutPieces(w3, p);
+#pragma GCC unroll 4
+    for (int s = 0; s < kNumStreams; ++s) {
+      if (__builtin_expect(
+              !PutSixteens32<NT>(plan.in[s] + i, min_vec, lo_table, hi_table, *writers[s]), 0)) {
+        PiecesOf32<NT>(plan.in[s] + i, min_vec, lo_table, hi_table, &p);
+        PutPieces(*writers[s], p);
+      }
+    }
   }
   uint32_t word[256];
   PackedWords(code, word);
