@@ -20,9 +20,10 @@
 namespace gcomp::codec::internal {
 namespace {
 
-// 32 lanes of (code | length << 12) -> 8 lanes of 4 codes (<= 44 bits) with their length in
-// bits 56-63: ConcatCodes on 512 bits.
-__attribute__((target(GCOMP_TARGET_AVX512))) inline __m512i ConcatCodes512(__m512i v) {
+// 32 lanes of (code | length << 12) -> 8 lanes of 4 codes (<= 44 bits) and 8 lanes of their
+// total lengths.
+__attribute__((target(GCOMP_TARGET_AVX512))) inline void ConcatFours512(__m512i v, __m512i* code4,
+                                                                        __m512i* len4) {
   const __m512i lo16 = _mm512_set1_epi32(0xffff);
   const __m512i lo32 = _mm512_set1_epi64(0xffffffff);
   __m512i len = _mm512_srli_epi16(v, 12);
@@ -32,10 +33,44 @@ __attribute__((target(GCOMP_TARGET_AVX512))) inline __m512i ConcatCodes512(__m51
                          _mm512_sllv_epi32(_mm512_srli_epi32(code, 16), first));
   len = _mm512_add_epi32(first, _mm512_srli_epi32(len, 16));
   first = _mm512_and_si512(len, lo32);
-  code = _mm512_or_si512(_mm512_and_si512(code, lo32),
-                         _mm512_sllv_epi64(_mm512_srli_epi64(code, 32), first));
-  len = _mm512_add_epi64(first, _mm512_srli_epi64(len, 32));
+  *code4 = _mm512_or_si512(_mm512_and_si512(code, lo32),
+                           _mm512_sllv_epi64(_mm512_srli_epi64(code, 32), first));
+  *len4 = _mm512_add_epi64(first, _mm512_srli_epi64(len, 32));
+}
+
+// The same with each total length in bits 56-63 of its codes' lane: ConcatCodes on 512 bits.
+__attribute__((target(GCOMP_TARGET_AVX512))) inline __m512i ConcatCodes512(__m512i v) {
+  __m512i code, len;
+  ConcatFours512(v, &code, &len);
   return _mm512_or_si512(code, _mm512_slli_epi64(len, 56));
+}
+
+// The usual case of PiecesOf64 + PutPieces: when all four runs of 16 codes fit in 64 bits,
+// puts them and returns true; otherwise puts nothing and returns false.
+__attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline bool PutSixteens64(
+    const uint8_t* in, __m512i min_sym, __m512i lo0, __m512i lo1, __m512i hi0, __m512i hi1,
+    WordWriter& w) {
+  const __m512i idx = _mm512_sub_epi8(_mm512_loadu_si512(in), min_sym);
+  const __m512i lo = _mm512_permutex2var_epi8(lo0, idx, lo1);
+  const __m512i hi = _mm512_permutex2var_epi8(hi0, idx, hi1);
+  // Fours joined in pairs within each 128-bit lane: codes 0-7 (a) and 8-15 (b) of its 16.
+  auto eight = [](__m512i v, __m512i * code, __m512i * len)
+      __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) {
+    __m512i c, l;
+    ConcatFours512(v, &c, &l);
+    *code = _mm512_or_si512(c, _mm512_sllv_epi64(_mm512_bsrli_epi128(c, 8), l));
+    *len = _mm512_add_epi64(l, _mm512_bsrli_epi128(l, 8));
+  };
+  __m512i ca, la, cb, lb;
+  eight(_mm512_unpacklo_epi8(lo, hi), &ca, &la);
+  eight(_mm512_unpackhi_epi8(lo, hi), &cb, &lb);
+  const __m512i len = _mm512_add_epi64(la, lb);  // runs in 64-bit lanes 0, 2, 4, 6
+  if (_mm512_mask_cmpgt_epu64_mask(0x55, len, _mm512_set1_epi64(64)) != 0) return false;
+  alignas(64) uint64_t code_lanes[8], len_lanes[8];
+  _mm512_store_si512(code_lanes, _mm512_or_si512(ca, _mm512_sllv_epi64(cb, la)));
+  _mm512_store_si512(len_lanes, len);
+  for (int k = 0; k < 8; k += 2) w.Put(code_lanes[k], static_cast<unsigned>(len_lanes[k]));
+  return true;
 }
 
 __attribute__((target(GCOMP_TARGET_AVX512))) inline void PiecesOf64(const uint8_t* in,
@@ -89,15 +124,16 @@ __attribute__((target(GCOMP_TARGET_AVX512))) void EncodePlanAvx512(const StreamP
   const size_t q = plan.count[kNumStreams - 1];  // the shortest stream
   Pieces<8> p;
   size_t i = 0;
+  WordWriter* const writers[kNumStreams] = {&w0, &w1, &w2, &w3};
   for (; i + 64 <= q; i += 64) {
-    PiecesOf64(plan.in[0] + i, min_vec, lo0, lo1, hi0, hi1, &p);
-    PutPieces(w0, p);
-    PiecesOf64(plan.in[1] + i, min_vec, lo0, lo1, hi0, hi1, &p);
-    PutPieces(w1, p);
-    PiecesOf64(plan.in[2] + i, min_vec, lo0, lo1, hi0, hi1, &p);
-    PutPieces(w2, p);
-    PiecesOf64(plan.in[3] + i, min_vec, lo0, lo1, hi0, hi1, &p);
-    PutPieces(w3, p);
+#pragma GCC unroll 4
+    for (int s = 0; s < kNumStreams; ++s) {
+      if (__builtin_expect(!PutSixteens64(plan.in[s] + i, min_vec, lo0, lo1, hi0, hi1, *writers[s]),
+                           0)) {
+        PiecesOf64(plan.in[s] + i, min_vec, lo0, lo1, hi0, hi1, &p);
+        PutPieces(*writers[s], p);
+      }
+    }
   }
   uint32_t word[256];
   PackedWords(code, word);

@@ -47,7 +47,7 @@ size_t SplitElementsAt(VectorLevel level, DType dtype, const void* in, size_t n,
   if (level > MaxVectorLevel()) level = MaxVectorLevel();
   // The AVX-512 pass has no form for policies that keep exponent field 0 (kGeneral).
   if (level == VectorLevel::kAvx512 && SplitPathOf(q) != SplitPath::kGeneral) {
-    return SplitElementsAvx512(dtype, in, n, q, plane, syms, bitmap, nnz);
+    return SplitElementsAvx512(dtype, in, n, q, plane, syms, bitmap, nnz, pext);
   }
   if (level >= VectorLevel::kAvx2) {
     return SplitElementsAvx2(dtype, in, n, q, plane, syms, bitmap, nnz, pext);

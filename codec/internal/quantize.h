@@ -50,7 +50,7 @@ inline int WidthOf(const QuantParams& q, int s) {
 size_t SplitElements(DType dtype, const void* in, size_t n, const QuantParams& q,
                      uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz);
 // SplitElements limited to `level` (clamped to MaxVectorLevel()); tests compare the levels.
-// `pext`: whether the AVX2 pass may join fields of up to 8 bits with PEXT (same bytes either
+// `pext`: whether a vector pass may join fields of up to 8 bits with PEXT (same bytes either
 // way; SplitElements passes FastPext()).
 size_t SplitElementsAt(VectorLevel level, DType dtype, const void* in, size_t n,
                        const QuantParams& q, uint8_t* plane, uint8_t* syms, uint64_t* bitmap,

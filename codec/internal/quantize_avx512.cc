@@ -2,7 +2,7 @@
 // for lossless blocks and near-lossless blocks without special elements (quantize.cc sends
 // other policies to the AVX2 pass): mask registers replace the zero lanes' blends,
 // vpcompressb packs the symbols, and with fields of <= 8 bits (R <= 7) eight of them go to
-// the plane in one 64-bit put. Each function carries its target attribute, so this file
+// the plane in one 64-bit put, joined by PEXT where it is fast (cpu.h FastPext). Each function carries its target attribute, so this file
 // builds for any x86-64 CPU and its code runs only where cpu.cc found AVX-512.
 #include <cstddef>
 #include <cstdint>
@@ -74,7 +74,26 @@ __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline void PutField
   for (int k = 0; k < 8; ++k) w.Put(tv[k], static_cast<unsigned>(tb[k]));
 }
 
-template <typename U, SplitPath P>
+// Appends 16 fields of <= 8 bits to the plane with PEXT, as PutOrdinaryBytes8 in
+// quantize_avx2.cc: byte 2 of each lane holds B (the sign above the 7 top mantissa bits),
+// byte 3 the mask of B's top k2 + 1 bits (0 for a zero).
+__attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline void PutMaskedBytes16(
+    __m512i both, WordWriter& w) {
+  alignas(64) static constexpr uint8_t kBytes23[64] = {2,  6,  10, 14, 18, 22, 26, 30, 34, 38, 42,
+                                                       46, 50, 54, 58, 62, 3,  7,  11, 15, 19, 23,
+                                                       27, 31, 35, 39, 43, 47, 51, 55, 59, 63};
+  const __m512i packed = _mm512_permutexvar_epi8(_mm512_load_si512(kBytes23), both);
+  const __m128i b = _mm512_castsi512_si128(packed);
+  const __m128i keep = _mm512_extracti32x4_epi32(packed, 1);
+  const uint64_t k0 = static_cast<uint64_t>(_mm_cvtsi128_si64(keep));
+  const uint64_t k1 = static_cast<uint64_t>(_mm_extract_epi64(keep, 1));
+  w.Put(_pext_u64(static_cast<uint64_t>(_mm_cvtsi128_si64(b)), k0),
+        static_cast<unsigned>(__builtin_popcountll(k0)));
+  w.Put(_pext_u64(static_cast<uint64_t>(_mm_extract_epi64(b, 1)), k1),
+        static_cast<unsigned>(__builtin_popcountll(k1)));
+}
+
+template <typename U, SplitPath P, bool kPext = false>
 __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, size_t n,
                                                                   const QuantParams& q,
                                                                   uint8_t* plane, uint8_t* syms,
@@ -94,6 +113,8 @@ __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, s
   const __m512i half_w = _mm512_set1_epi32(1 << (q.mant_bits - 1));
   const __m128i W = _mm_cvtsi32_si128(q.mant_bits);
   const __m128i top = _mm_cvtsi32_si128(q.top);
+  const __m128i to_bit23 = _mm_cvtsi32_si128(23 - q.mant_bits);
+  const __m512i sign32 = _mm512_set1_epi32(INT32_MIN);
   // Bytes 0-2 of each 32-bit lane, side by side.
   alignas(64) uint8_t triple_index[64] = {};
   for (int k = 0; k < 48; ++k) triple_index[k] = static_cast<uint8_t>(4 * (k / 3) + k % 3);
@@ -123,7 +144,12 @@ __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, s
         const uint64_t m = QuantizeScalarTyped(in + i, 16, q, &g);
         const uint16_t m16 = static_cast<uint16_t>(m);
         std::memcpy(bitmap_bytes + i / 8, &m16, 2);
-        PackGroupScalar(g, 16, &w, syms, &j);
+        // Copies, so that no pointer to w or j escapes: they stay in registers.
+        WordWriter group_w = w;
+        size_t group_j = j;
+        PackGroupScalar(g, 16, &group_w, syms, &group_j);
+        w = group_w;
+        j = group_j;
         continue;
       }
       // As QuantizeOrdinary8: zero_below >= 1, so e >= zero_below implies a nonzero.
@@ -134,6 +160,19 @@ __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, s
       sym = _mm512_srl_epi32(rounded, W);
       const __m512i k2 =
           _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(sym, offset), zero), cap);
+      if constexpr (kPext) {
+        // The sign at bit W, above the mantissa; then (16-bit floats) up to bit 23.
+        __m512i y = _mm512_or_si512(_mm512_and_si512(rounded, mant_mask),
+                                    _mm512_sll_epi32(_mm512_srl_epi32(u, top), W));
+        if constexpr (sizeof(U) == 2) y = _mm512_sll_epi32(y, to_bit23);
+        PutMaskedBytes16(_mm512_or_si512(y, _mm512_maskz_srav_epi32(nz, sign32, k2)), w);
+        const uint16_t m16 = static_cast<uint16_t>(nz);
+        std::memcpy(bitmap_bytes + i / 8, &m16, 2);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(syms + j),
+                         _mm_maskz_compress_epi8(nz, _mm512_cvtepi32_epi8(sym)));
+        j += static_cast<size_t>(__builtin_popcount(m16));
+        continue;
+      }
       const __m512i mant = _mm512_srlv_epi32(_mm512_and_si512(rounded, mant_mask), drop);
       const __m512i sign = _mm512_sllv_epi32(_mm512_srl_epi32(u, top), k2);
       value = _mm512_maskz_or_epi32(nz, mant, sign);
@@ -162,9 +201,12 @@ __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, s
     const uint64_t m = QuantizeScalarTyped(in + i, n - i, q, &g);
     const uint16_t m16 = static_cast<uint16_t>(m);
     std::memcpy(bitmap_bytes + i / 8, &m16, (n - i + 7) / 8);
-    if (kTriples || bytes8) w = WordWriter(bytes);
-    PackGroupScalar(g, n - i, &w, syms, &j);
-    if (kTriples || bytes8) bytes += w.Finish();
+    WordWriter tail = kTriples || bytes8 ? WordWriter(bytes) : w;
+    size_t tail_j = j;
+    PackGroupScalar(g, n - i, &tail, syms, &tail_j);
+    if (kTriples || bytes8) bytes += tail.Finish();
+    w = tail;
+    j = tail_j;
   }
   *nnz = j;
   if (kTriples || bytes8) return static_cast<size_t>(bytes - plane);
@@ -173,9 +215,12 @@ __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, s
 
 template <typename U>
 size_t Split512(const U* in, size_t n, const QuantParams& q, uint8_t* plane, uint8_t* syms,
-                uint64_t* bitmap, size_t* nnz) {
+                uint64_t* bitmap, size_t* nnz, bool pext) {
   if (SplitPathOf(q) == SplitPath::kLossless) {
     return Split512Typed<U, SplitPath::kLossless>(in, n, q, plane, syms, bitmap, nnz);
+  }
+  if (pext && q.width_cap <= 7) {
+    return Split512Typed<U, SplitPath::kNearLossless, true>(in, n, q, plane, syms, bitmap, nnz);
   }
   return Split512Typed<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap, nnz);
 }
@@ -183,11 +228,12 @@ size_t Split512(const U* in, size_t n, const QuantParams& q, uint8_t* plane, uin
 }  // namespace
 
 size_t SplitElementsAvx512(DType dtype, const void* in, size_t n, const QuantParams& q,
-                           uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz) {
+                           uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz,
+                           bool pext) {
   if (dtype == DType::kF32) {
-    return Split512(static_cast<const uint32_t*>(in), n, q, plane, syms, bitmap, nnz);
+    return Split512(static_cast<const uint32_t*>(in), n, q, plane, syms, bitmap, nnz, pext);
   }
-  return Split512(static_cast<const uint16_t*>(in), n, q, plane, syms, bitmap, nnz);
+  return Split512(static_cast<const uint16_t*>(in), n, q, plane, syms, bitmap, nnz, pext);
 }
 
 }  // namespace gcomp::codec::internal

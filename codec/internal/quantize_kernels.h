@@ -119,9 +119,9 @@ __attribute__((target("avx2"))) inline __m256i WidthOf8(__m256i s, __m256i offse
 // `pext`: join near-lossless fields of up to 8 bits with PEXT (see FastPext in cpu.h).
 size_t SplitElementsAvx2(DType dtype, const void* in, size_t n, const QuantParams& q,
                          uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz, bool pext);
-// Requires SplitPathOf(q) != SplitPath::kGeneral.
+// Requires SplitPathOf(q) != SplitPath::kGeneral. `pext` as for SplitElementsAvx2.
 size_t SplitElementsAvx512(DType dtype, const void* in, size_t n, const QuantParams& q,
-                           uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz);
+                           uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz, bool pext);
 int MaxFiniteExponentAvx2(DType dtype, const void* in, size_t n);
 
 #endif  // __x86_64__

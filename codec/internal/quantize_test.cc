@@ -78,10 +78,11 @@ TEST(Quantize, VectorSplitEqualsScalarSplit) {
             size_t slow_nnz = 0;
             const size_t slow_bytes = SplitElementsScalar(
                 dtype, in, n, q, slow_plane.data(), slow_syms.data(), slow_bits.data(), &slow_nnz);
-            // AVX2 joins short fields with shifts or with PEXT; AVX-512 has one way.
+            // Both vector levels join short fields with shifts or with PEXT.
             for (auto [level, pext] : {std::pair{VectorLevel::kAvx2, false},
                                        {VectorLevel::kAvx2, true},
-                                       {VectorLevel::kAvx512, false}}) {
+                                       {VectorLevel::kAvx512, false},
+                                       {VectorLevel::kAvx512, true}}) {
               if (level > MaxVectorLevel()) continue;
               size_t fast_nnz = 0;
               std::fill(fast_bits.begin(), fast_bits.end(), ~uint64_t{0});
@@ -89,10 +90,10 @@ TEST(Quantize, VectorSplitEqualsScalarSplit) {
               const size_t fast_bytes =
                   SplitElementsAt(level, dtype, in, n, q, fast_plane.data(), fast_syms.data(),
                                   fast_bits.data(), &fast_nnz, pext);
-              const std::string where = absl::StrCat(
-                  level == VectorLevel::kAvx2 ? (pext ? "AVX2 (PEXT) " : "AVX2 ") : "AVX-512 ",
-                  DTypeName(dtype), " ", PatternName(pattern), " R=", p.rel_bits, " A=", p.abs_log2,
-                  " n=", n, " at ", lo);
+              const std::string where =
+                  absl::StrCat(level == VectorLevel::kAvx2 ? "AVX2 " : "AVX-512 ",
+                               pext ? "(PEXT) " : "", DTypeName(dtype), " ", PatternName(pattern),
+                               " R=", p.rel_bits, " A=", p.abs_log2, " n=", n, " at ", lo);
               ASSERT_EQ(fast_nnz, slow_nnz) << where;
               ASSERT_EQ(fast_bytes, slow_bytes) << where;
               ASSERT_EQ(fast_bits, slow_bits) << where;
