@@ -9,11 +9,11 @@ namespace gcomp::codec::internal {
 
 absl::Status JoinElementsAt(VectorLevel level, DType dtype, const uint8_t* syms, size_t nnz,
                             absl::Span<const uint8_t> plane, const QuantParams& q,
-                            const uint64_t* bitmap, size_t n, void* out) {
+                            const uint64_t* bitmap, size_t n, void* out, bool pdep) {
 #if defined(__x86_64__)
   if (level > MaxVectorLevel()) level = MaxVectorLevel();
   if (level >= VectorLevel::kAvx2) {  // AVX-512 too: there is no AVX-512 join
-    return JoinElementsAvx2(dtype, syms, nnz, plane, q, bitmap, n, out);
+    return JoinElementsAvx2(dtype, syms, nnz, plane, q, bitmap, n, out, pdep);
   }
 #endif
   return JoinElementsScalar(dtype, syms, nnz, plane, q, bitmap, n, out);
@@ -22,7 +22,7 @@ absl::Status JoinElementsAt(VectorLevel level, DType dtype, const uint8_t* syms,
 absl::Status JoinElements(DType dtype, const uint8_t* syms, size_t nnz,
                           absl::Span<const uint8_t> plane, const QuantParams& q,
                           const uint64_t* bitmap, size_t n, void* out) {
-  return JoinElementsAt(MaxVectorLevel(), dtype, syms, nnz, plane, q, bitmap, n, out);
+  return JoinElementsAt(MaxVectorLevel(), dtype, syms, nnz, plane, q, bitmap, n, out, FastPext());
 }
 
 }  // namespace gcomp::codec::internal

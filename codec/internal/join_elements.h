@@ -25,10 +25,11 @@ absl::Status JoinElements(DType dtype, const uint8_t* syms, size_t nnz,
                           absl::Span<const uint8_t> plane, const QuantParams& q,
                           const uint64_t* bitmap, size_t n, void* out);
 // JoinElements limited to `level` (clamped to MaxVectorLevel()), and the same without the
-// vector path (tests compare them).
+// vector path (tests compare them). `pdep`: whether the vector pass may read fields of up
+// to 8 bits with PDEP (same elements either way; JoinElements passes FastPext()).
 absl::Status JoinElementsAt(VectorLevel level, DType dtype, const uint8_t* syms, size_t nnz,
                             absl::Span<const uint8_t> plane, const QuantParams& q,
-                            const uint64_t* bitmap, size_t n, void* out);
+                            const uint64_t* bitmap, size_t n, void* out, bool pdep);
 absl::Status JoinElementsScalar(DType dtype, const uint8_t* syms, size_t nnz,
                                 absl::Span<const uint8_t> plane, const QuantParams& q,
                                 const uint64_t* bitmap, size_t n, void* out);

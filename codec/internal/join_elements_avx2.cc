@@ -43,13 +43,13 @@ struct ExpandTables {
 constexpr ExpandTables kExpand;
 
 struct JoinVectors {
-  __m256i offset, cap, full, special_above, one, narrow;
-  __m128i W, top;
+  __m256i offset, cap, full, special_above, one, narrow, seven, sign32, low7, bit7;
+  __m128i W, top, mant_from7, sign_from7;
 };
 
 // How the fields of 8 elements are read: 3 whole bytes each (lossless f32), 1 byte each
-// (lossless bf16), or any widths.
-enum class FieldPath { kTriples, kBytes, kBits };
+// (lossless bf16), any widths, or any widths with PDEP for 8 fields of <= 8 bits.
+enum class FieldPath { kTriples, kBytes, kBits, kBitsPdep };
 
 // 8 nonzero elements from their symbols and the plane at bit *pos, which advances. Needs
 // (*pos >> 3) + 32 <= plane size (the widest 8 fields, 192 bits, plus an 8-byte load).
@@ -74,6 +74,30 @@ __attribute__((always_inline, target("avx2,bmi2"))) inline __m256i Join8(const u
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(plane + (*pos >> 3))));
     *pos += 8 * 8;
   } else {
+    if constexpr (P == FieldPath::kBitsPdep) {
+      if (__builtin_expect(_mm256_movemask_epi8(_mm256_cmpgt_epi32(k, v.seven)) == 0, 1)) {
+        // The inverse of the encoder's PEXT join (quantize_avx2.cc): PDEP puts each field in
+        // the top k + 1 bits of its own byte, giving B = (sign, top mantissa bits, zeros).
+        const __m256i keep = _mm256_shuffle_epi8(
+            _mm256_srav_epi32(v.sign32, k),
+            _mm256_setr_epi8(3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 3, 7, 11,
+                             15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+        const uint64_t mask = static_cast<uint64_t>(_mm_cvtsi128_si64(_mm256_castsi256_si128(
+            _mm256_permutevar8x32_epi32(keep, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0)))));
+        // Up to 64 bits from bit *pos: two loads joined (the loop leaves 32 readable bytes).
+        const uint64_t at = *pos;
+        const uint8_t* p = plane + (at >> 3);
+        const unsigned __int128 pair =
+            (static_cast<unsigned __int128>(Load64(p + 8)) << 64) | Load64(p);
+        const uint64_t bits = static_cast<uint64_t>(pair >> (at & 7));
+        *pos += static_cast<uint64_t>(__builtin_popcountll(mask));
+        const __m256i b =
+            _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(_pdep_u64(bits, mask))));
+        const __m256i mant = _mm256_sll_epi32(_mm256_and_si256(b, v.low7), v.mant_from7);
+        const __m256i sign = _mm256_sll_epi32(_mm256_and_si256(b, v.bit7), v.sign_from7);
+        return _mm256_or_si256(_mm256_or_si256(mant, sign), _mm256_sll_epi32(s, v.W));
+      }
+    }
     // Bit offsets of the fields: an exclusive prefix sum of the widths.
     __m256i incl = _mm256_add_epi32(w, _mm256_slli_si256(w, 4));
     incl = _mm256_add_epi32(incl, _mm256_slli_si256(incl, 8));
@@ -157,8 +181,14 @@ __attribute__((target("avx2,bmi2,popcnt"))) absl::Status JoinAvx2Typed(
   v.special_above = _mm256_set1_epi32(q.special_above);
   v.one = _mm256_set1_epi32(1);
   v.narrow = _mm256_set1_epi32(14);
+  v.seven = _mm256_set1_epi32(7);
+  v.sign32 = _mm256_set1_epi32(INT32_MIN);
+  v.low7 = _mm256_set1_epi32(0x7f);
+  v.bit7 = _mm256_set1_epi32(0x80);
   v.W = _mm_cvtsi32_si128(q.mant_bits);
   v.top = _mm_cvtsi32_si128(q.top);
+  v.mant_from7 = _mm_cvtsi32_si128(q.mant_bits - 7);
+  v.sign_from7 = _mm_cvtsi32_si128(q.top - 7);
   uint64_t pos = 0;
   size_t j = 0;
   alignas(32) U buf[kJoinChunk + 8];
@@ -210,13 +240,19 @@ __attribute__((target("avx2,bmi2,popcnt"))) absl::Status JoinAvx2Typed(
 
 template <typename U>
 absl::Status JoinAvx2(const uint8_t* syms, size_t nnz, const uint8_t* plane, size_t size,
-                      const QuantParams& q, const uint64_t* bitmap, size_t n, uint8_t* out) {
+                      const QuantParams& q, const uint64_t* bitmap, size_t n, uint8_t* out,
+                      bool pdep) {
   const bool lossless = q.zero_test == ~uint32_t{0};
   if (lossless && q.mant_bits == 23) {
     return JoinAvx2Typed<U, FieldPath::kTriples>(syms, nnz, plane, size, q, bitmap, n, out);
   }
   if (lossless && q.mant_bits == 7) {
     return JoinAvx2Typed<U, FieldPath::kBytes>(syms, nnz, plane, size, q, bitmap, n, out);
+  }
+  // Fields of <= 8 bits, where the widest ordinary field has width_cap + 1 bits (and every
+  // dtype's W >= 7, which the byte layout needs).
+  if (pdep && q.width_cap <= 7) {
+    return JoinAvx2Typed<U, FieldPath::kBitsPdep>(syms, nnz, plane, size, q, bitmap, n, out);
   }
   return JoinAvx2Typed<U, FieldPath::kBits>(syms, nnz, plane, size, q, bitmap, n, out);
 }
@@ -225,12 +261,12 @@ absl::Status JoinAvx2(const uint8_t* syms, size_t nnz, const uint8_t* plane, siz
 
 absl::Status JoinElementsAvx2(DType dtype, const uint8_t* syms, size_t nnz,
                               absl::Span<const uint8_t> plane, const QuantParams& q,
-                              const uint64_t* bitmap, size_t n, void* out) {
+                              const uint64_t* bitmap, size_t n, void* out, bool pdep) {
   uint8_t* o = static_cast<uint8_t*>(out);
   if (dtype == DType::kF32) {
-    return JoinAvx2<uint32_t>(syms, nnz, plane.data(), plane.size(), q, bitmap, n, o);
+    return JoinAvx2<uint32_t>(syms, nnz, plane.data(), plane.size(), q, bitmap, n, o, pdep);
   }
-  return JoinAvx2<uint16_t>(syms, nnz, plane.data(), plane.size(), q, bitmap, n, o);
+  return JoinAvx2<uint16_t>(syms, nnz, plane.data(), plane.size(), q, bitmap, n, o, pdep);
 }
 
 }  // namespace gcomp::codec::internal

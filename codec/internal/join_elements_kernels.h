@@ -57,9 +57,10 @@ inline U NextElement(const uint8_t* syms, size_t* j, const uint8_t* plane, size_
 
 #if defined(__x86_64__)
 // JoinElements with AVX2 (and BMI2, POPCNT); call it only where MaxVectorLevel() allows.
+// `pdep`: read near-lossless fields of up to 8 bits with PDEP (see FastPext in cpu.h).
 absl::Status JoinElementsAvx2(DType dtype, const uint8_t* syms, size_t nnz,
                               absl::Span<const uint8_t> plane, const QuantParams& q,
-                              const uint64_t* bitmap, size_t n, void* out);
+                              const uint64_t* bitmap, size_t n, void* out, bool pdep);
 #endif
 
 }  // namespace gcomp::codec::internal
