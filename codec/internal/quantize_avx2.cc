@@ -331,13 +331,7 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
   if (i < n) {  // the last few elements of the block
     Group g;
     mask_bytes[i / 8] = static_cast<uint8_t>(QuantizeScalarTyped(in + i, n - i, q, &g));
-    // Copies, so that no pointer to w or j escapes the loop above: they stay in registers.
-    WordWriter tail = kByteFields || byte_fields16 ? WordWriter(bytes) : w;
-    size_t tail_j = j;
-    PackGroupScalar(g, n - i, &tail, syms, &tail_j);
-    if (kByteFields || byte_fields16) bytes += tail.Finish();
-    w = tail;
-    j = tail_j;
+    PackTail(g, n - i, kByteFields || byte_fields16, &bytes, syms, &w, &j);
   }
   *nnz = j;
   if (kByteFields || byte_fields16) return static_cast<size_t>(bytes - plane);

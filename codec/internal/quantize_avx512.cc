@@ -144,12 +144,7 @@ __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, s
         const uint64_t m = QuantizeScalarTyped(in + i, 16, q, &g);
         const uint16_t m16 = static_cast<uint16_t>(m);
         std::memcpy(bitmap_bytes + i / 8, &m16, 2);
-        // Copies, so that no pointer to w or j escapes: they stay in registers.
-        WordWriter group_w = w;
-        size_t group_j = j;
-        PackGroupScalar(g, 16, &group_w, syms, &group_j);
-        w = group_w;
-        j = group_j;
+        PackTail(g, 16, /*byte_fields=*/false, &bytes, syms, &w, &j);
         continue;
       }
       // As QuantizeOrdinary8: zero_below >= 1, so e >= zero_below implies a nonzero.
@@ -201,12 +196,7 @@ __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, s
     const uint64_t m = QuantizeScalarTyped(in + i, n - i, q, &g);
     const uint16_t m16 = static_cast<uint16_t>(m);
     std::memcpy(bitmap_bytes + i / 8, &m16, (n - i + 7) / 8);
-    WordWriter tail = kTriples || bytes8 ? WordWriter(bytes) : w;
-    size_t tail_j = j;
-    PackGroupScalar(g, n - i, &tail, syms, &tail_j);
-    if (kTriples || bytes8) bytes += tail.Finish();
-    w = tail;
-    j = tail_j;
+    PackTail(g, n - i, kTriples || bytes8, &bytes, syms, &w, &j);
   }
   *nnz = j;
   if (kTriples || bytes8) return static_cast<size_t>(bytes - plane);

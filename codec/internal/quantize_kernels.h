@@ -77,6 +77,21 @@ void PackGroupScalar(const Group& g, size_t count, Writer* plane, uint8_t* syms,
   *j = k;
 }
 
+// PackGroupScalar for the vector passes: the group's fields go byte-aligned to *bytes (which
+// advances) when byte_fields, else to *w. Only copies of *w and *j reach PackGroupScalar, so
+// once this is inlined the caller's loop keeps them in registers (a pointer to them that
+// escaped would keep them in memory, stored and reloaded every step).
+__attribute__((always_inline)) inline void PackTail(const Group& g, size_t count, bool byte_fields,
+                                                    uint8_t** bytes, uint8_t* syms, WordWriter* w,
+                                                    size_t* j) {
+  WordWriter tail = byte_fields ? WordWriter(*bytes) : *w;
+  size_t tail_j = *j;
+  PackGroupScalar(g, count, &tail, syms, &tail_j);
+  if (byte_fields) *bytes += tail.Finish();
+  *w = tail;
+  *j = tail_j;
+}
+
 // Non-negative magnitudes order like their bit patterns; non-finite ones count as 0.
 template <typename U>
 uint32_t MaxFiniteMagScalar(const U* in, size_t n, uint32_t mag_mask, uint32_t inf) {
