@@ -1,5 +1,6 @@
 // The decoder's element pass with AVX2 (and BMI2, POPCNT): 8 nonzero elements a step into
-// a chunk buffer, then spread out by the zero bitmap. Each function carries its target
+// a chunk buffer (fields of up to 8 bits read by PDEP where cpu.h's FastPext() holds), then
+// spread out by the zero bitmap. Each function carries its target
 // attribute, so this file builds for any x86-64 CPU and its code runs only where cpu.cc
 // found AVX2 (the AVX-512 level uses this pass too).
 #include <cstddef>

@@ -1,5 +1,6 @@
 // The encoder's element pass with AVX2 (and BMI2, POPCNT), 8 elements a step, for every
-// policy; and the largest finite exponent. Each function carries its target attribute, so
+// policy (near-lossless fields of up to 8 bits joined by PEXT where cpu.h's FastPext()
+// holds); and the largest finite exponent. Each function carries its target attribute, so
 // this file builds for any x86-64 CPU and its code runs only where cpu.cc found AVX2.
 #include <cstddef>
 #include <cstdint>
@@ -281,8 +282,6 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
   constexpr bool kByteFields = P == SplitPath::kLossless && sizeof(U) == 4;
   const bool byte_fields16 = P == SplitPath::kLossless && q.mant_bits == 7;
   const QuantVectors v = MakeQuantVectors(q);
-  // Ordinary near-lossless fields have at most width_cap + 1 bits.
-
   uint8_t* bytes = plane;  // where byte-aligned fields go next
   WordWriter w(plane);
   size_t j = 0;
