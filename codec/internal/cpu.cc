@@ -36,10 +36,18 @@ VectorLevel Capped(VectorLevel level) {
   return level;
 }
 
-bool DetectFastPext() {
+bool HasBmi2() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (!__builtin_cpu_supports("bmi2")) return false;
+  return __builtin_cpu_supports("bmi2");
+#else
+  return false;
+#endif
+}
+
+bool DetectFastPext() {
+#if defined(__x86_64__)
+  if (!HasBmi2()) return false;
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
   char vendor[13];
@@ -64,6 +72,7 @@ bool FastPext() {
   static const bool fast = [] {
     const char* pext = std::getenv("GCOMP_PEXT");
     if (pext != nullptr && std::strcmp(pext, "off") == 0) return false;
+    if (pext != nullptr && std::strcmp(pext, "on") == 0) return HasBmi2();
     return DetectFastPext();
   }();
   return fast;

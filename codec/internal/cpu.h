@@ -19,7 +19,8 @@ VectorLevel MaxVectorLevel();
 // Whether BMI2's PEXT takes a few cycles on this CPU: on every Intel CPU that has BMI2 and on
 // AMD from Zen 3 (family 19h) on. Zen 1 and Zen 2 run it as microcode (tens to hundreds of
 // cycles), slower than the shifts it replaces, so the AVX2 pass uses it only where this is
-// true. Detected once; GCOMP_PEXT=off in the environment makes it false (to compare paths).
+// true. Detected once; GCOMP_PEXT=off in the environment makes it false and GCOMP_PEXT=on
+// true (to compare or fuzz the paths on any CPU with BMI2); other values are ignored.
 bool FastPext();
 
 }  // namespace gcomp::codec::internal

@@ -55,10 +55,8 @@ enum class FieldPath { kTriples, kBytes, kBits, kBitsPdep };
 // 8 nonzero elements from their symbols and the plane at bit *pos, which advances. Needs
 // (*pos >> 3) + 32 <= plane size (the widest 8 fields, 192 bits, plus an 8-byte load).
 template <FieldPath P>
-__attribute__((always_inline, target("avx2,bmi2"))) inline __m256i Join8(const uint8_t* syms,
-                                                                         const uint8_t* plane,
-                                                                         uint64_t* pos,
-                                                                         const JoinVectors& v) {
+__attribute__((always_inline, target("avx2,bmi2,popcnt"))) inline __m256i Join8(
+    const uint8_t* syms, const uint8_t* plane, uint64_t* pos, const JoinVectors& v) {
   const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(syms)));
   const __m256i k = WidthOf8(s, v.offset, v.cap, v.full, v.special_above);
   const __m256i w = _mm256_add_epi32(k, v.one);
@@ -155,10 +153,11 @@ constexpr size_t kJoinChunk = 2048;
 
 // Decodes the next m nonzeros (from syms[*j], the plane at bit *pos) to dst (room for m + 8).
 template <typename U, FieldPath P>
-__attribute__((target("avx2,bmi2"))) void DecodeRun(const uint8_t* syms, const uint8_t* plane,
-                                                    size_t size, const QuantParams& q,
-                                                    const JoinVectors& v, uint64_t* pos, size_t* j,
-                                                    uint8_t* dst, size_t m) {
+__attribute__((target("avx2,bmi2,popcnt"))) void DecodeRun(const uint8_t* syms,
+                                                           const uint8_t* plane, size_t size,
+                                                           const QuantParams& q,
+                                                           const JoinVectors& v, uint64_t* pos,
+                                                           size_t* j, uint8_t* dst, size_t m) {
   uint64_t at = *pos;  // locals: no store and reload between iterations
   const uint8_t* s = syms + *j;
   size_t i = 0;

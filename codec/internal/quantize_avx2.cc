@@ -214,10 +214,8 @@ __attribute__((target("avx2,bmi2"), always_inline)) inline void PutFields8(__m25
 // rounded mantissa's bits from drop - 1 up are zero, so B's extra bit reads right. Returns
 // the nonzero mask; sym gets the rounded exponent fields.
 template <typename U>
-__attribute__((target("avx2,bmi2,popcnt"))) inline __m256i PutOrdinaryBytes8(__m256i u, __m256i e,
-                                                                             const QuantVectors& v,
-                                                                             WordWriter& w,
-                                                                             __m256i* sym) {
+__attribute__((target("avx2,bmi2,popcnt"), always_inline)) inline __m256i PutOrdinaryBytes8(
+    __m256i u, __m256i e, const QuantVectors& v, WordWriter& w, __m256i* sym) {
   const __m256i mag = _mm256_and_si256(u, v.mag_mask);
   const __m256i zero = _mm256_setzero_si256();
   const __m256i nz = _mm256_cmpgt_epi32(e, v.zero_floor);

@@ -2,8 +2,9 @@
 // for lossless blocks and near-lossless blocks without special elements (quantize.cc sends
 // other policies to the AVX2 pass): mask registers replace the zero lanes' blends,
 // vpcompressb packs the symbols, and with fields of <= 8 bits (R <= 7) eight of them go to
-// the plane in one 64-bit put, joined by PEXT where it is fast (cpu.h FastPext). Each function carries its target attribute, so this file
-// builds for any x86-64 CPU and its code runs only where cpu.cc found AVX-512.
+// the plane in one 64-bit put, joined by PEXT where it is fast (cpu.h FastPext). Each
+// function carries its target attribute, so this file builds for any x86-64 CPU and its code
+// runs only where cpu.cc found AVX-512.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

@@ -107,6 +107,77 @@ TEST(Quantize, VectorSplitEqualsScalarSplit) {
   }
 }
 
+// Mantissas of all ones round up into the next binade (k2 = k + 1 where k < R), the case the
+// PEXT join reads from the unmasked rounded magnitude: both vector passes, with and without
+// PEXT/PDEP, must still write and read what the scalar passes do, at every exponent below
+// the block's largest.
+TEST(Quantize, RoundingCarryIntoTheExponentMatchesScalar) {
+  if (MaxVectorLevel() < VectorLevel::kAvx2)
+    GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const FloatBits lay = FloatBitsOf(dtype);
+    const int top_e = lay.all_ones() - 2;  // its carry stays finite
+    const uint32_t all_mant = (uint32_t{1} << lay.mant_bits) - 1;
+    const size_t n = 1000;
+    std::vector<uint8_t> values(n * DTypeBytes(dtype));
+    for (size_t i = 0; i < n; ++i) {
+      const int e = std::max(1, top_e - static_cast<int>(i % 40));
+      // Mostly all-ones mantissas; every third has only its top bits set, so no carry.
+      const uint32_t mant = i % 3 == 2 ? all_mant & ~(all_mant >> 4) : all_mant;
+      const uint32_t bits =
+          uint32_t((i / 40) & 1) << (lay.total_bits - 1) | uint32_t(e) << lay.mant_bits | mant;
+      if (lay.total_bits == 32) {
+        std::memcpy(values.data() + 4 * i, &bits, 4);
+      } else {
+        const uint16_t half = static_cast<uint16_t>(bits);
+        std::memcpy(values.data() + 2 * i, &half, 2);
+      }
+    }
+    const int emax = MaxFiniteExponentScalar(dtype, values.data(), n);
+    ASSERT_EQ(emax, top_e);
+    for (const Policy& p : Policies()) {
+      const QuantParams q = MakeQuantParams(lay, p, emax);
+      const size_t room = (n * (lay.mant_bits + 1) + 7) / 8 + 16;
+      std::vector<uint8_t> slow_plane(room), slow_syms(n + 8);
+      std::vector<uint64_t> slow_bits((n + 63) / 64);
+      size_t slow_nnz = 0;
+      const size_t slow_bytes = SplitElementsScalar(dtype, values.data(), n, q, slow_plane.data(),
+                                                    slow_syms.data(), slow_bits.data(), &slow_nnz);
+      std::vector<uint8_t> slow_out(n * DTypeBytes(dtype));
+      const absl::Span<const uint8_t> plane(slow_plane.data(), slow_bytes);
+      const uint64_t* bm = slow_nnz == n ? nullptr : slow_bits.data();
+      ASSERT_TRUE(
+          JoinElementsScalar(dtype, slow_syms.data(), slow_nnz, plane, q, bm, n, slow_out.data())
+              .ok());
+      for (VectorLevel level : {VectorLevel::kAvx2, VectorLevel::kAvx512}) {
+        if (level > MaxVectorLevel()) continue;
+        for (bool pext : {false, true}) {
+          const std::string where = absl::StrCat(level == VectorLevel::kAvx2 ? "AVX2 " : "AVX-512 ",
+                                                 pext ? "(PEXT/PDEP) " : "", DTypeName(dtype),
+                                                 " R=", p.rel_bits, " A=", p.abs_log2);
+          std::vector<uint8_t> fast_plane(room), fast_syms(n + 8);
+          std::vector<uint64_t> fast_bits((n + 63) / 64, ~uint64_t{0});
+          size_t fast_nnz = 0;
+          const size_t fast_bytes =
+              SplitElementsAt(level, dtype, values.data(), n, q, fast_plane.data(),
+                              fast_syms.data(), fast_bits.data(), &fast_nnz, pext);
+          ASSERT_EQ(fast_nnz, slow_nnz) << where;
+          ASSERT_EQ(fast_bytes, slow_bytes) << where;
+          ASSERT_EQ(fast_bits, slow_bits) << where;
+          ASSERT_EQ(0, std::memcmp(fast_plane.data(), slow_plane.data(), slow_bytes)) << where;
+          ASSERT_EQ(0, std::memcmp(fast_syms.data(), slow_syms.data(), slow_nnz)) << where;
+          std::vector<uint8_t> fast_out(n * DTypeBytes(dtype), 0xee);
+          ASSERT_TRUE(JoinElementsAt(level, dtype, slow_syms.data(), slow_nnz, plane, q, bm, n,
+                                     fast_out.data(), pext)
+                          .ok())
+              << where;
+          ASSERT_EQ(fast_out, slow_out) << where;
+        }
+      }
+    }
+  }
+}
+
 // The decoder's vector pass rebuilds exactly what the scalar one does, from what the encoder
 // wrote, with and without a zero bitmap; both reject a plane that is cut short or too long.
 TEST(Quantize, VectorJoinEqualsScalarJoin) {
