@@ -45,6 +45,24 @@ __attribute__((target(GCOMP_TARGET_AVX512))) inline __m512i ConcatCodes512(__m51
   return _mm512_or_si512(code, _mm512_slli_epi64(len, 56));
 }
 
+// Adjacent 64-bit lanes of 4 codes (c) and their lengths (l) joined in pairs within each
+// 128-bit lane: lane 0 of each pair gets 8 codes, lane 1 is left as it was.
+__attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline void JoinFours512(__m512i c,
+                                                                                     __m512i l,
+                                                                                     __m512i* code,
+                                                                                     __m512i* len) {
+  *code = _mm512_or_si512(c, _mm512_sllv_epi64(_mm512_bsrli_epi128(c, 8), l));
+  *len = _mm512_add_epi64(l, _mm512_bsrli_epi128(l, 8));
+}
+
+// The same from 4-code chunks of (code | length << 56).
+__attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline void JoinFours512(__m512i four,
+                                                                                     __m512i* code,
+                                                                                     __m512i* len) {
+  JoinFours512(_mm512_and_si512(four, _mm512_set1_epi64((int64_t{1} << 56) - 1)),
+               _mm512_srli_epi64(four, 56), code, len);
+}
+
 // The usual case of PiecesOf64 + PutPieces: when all four runs of 16 codes fit in 64 bits,
 // puts them and returns true; otherwise puts nothing and returns false.
 __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline bool PutSixteens64(
@@ -54,16 +72,11 @@ __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline bool PutSixte
   const __m512i lo = _mm512_permutex2var_epi8(lo0, idx, lo1);
   const __m512i hi = _mm512_permutex2var_epi8(hi0, idx, hi1);
   // Fours joined in pairs within each 128-bit lane: codes 0-7 (a) and 8-15 (b) of its 16.
-  auto eight = [](__m512i v, __m512i * code, __m512i * len)
-      __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) {
-    __m512i c, l;
-    ConcatFours512(v, &c, &l);
-    *code = _mm512_or_si512(c, _mm512_sllv_epi64(_mm512_bsrli_epi128(c, 8), l));
-    *len = _mm512_add_epi64(l, _mm512_bsrli_epi128(l, 8));
-  };
-  __m512i ca, la, cb, lb;
-  eight(_mm512_unpacklo_epi8(lo, hi), &ca, &la);
-  eight(_mm512_unpackhi_epi8(lo, hi), &cb, &lb);
+  __m512i c, l, ca, la, cb, lb;
+  ConcatFours512(_mm512_unpacklo_epi8(lo, hi), &c, &l);
+  JoinFours512(c, l, &ca, &la);
+  ConcatFours512(_mm512_unpackhi_epi8(lo, hi), &c, &l);
+  JoinFours512(c, l, &cb, &lb);
   const __m512i len = _mm512_add_epi64(la, lb);  // runs in 64-bit lanes 0, 2, 4, 6
   if (_mm512_mask_cmpgt_epu64_mask(0x55, len, _mm512_set1_epi64(64)) != 0) return false;
   alignas(64) uint64_t code_lanes[8], len_lanes[8];
@@ -77,7 +90,6 @@ __attribute__((target(GCOMP_TARGET_AVX512))) inline void PiecesOf64(const uint8_
                                                                     __m512i min_sym, __m512i lo0,
                                                                     __m512i lo1, __m512i hi0,
                                                                     __m512i hi1, Pieces<8>* p) {
-  const __m512i mask56 = _mm512_set1_epi64((int64_t{1} << 56) - 1);
   const __m512i idx = _mm512_sub_epi8(_mm512_loadu_si512(in), min_sym);
   const __m512i lo = _mm512_permutex2var_epi8(lo0, idx, lo1);
   const __m512i hi = _mm512_permutex2var_epi8(hi0, idx, hi1);
@@ -86,16 +98,9 @@ __attribute__((target(GCOMP_TARGET_AVX512))) inline void PiecesOf64(const uint8_
   const __m512i b = ConcatCodes512(_mm512_unpackhi_epi8(lo, hi));
   _mm512_store_si512(p->four_a, a);
   _mm512_store_si512(p->four_b, b);
-  auto eight = [&](__m512i four, __m512i * code, __m512i * len)
-      __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) {
-    const __m512i c = _mm512_and_si512(four, mask56);
-    const __m512i l = _mm512_srli_epi64(four, 56);
-    *code = _mm512_or_si512(c, _mm512_sllv_epi64(_mm512_bsrli_epi128(c, 8), l));
-    *len = _mm512_add_epi64(l, _mm512_bsrli_epi128(l, 8));
-  };
   __m512i ca, la, cb, lb;
-  eight(a, &ca, &la);
-  eight(b, &cb, &lb);
+  JoinFours512(a, &ca, &la);
+  JoinFours512(b, &cb, &lb);
   _mm512_store_si512(p->eight_a, ca);
   _mm512_store_si512(p->eight_a_len, la);
   _mm512_store_si512(p->eight_b, cb);
