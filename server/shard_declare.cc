@@ -92,10 +92,13 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
   auto it = tensors_.find(r.key());
   if (it != tensors_.end()) {
     Tensor* t = it->second.get();
-    if (t->dtype != dtype || t->layout.elements != r.elements() || !SameOptimizer(t->optimizer, opt)) {
+    const bool same_optimizer = SameOptimizer(t->optimizer, opt);
+    if (t->dtype != dtype || t->layout.elements != r.elements() || !same_optimizer) {
       return absl::AlreadyExistsError(absl::StrCat(
           "tensor '", r.key(), "' already declared as ", codec::DTypeName(t->dtype), " x ",
-          t->layout.elements, " with a possibly different optimizer"));
+          t->layout.elements, "; this request declares ", codec::DTypeName(dtype), " x ",
+          r.elements(), same_optimizer ? "" : " with another optimizer",
+          " (every worker must declare a key alike; another model or job needs other keys)"));
     }
     return t;
   }

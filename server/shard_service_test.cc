@@ -225,8 +225,16 @@ TEST_F(ShardServiceTest, ConflictingRedeclareIsAlreadyExists) {
   d.set_elements(21);
   d.set_shard_map_epoch(1);
   proto::DeclareTensorResponse r;
-  EXPECT_EQ(shard_->DeclareTensor(d, &r).code(), absl::StatusCode::kAlreadyExists);
+  absl::Status s = shard_->DeclareTensor(d, &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
+  // Both declarations are named: what the shard holds and what this request asked for.
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("already declared as f32 x 20; this request declares f32 x 21"));
+  d.set_dtype(proto::DTYPE_BF16);
   d.set_elements(20);
+  EXPECT_THAT(std::string(shard_->DeclareTensor(d, &r).message()),
+              HasSubstr("this request declares bf16 x 20"));
+  d.set_dtype(proto::DTYPE_F32);
   EXPECT_TRUE(shard_->DeclareTensor(d, &r).ok());  // identical: idempotent
 }
 

@@ -5,6 +5,7 @@ worker-side connection to it.
         client = connect(c.config_path, worker=0)   # in each worker process
 """
 import json
+import operator
 import os
 import shutil
 import signal
@@ -170,6 +171,13 @@ def connect(config_path, worker, metrics_address=""):
 
     With metrics_address ("host:port", port 0 picks one: see client.metrics_port()) the
     worker's Prometheus metrics are served on http://host:port/metrics."""
+    try:
+        index = -1 if isinstance(worker, bool) else operator.index(worker)
+    except TypeError:
+        index = -1
+    if index < 0:
+        raise ValueError("worker must be an index 0..W-1 of the job's workers, got %r"
+                         % (worker,))
     config = read_config(config_path)
-    return WorkerClient(extension().Client(config_path, worker, metrics_address=metrics_address),
+    return WorkerClient(extension().Client(config_path, index, metrics_address=metrics_address),
                         config)

@@ -6,9 +6,10 @@ bytes it moved. Two exist:
 * `ClientTransport`: the parameter server. The C++ worker Client chunks, encodes and pushes
   to the shards, which sum, average and send the (encoded) mean back.
 * `GlooTransport`: the same arithmetic over a torch.distributed process group, for machines
-  without shards and for development: every worker's contribution (encoded as a worker
-  would) is gathered, decoded, summed in worker order, averaged, and the mean goes through
-  the codec once more as the shards' reply would. Byte counts are those of a PS.
+  without shards and for development: every worker's contribution (cut into chunks of
+  `chunk_bytes` and encoded a block per chunk, as a worker's Client does) is gathered,
+  decoded, summed in worker order, averaged, and the mean goes through the codec once more
+  as the shards' replies would. Byte counts are those of a PS: the blocks' bytes.
 
 Byte accounting, per worker and both directions: `raw_bytes` is what uncompressed floats
 would take (push + pull), `wire_bytes` is what was sent (codec frames, or raw floats in
@@ -23,7 +24,10 @@ MODES = ("none", "lossless", "near-lossless")
 
 
 def policy_for(mode, rel_bits=7, abs_log2=-16):
-    """The codec policy of a training mode; None for "none"."""
+    """The codec policy of a training mode; None for "none". "near_lossless" is read as
+    "near-lossless", as the cluster config's parser reads it."""
+    if mode == "near_lossless":
+        mode = "near-lossless"
     if mode not in MODES:
         raise ValueError("mode must be one of %s, got %r" % (MODES, mode))
     if mode == "none":
@@ -58,12 +62,18 @@ class Transport:
 
 
 class GlooTransport(Transport):
-    """PS arithmetic over a gloo process group (see the module comment)."""
+    """PS arithmetic over a gloo process group (see the module comment).
+
+    `chunk_bytes` must be the cluster config's `chunk_bytes` (default 1 MiB) for results
+    and byte counts to match the parameter server's exactly."""
 
     ordered = True  # collectives: every rank must call in the same order
 
-    def __init__(self, mode="none", policy=None, group=None, block_bytes=codec.DEFAULT_BLOCK_BYTES):
+    def __init__(self, mode="none", policy=None, group=None,
+                 chunk_bytes=codec.DEFAULT_BLOCK_BYTES, block_bytes=None):
         super().__init__()
+        if block_bytes is not None:  # the argument's earlier name
+            chunk_bytes = block_bytes
         self.policy = policy if policy is not None else policy_for(mode)
         # A group of its own by default (made here, so every rank must construct its
         # transport at the same point): DDP runs collectives of its own on the default
@@ -72,7 +82,9 @@ class GlooTransport(Transport):
         # one group, the two orders could differ between ranks and every rank would wait
         # forever.
         self.group = group if group is not None else dist.new_group(backend="gloo")
-        self.block_bytes = block_bytes
+        if int(chunk_bytes) < 1:
+            raise ValueError("chunk_bytes must be at least 1, got %r" % (chunk_bytes,))
+        self.chunk_bytes = int(chunk_bytes)
         self.world = dist.get_world_size(group)
 
     def _gather_bytes(self, frame):
@@ -86,6 +98,17 @@ class GlooTransport(Transport):
         dist.all_gather(frames, mine, group=self.group)
         return [f[: int(s.item())].numpy().tobytes() for f, s in zip(frames, sizes)]
 
+    def _chunks(self, tensor):
+        """Views of `tensor`'s chunks, cut as the Client cuts them."""
+        per = max(1, self.chunk_bytes // tensor.element_size())
+        return [tensor[lo:lo + per] for lo in range(0, tensor.numel(), per)]
+
+    def _encode(self, tensor):
+        """One frame of one block per chunk, and the blocks' bytes (a PS sends no frame
+        header: each chunk travels as its block)."""
+        frames = [codec.encode(c, self.policy, self.chunk_bytes) for c in self._chunks(tensor)]
+        return frames, sum(len(f) - _frame_header_bytes(f) for f in frames)
+
     def push_pull(self, key, step, tensor):
         raw = tensor.numel() * tensor.element_size()
         self.raw_bytes += 2 * raw
@@ -97,13 +120,14 @@ class GlooTransport(Transport):
             parts = [p.view(tensor.dtype) for p in parts]
             self.wire_bytes += 2 * raw
         else:
-            frame = codec.encode(tensor, self.policy, self.block_bytes)
+            frames, sent = self._encode(tensor)
             parts = []
-            for f in self._gather_bytes(frame):
+            for joined in self._gather_bytes(_join(frames)):
                 part = torch.empty_like(tensor)
-                codec.decode(f, part)
+                for f, c in zip(_split(joined), self._chunks(part)):
+                    codec.decode(f, c)
                 parts.append(part)
-            self.wire_bytes += len(frame)
+            self.wire_bytes += sent
         # Summed in float32 in worker order and rounded once to the tensor's dtype, as the
         # shards do.
         total = parts[0].float()
@@ -114,14 +138,50 @@ class GlooTransport(Transport):
         if self.policy is None:
             tensor.copy_(total)
         else:
-            reply = codec.encode(total, self.policy, self.block_bytes)
-            self.wire_bytes += len(reply)
-            codec.decode(reply, tensor)
+            replies, received = self._encode(total)
+            self.wire_bytes += received
+            for f, c in zip(replies, self._chunks(tensor)):
+                codec.decode(f, c)
 
     def quantize(self, tensor):
         if self.policy is None or self.policy.mode == "lossless":
             return tensor
-        return codec.roundtrip(tensor, self.policy, self.block_bytes)[0]
+        return _quantize_chunks(tensor, self.policy, self.chunk_bytes)
+
+
+def _frame_header_bytes(frame):
+    """The frame header's size (docs/FORMAT.md): 24 fixed bytes, whose last 4 are the
+    block count, a 4-byte size per block, and an 8-byte checksum."""
+    blocks = int.from_bytes(frame[20:24], "little")
+    return 24 + 4 * blocks + 8
+
+
+def _join(frames):
+    """Frames as one byte string: their count and sizes (8 bytes each), then the frames."""
+    head = len(frames).to_bytes(8, "little") + b"".join(
+        len(f).to_bytes(8, "little") for f in frames)
+    return head + b"".join(frames)
+
+
+def _split(joined):
+    count = int.from_bytes(joined[:8], "little")
+    sizes = [int.from_bytes(joined[8 + 8 * i:16 + 8 * i], "little") for i in range(count)]
+    frames, at = [], 8 + 8 * count
+    for n in sizes:
+        frames.append(joined[at:at + n])
+        at += n
+    return frames
+
+
+def _quantize_chunks(tensor, policy, chunk_bytes):
+    """What the shards receive of `tensor`: chunk by chunk, each one block, as the Client
+    encodes them."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    out = torch.empty_like(flat)
+    per = max(1, chunk_bytes // flat.element_size())
+    for lo in range(0, flat.numel(), per):
+        codec.roundtrip(flat[lo:lo + per], policy, chunk_bytes, out=out[lo:lo + per])
+    return out.reshape(tensor.shape)
 
 
 class ClientTransport(Transport):
@@ -207,13 +267,7 @@ class ClientTransport(Transport):
             return tensor
         if self.chunk_bytes is None:
             return codec.roundtrip(tensor, self.policy, self.block_bytes)[0]
-        # Chunk by chunk, each one block, as the Client encodes them for the shards.
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        out = torch.empty_like(flat)
-        per = max(1, self.chunk_bytes // flat.element_size())
-        for lo in range(0, flat.numel(), per):
-            codec.roundtrip(flat[lo:lo + per], self.policy, self.chunk_bytes, out=out[lo:lo + per])
-        return out.reshape(tensor.shape)
+        return _quantize_chunks(tensor, self.policy, self.chunk_bytes)
 
     def close(self):
         if self._final_stats is None:

@@ -16,6 +16,7 @@ was pushed stays on the worker and is added to the next step's gradient.
 """
 import concurrent.futures
 import threading
+import weakref
 
 import torch
 
@@ -32,9 +33,13 @@ class PSHookState:
     takes several buckets at once.
     """
 
-    def __init__(self, transport, error_feedback=False, max_inflight=4):
+    def __init__(self, transport, error_feedback=False, max_inflight=4, prefix="ddp"):
+        """`prefix` starts every key this state pushes ("<prefix>/bucket<i>/<elements>"
+        under ps_hook). Each model synced through one transport needs its own: two models
+        whose buckets have the same size would otherwise share keys on the shards."""
         self.transport = transport
         self.error_feedback = error_feedback
+        self.prefix = prefix
         self._steps = {}
         self._residuals = {}
         self._lock = threading.Lock()
@@ -63,6 +68,7 @@ class PSHookState:
 
     def submit(self, key, flat):
         """Schedules sync() on the background thread; returns a torch Future of `flat`."""
+        _claim_key(self.transport, key, self)
         step = self.next_step(key)
         fut = torch.futures.Future()
 
@@ -78,6 +84,43 @@ class PSHookState:
 
     def close(self):
         self._executor.shutdown(wait=True)
+        _release_keys(self.transport, self)
+
+
+# Which PSHookState pushes each key, per transport: a second state pushing the same key
+# (a second model of the same shape) would get the first one's results from the shards.
+_owners_lock = threading.Lock()
+_owners = weakref.WeakKeyDictionary()  # transport -> {key: weakref to its PSHookState}
+
+
+def _claim_key(transport, key, state):
+    with _owners_lock:
+        try:
+            keys = _owners.setdefault(transport, {})
+        except TypeError:  # a transport that cannot be weakly referenced: not checked
+            return
+        ref = keys.get(key)
+        holder = ref() if ref is not None else None
+        if holder is None:
+            keys[key] = weakref.ref(state)
+        elif holder is not state:
+            raise ValueError(
+                "key %r is already pushed through this transport by another PSHookState or "
+                "GradientSync: two models whose buckets have the same size would share it on "
+                "the shards and get each other's gradients; give each model its own prefix, "
+                "e.g. PSHookState(transport, prefix=%r) or GradientSync(model, transport, "
+                "prefix=%r)" % (key, state.prefix + "2", state.prefix + "2"))
+
+
+def _release_keys(transport, state):
+    with _owners_lock:
+        try:
+            keys = _owners.get(transport)
+        except TypeError:
+            return
+        for key, ref in list((keys or {}).items()):
+            if ref() is state:
+                del keys[key]
 
 
 def ps_hook(state, bucket):
@@ -88,7 +131,7 @@ def ps_hook(state, bucket):
     """
     buf = bucket.buffer()
     check_tensor(buf, "ps_hook", state.transport)
-    key = "ddp/bucket%d/%d" % (bucket.index(), buf.numel())
+    key = "%s/bucket%d/%d" % (state.prefix, bucket.index(), buf.numel())
     # torch 1.13's Future.set_exception stores the exception as the future's value, which
     # DDP's C++ side then fails to read as a Tensor ("Unable to cast ... to Tensor"). A
     # callback that raises marks the chained future failed in C++ itself, so DDP's backward
@@ -102,6 +145,9 @@ def _value_or_raise(fut):
 
 def check_tensor(t, who, transport):
     """TypeError naming what is wrong with a gradient `transport` cannot take."""
+    if t.layout != torch.strided:
+        raise TypeError("%s: %s gradients are not supported (dense tensors only: e.g. "
+                        "nn.Embedding(..., sparse=False))" % (who, t.layout))
     if t.device.type == "cuda":
         why = transport.cuda_unsupported()
         if why:
@@ -116,44 +162,97 @@ def check_tensor(t, who, transport):
 
 class GradientSync:
     """For training loops without DDP: push-pull of all gradients, in buckets of about
-    `bucket_bytes`, each bucket one key. Call sync() after backward()."""
+    `bucket_bytes`, each bucket one key ("<prefix>/<i>/<elements>"). Call sync() after
+    backward().
+
+    The parameters synced are those with requires_grad at each sync(): freezing or
+    unfreezing a layer changes the buckets on every worker alike (every worker must do it
+    at the same step). As with DDP, every synced parameter needs a gradient on every worker
+    unless `find_unused_parameters=True`: then each sync() also push-pulls one flag per
+    parameter, a parameter that no worker gave a gradient keeps `grad` None, and one that
+    only some workers did gets the mean, counting the others as zeros."""
 
     def __init__(self, model, transport, error_feedback=False, bucket_bytes=25 << 20,
-                 prefix="grads"):
-        self.state = PSHookState(transport, error_feedback)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        for p in self.params:
-            check_tensor(p, "GradientSync", transport)
+                 prefix="grads", find_unused_parameters=False):
+        self.state = PSHookState(transport, error_feedback, prefix=prefix)
+        self.model = model
+        self.bucket_bytes = bucket_bytes
+        self.prefix = prefix
+        self.find_unused_parameters = find_unused_parameters
+        self._names = {id(p): name for name, p in _named_parameters(model)}
+        self.params = []
+        self.buckets = []
+        self._rebuild()
+
+    def _rebuild(self):
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if [id(p) for p in params] == [id(p) for p in self.params] and self.buckets:
+            return
+        for p in params:
+            check_tensor(p, "GradientSync", self.state.transport)
         # A bucket holds parameters of one dtype (each key is declared with its dtype);
         # buckets of a dtype follow the order of the model's parameters.
-        self.buckets = []
+        buckets = []
         open_buckets = {}  # dtype -> [params, bytes]
-        for p in self.params:
+        for p in params:
             current = open_buckets.setdefault(p.dtype, [[], 0])
             current[0].append(p)
             current[1] += p.numel() * p.element_size()
-            if current[1] >= bucket_bytes:
-                self.buckets.append(current[0])
+            if current[1] >= self.bucket_bytes:
+                buckets.append(current[0])
                 del open_buckets[p.dtype]
-        self.buckets.extend(params for params, _ in open_buckets.values())
-        self.prefix = prefix
+        buckets.extend(ps for ps, _ in open_buckets.values())
+        self.params, self.buckets = params, buckets
+
+    def _name(self, p):
+        return self._names.get(id(p), "of shape %s" % (tuple(p.shape),))
 
     def sync(self):
+        self._rebuild()
+        missing = [p for p in self.params if p.grad is None]
+        if missing and not self.find_unused_parameters:
+            raise ValueError(
+                "GradientSync.sync(): %d of the %d parameters that require grad have no "
+                "gradient on this worker (the first: %s); call sync() after "
+                "loss.backward(), or pass find_unused_parameters=True when some parameters "
+                "get no gradient in some steps" % (len(missing), len(self.params),
+                                                   self._name(missing[0])))
+        for p in self.params:
+            if p.grad is not None:
+                check_tensor(p.grad, "GradientSync", self.state.transport)
         futures = []
         for i, params in enumerate(self.buckets):
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             flat = torch.cat([g.reshape(-1) for g in grads])
             key = "%s/%d/%d" % (self.prefix, i, flat.numel())
             futures.append((params, flat, self.state.submit(key, flat)))
+        used = None
+        if self.find_unused_parameters:
+            # 1 where this worker has a gradient; the mean is > 0 where any worker has one
+            # (>= 1/W, far above the codec's floor, and zeros stay zero).
+            flags = torch.tensor([0.0 if p.grad is None else 1.0 for p in self.params])
+            key = "%s/used/%d" % (self.prefix, flags.numel())
+            used_fut = self.state.submit(key, flags)
         for params, flat, fut in futures:
             fut.wait()
+        if self.find_unused_parameters:
+            used = {id(p): bool(u > 0) for p, u in zip(self.params, used_fut.wait())}
+        for params, flat, fut in futures:
             offset = 0
             for p in params:
                 n = p.numel()
                 if p.grad is None:
+                    if used is not None and not used[id(p)]:
+                        offset += n
+                        continue  # no worker had a gradient: left as DDP leaves it
                     p.grad = torch.zeros_like(p)
                 p.grad.copy_(flat[offset:offset + n].view_as(p))
                 offset += n
 
     def close(self):
         self.state.close()
+
+
+def _named_parameters(model):
+    named = getattr(model, "named_parameters", None)
+    return list(named()) if callable(named) else []

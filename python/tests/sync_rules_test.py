@@ -1,0 +1,167 @@
+"""Rules of gcomp.torch's key naming and GradientSync, with an in-process transport that
+plays the other workers (no shards): a second model on the same keys is refused, gradients
+that are None follow DDP's rules, the synced set follows requires_grad, sparse gradients
+are refused; and GlooTransport (a one-rank gloo group) cuts chunks as the Client does."""
+import os
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from gcomp import codec, comm  # noqa: E402
+from gcomp import torch as gtorch  # noqa: E402
+
+
+class TwoWorkers(comm.Transport):
+    """The mean with one more worker whose gradient is `other(key)` (zeros by default,
+    and a 1 flag for every parameter under "used" keys when `other_used` is set)."""
+
+    def __init__(self, other_used=None):
+        super().__init__()
+        self.keys = []
+        self.other_used = other_used
+
+    def push_pull(self, key, step, tensor):
+        self.keys.append((key, step))
+        other = torch.zeros_like(tensor)
+        if "/used/" in key and self.other_used is not None:
+            other = torch.tensor(self.other_used, dtype=tensor.dtype)
+        tensor.copy_((tensor + other) / 2)
+
+
+def test_two_states_on_one_key_are_refused():
+    transport = TwoWorkers()
+    a = gtorch.PSHookState(transport)
+    b = gtorch.PSHookState(transport)
+    a.submit("ddp/bucket0/4", torch.ones(4)).wait()
+    with pytest.raises(ValueError, match=r"already pushed .* own prefix, e.g. "
+                                         r"PSHookState\(transport, prefix='ddp2'\)"):
+        b.submit("ddp/bucket0/4", torch.ones(4))
+    # Another prefix is another key; the same state may push its key again.
+    c = gtorch.PSHookState(transport, prefix="critic")
+    c.submit("critic/bucket0/4", torch.ones(4)).wait()
+    a.submit("ddp/bucket0/4", torch.ones(4)).wait()
+    # A closed state gives its keys up.
+    a.close()
+    b.submit("ddp/bucket0/4", torch.ones(4)).wait()
+    for s in (b, c):
+        s.close()
+
+
+def test_two_gradient_syncs_of_one_shape_are_refused():
+    transport = TwoWorkers()
+    m1, m2 = nn.Linear(3, 2), nn.Linear(3, 2)
+    s1 = gtorch.GradientSync(m1, transport)
+    s2 = gtorch.GradientSync(m2, transport)
+    for m in (m1, m2):
+        m(torch.ones(1, 3)).sum().backward()
+    s1.sync()
+    with pytest.raises(ValueError, match="already pushed"):
+        s2.sync()
+    s3 = gtorch.GradientSync(m2, transport, prefix="m2")
+    s3.sync()
+    for s in (s1, s2, s3):
+        s.close()
+
+
+def test_missing_gradients_are_an_error_unless_allowed():
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2))
+    sync = gtorch.GradientSync(model, TwoWorkers())
+    model[0](torch.ones(1, 3)).sum().backward()  # model[1] gets no gradient
+    with pytest.raises(ValueError, match=r"2 of the 4 parameters .* \(the first: 1.weight\).*"
+                                         r"find_unused_parameters=True"):
+        sync.sync()
+    sync.close()
+
+
+def test_unused_parameters_follow_ddp():
+    # Parameter order: a.weight, a.bias, b.weight, b.bias. This worker trains only `a`; the
+    # other worker trains `a` and b.weight.
+    model = nn.ModuleDict({"a": nn.Linear(3, 2), "b": nn.Linear(2, 2)})
+    transport = TwoWorkers(other_used=[1, 1, 1, 0])
+    sync = gtorch.GradientSync(model, transport, find_unused_parameters=True)
+    model["a"](torch.ones(1, 3)).sum().backward()
+    mine = model["a"].weight.grad.clone()
+    sync.sync()
+    assert torch.equal(model["a"].weight.grad, mine / 2)
+    # Used by the other worker only: the mean, this worker counted as zeros.
+    assert model["b"].weight.grad is not None
+    assert torch.count_nonzero(model["b"].weight.grad) == 0
+    # Used by no worker: left None, so the optimizer leaves it alone.
+    assert model["b"].bias.grad is None
+    assert [k for k, _ in transport.keys] == ["grads/0/14", "grads/used/4"]
+    sync.close()
+
+
+def test_the_synced_parameters_follow_requires_grad():
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2))
+    model[1].requires_grad_(False)
+    transport = TwoWorkers()
+    sync = gtorch.GradientSync(model, transport)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(torch.ones(1, 3)).sum().backward()
+        sync.sync()
+
+    step()
+    assert model[1].weight.grad is None
+    # Unfrozen: synced from now on (a bucket of another size, a new key from step 0).
+    model[1].requires_grad_(True)
+    step()
+    assert model[1].weight.grad is not None
+    # Frozen again: no longer synced, its gradient left as backward left it (None).
+    model[0].requires_grad_(False)
+    step()
+    assert model[0].weight.grad is None
+    assert transport.keys == [("grads/0/8", 0), ("grads/0/14", 0), ("grads/0/6", 0)]
+    sync.close()
+
+
+def test_sparse_gradients_are_refused_by_name():
+    emb = nn.Embedding(10, 4, sparse=True)
+    sync = gtorch.GradientSync(emb, TwoWorkers())
+    emb(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(TypeError, match=r"torch.sparse_coo gradients are not supported .*"
+                                        r"sparse=False"):
+        sync.sync()
+    sync.close()
+
+
+def test_near_lossless_is_read_as_the_config_parser_reads_it():
+    assert comm.policy_for("near_lossless").mode == "near-lossless"
+    with pytest.raises(ValueError, match="mode must be one of"):
+        comm.policy_for("fast")
+
+
+def test_gloo_transport_cuts_chunks_as_the_client_does():
+    try:
+        codec.extension()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip("the _gcomp extension is not built: %s" % e)
+    import torch.distributed as dist
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method="file://" + os.path.join(tmp, "pg"),
+                                rank=0, world_size=1)
+        try:
+            transport = comm.GlooTransport("near-lossless", chunk_bytes=4096)
+            x = torch.randn(5000, generator=torch.Generator().manual_seed(3))
+            got = x.clone()
+            transport.push_pull("k", 0, got)
+            # One worker: the chunks' round trip up, then the mean's round trip down.
+            policy = comm.policy_for("near-lossless")
+            up = comm._quantize_chunks(x, policy, 4096)
+            assert torch.equal(got, comm._quantize_chunks(up, policy, 4096))
+            # Bytes: each chunk's block (no frame headers), both ways.
+            blocks = 0
+            for y in (x, up):
+                for lo in range(0, 5000, 1024):
+                    frame = codec.encode(y[lo:lo + 1024], policy, 4096)
+                    assert codec.extension().inspect_frame(frame)["blocks"] == 1
+                    blocks += len(frame) - (24 + 4 + 8)
+            assert transport.wire_bytes == blocks
+            assert transport.raw_bytes == 2 * 4 * 5000
+        finally:
+            dist.destroy_process_group()
