@@ -158,9 +158,10 @@ class WorkerClient:
     with the cluster config it was made from, as `config` (read_config's dict), so that
     what follows the config (ClientTransport's error feedback) needs no second copy."""
 
-    def __init__(self, client, config):
+    def __init__(self, client, config, worker=None):
         self._client = client
         self.config = config
+        self.worker = worker
 
     def __getattr__(self, name):
         return getattr(self._client, name)
@@ -180,4 +181,4 @@ def connect(config_path, worker, metrics_address=""):
                          % (worker,))
     config = read_config(config_path)
     return WorkerClient(extension().Client(config_path, index, metrics_address=metrics_address),
-                        config)
+                        config, index)

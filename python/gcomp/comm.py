@@ -57,6 +57,11 @@ class Transport:
         """What the shards receive when this worker pushes `tensor` (for error feedback)."""
         return tensor
 
+    def key_space(self):
+        """Transports with equal key spaces push the same key to the same place: a key may
+        have one pusher (gcomp.torch refuses a second) in each."""
+        return ("transport", id(self))
+
     def close(self):
         pass
 
@@ -221,6 +226,15 @@ class ClientTransport(Transport):
     def wire_bytes(self):
         st = self._stats()
         return st["wire_bytes_sent"] + st["wire_bytes_received"]
+
+    def key_space(self):
+        # One worker's keys on one job's shards, whichever Client object pushes them (a
+        # second Client of the same worker is a duplicate push to the shards).
+        config = getattr(self.client, "config", None)
+        worker = getattr(self.client, "worker", None)
+        if config is None or worker is None:
+            return ("client", id(self.client))
+        return ("job", config["job"], tuple(config["shards"]), worker)
 
     def cuda_unsupported(self):
         from gcomp import extension

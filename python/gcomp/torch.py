@@ -87,40 +87,43 @@ class PSHookState:
         _release_keys(self.transport, self)
 
 
-# Which PSHookState pushes each key, per transport: a second state pushing the same key
-# (a second model of the same shape) would get the first one's results from the shards.
+# Which PSHookState pushes each key, per key space (Transport.key_space): a second state
+# pushing the same key (a second model of the same shape) would get the first one's
+# results from the shards.
 _owners_lock = threading.Lock()
-_owners = weakref.WeakKeyDictionary()  # transport -> {key: weakref to its PSHookState}
+_owners = {}  # key space -> {key: weakref to its PSHookState}
+
+
+def _key_space(transport):
+    space = getattr(transport, "key_space", None)
+    return space() if callable(space) else ("transport", id(transport))
 
 
 def _claim_key(transport, key, state):
     with _owners_lock:
-        try:
-            keys = _owners.setdefault(transport, {})
-        except TypeError:  # a transport that cannot be weakly referenced: not checked
-            return
+        keys = _owners.setdefault(_key_space(transport), {})
         ref = keys.get(key)
         holder = ref() if ref is not None else None
         if holder is None:
             keys[key] = weakref.ref(state)
         elif holder is not state:
             raise ValueError(
-                "key %r is already pushed through this transport by another PSHookState or "
-                "GradientSync: two models whose buckets have the same size would share it on "
-                "the shards and get each other's gradients; give each model its own prefix, "
+                "key %r is already pushed by another PSHookState or GradientSync of this "
+                "worker: two models whose buckets have the same size would share it on the "
+                "shards and get each other's gradients; give each model its own prefix, "
                 "e.g. PSHookState(transport, prefix=%r) or GradientSync(model, transport, "
                 "prefix=%r)" % (key, state.prefix + "2", state.prefix + "2"))
 
 
 def _release_keys(transport, state):
     with _owners_lock:
-        try:
-            keys = _owners.get(transport)
-        except TypeError:
-            return
-        for key, ref in list((keys or {}).items()):
-            if ref() is state:
+        space = _key_space(transport)
+        keys = _owners.get(space, {})
+        for key, ref in list(keys.items()):
+            if ref() is None or ref() is state:
                 del keys[key]
+        if not keys:
+            _owners.pop(space, None)
 
 
 def ps_hook(state, bucket):

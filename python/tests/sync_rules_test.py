@@ -50,6 +50,37 @@ def test_two_states_on_one_key_are_refused():
         s.close()
 
 
+class FakeClient:
+    """A worker Client's surface as ClientTransport uses it, moving nothing."""
+
+    def __init__(self, worker, job="j"):
+        self.worker = worker
+        self.config = {"job": job, "shards": ["a:1", "b:2"], "chunk_bytes": 4096,
+                       "uplink": {"mode": "none", "rel_bits": 7, "abs_log2": -16}}
+
+    def declare(self, key, n, dtype):
+        pass
+
+    def push_pull(self, key, step, buf):
+        pass
+
+
+def test_two_clients_of_one_worker_share_its_keys():
+    # Two Client objects of worker 0 of one job push to the same shard state.
+    a = gtorch.PSHookState(comm.ClientTransport(FakeClient(0)))
+    b = gtorch.PSHookState(comm.ClientTransport(FakeClient(0)))
+    a.submit("ddp/bucket0/4", torch.ones(4)).wait()
+    with pytest.raises(ValueError, match="already pushed"):
+        b.submit("ddp/bucket0/4", torch.ones(4))
+    # Another worker, or another job, is another key space.
+    for other in (FakeClient(1), FakeClient(0, job="k")):
+        c = gtorch.PSHookState(comm.ClientTransport(other))
+        c.submit("ddp/bucket0/4", torch.ones(4)).wait()
+        c.close()
+    for s in (a, b):
+        s.close()
+
+
 def test_two_gradient_syncs_of_one_shape_are_refused():
     transport = TwoWorkers()
     m1, m2 = nn.Linear(3, 2), nn.Linear(3, 2)
