@@ -104,6 +104,16 @@ class PyClient {
     ThrowIfError(s);
   }
 
+  int64_t ResumeStep(const std::string& key) {
+    absl::StatusOr<int64_t> step;
+    {
+      py::gil_scoped_release release;
+      step = Get()->ResumeStep(key);
+    }
+    ThrowIfError(step.status());
+    return *step;
+  }
+
   py::dict Stats() const {
     worker::ClientStats st = Get()->stats();
     py::dict d;
@@ -196,6 +206,10 @@ void BindClient(py::module_& m) {
            py::arg("input_ptr"), py::arg("output_ptr"), py::arg("bytes"),
            "push_pull of CUDA memory (addresses as torch's data_ptr()), with the GPU codec.")
       .def("pull", &PyClient::Pull, py::arg("key"), py::arg("out"))
+      .def("resume_step", &PyClient::ResumeStep, py::arg("key"),
+           "The step to push next for the declared `key`: 0 for a fresh tensor, s + 1 once "
+           "its chunks have completed step s (shards that ran before, or restored a "
+           "checkpoint).")
       .def("stats", &PyClient::Stats)
       .def("close", &PyClient::Close);
 }

@@ -57,6 +57,11 @@ class Transport:
         """What the shards receive when this worker pushes `tensor` (for error feedback)."""
         return tensor
 
+    def first_step(self, key, tensor):
+        """The step a key's first push_pull in this process uses: 0 unless the transport
+        keeps state between runs."""
+        return 0
+
     def key_space(self):
         """Transports with equal key spaces push the same key to the same place: a key may
         have one pusher (gcomp.torch refuses a second) in each."""
@@ -267,6 +272,17 @@ class ClientTransport(Transport):
         with torch.cuda.device(tensor.device):
             self.client.push_pull_device(key, step, tensor.data_ptr(), tensor.data_ptr(),
                                          tensor.numel() * tensor.element_size())
+
+    def first_step(self, key, tensor):
+        """Declares `key` and returns the step its shards expect next: 0 for a fresh tensor,
+        s + 1 where the shards completed step s before this process (a restarted worker or
+        job on shards that kept running, or restored a checkpoint), so it goes on from
+        there instead of being refused as stale."""
+        dtype = codec.TORCH_DTYPES.get(tensor.dtype)
+        if dtype is None:
+            raise TypeError("key %r: unsupported tensor dtype %s" % (key, tensor.dtype))
+        self._declare(key, tensor.numel(), dtype)
+        return int(self.client.resume_step(key))
 
     def _declare(self, key, n, dtype):
         if key not in self._declared:

@@ -47,9 +47,16 @@ class PSHookState:
         self._executor = concurrent.futures.ThreadPoolExecutor(threads,
                                                                thread_name_prefix="gcomp-ps")
 
-    def next_step(self, key):
+    def next_step(self, key, flat=None):
+        """The step of this push of `key`: counted from the transport's first_step (where the
+        shards are, for a worker or job that restarts on running shards)."""
         with self._lock:
-            step = self._steps.get(key, 0)
+            step = self._steps.get(key)
+        if step is None:
+            first = getattr(self.transport, "first_step", None)
+            step = int(first(key, flat)) if callable(first) and flat is not None else 0
+        with self._lock:
+            step = self._steps.get(key, step)
             self._steps[key] = step + 1
             return step
 
@@ -69,7 +76,7 @@ class PSHookState:
     def submit(self, key, flat):
         """Schedules sync() on the background thread; returns a torch Future of `flat`."""
         _claim_key(self.transport, key, self)
-        step = self.next_step(key)
+        step = self.next_step(key, flat)
         fut = torch.futures.Future()
 
         def run():

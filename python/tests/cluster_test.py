@@ -190,3 +190,32 @@ def test_client_transport_error_feedback_follows_the_cluster_config(tmp_path):
         transport.push_pull("g", 0, got)
         assert torch.equal(got, pushed)
         transport.close()
+
+
+def test_a_restarted_worker_goes_on_from_the_shards_step(tmp_path):
+    """The hook's first push of a key asks the shards where it is: a worker (or whole job)
+    that restarts on shards that kept running goes on from there instead of being refused
+    as stale, and gets the right results."""
+    needs_server()
+    needs_client()
+    torch = pytest.importorskip("torch")
+    from gcomp import comm
+    from gcomp import torch as gtorch
+    with cluster.LocalCluster(shards=2, workers=1, mode="lossless",
+                              workdir=str(tmp_path), chunk_bytes=4096) as c:
+        x = torch.arange(3000, dtype=torch.float32)  # 3 chunks
+        for run, steps in ((0, 3), (1, 2)):
+            transport = comm.ClientTransport(cluster.connect(c.config_path, 0))
+            state = gtorch.PSHookState(transport)
+            for _ in range(steps):
+                flat = x.clone()
+                state.submit("ddp/bucket0/3000", flat).wait()
+                assert torch.equal(flat, x)  # one worker, lossless: its own gradient
+            assert state._steps == {"ddp/bucket0/3000": 3 if run == 0 else 5}
+            state.close()
+            transport.close()
+        # A fresh key starts at 0.
+        transport = comm.ClientTransport(cluster.connect(c.config_path, 0))
+        assert transport.first_step("other", x) == 0
+        assert transport.first_step("ddp/bucket0/3000", x) == 5
+        transport.close()
