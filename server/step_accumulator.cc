@@ -267,8 +267,10 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
     if (now >= step_deadline_) {
       FailLocked(absl::DeadlineExceededError(absl::StrCat(
           "step ", step, " of ", options_.label, " timed out after ",
-          absl::ToInt64Milliseconds(options_.step_timeout), " ms; missing workers: ",
-          MissingLocked())));
+          absl::ToInt64Milliseconds(options_.step_timeout),
+          " ms; missing workers: ", MissingLocked(),
+          " (every worker must push every key each step: check that they run, and that "
+          "they train the same model, since one of another shape pushes other keys)")));
       return last_failure_;
     }
     if (now >= deadline) {

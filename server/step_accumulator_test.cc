@@ -203,7 +203,8 @@ TEST(StepAccumulator, TimeoutNamesMissingWorkersForEveryWaiter) {
   t1.join();
   for (const absl::Status& s : {s0, s1}) {
     EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
-    EXPECT_THAT(std::string(s.message()), HasSubstr("missing workers: worker-2"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("missing workers: worker-2 (every worker"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("one of another shape pushes other keys"));
   }
   EXPECT_EQ(acc->steps_failed(), 1u);
   // The step can be pushed again afterwards.
