@@ -54,11 +54,14 @@ def _free_ports(n):
 
 
 def cluster_config(shard_addresses, workers, mode, rel_bits=7, abs_log2=-16,
-                   job="train", chunk_bytes=1 << 20, step_timeout_ms=120_000):
+                   job="train", chunk_bytes=1 << 20, step_timeout_ms=120_000, **fields):
     """The cluster config (a dict, written as JSON) for one training job. The shards return
-    the mean gradient (optimizer "none"); the optimizer runs on the workers."""
+    the mean gradient (optimizer "none"); the optimizer runs on the workers. `fields` are
+    further config fields (docs/SERVICE.md), each replacing the default: e.g.
+    downlink={"mode": "none"}, limits={"max_tensors": 100}, max_inflight_chunks=8; the shards
+    check them at start."""
     direction = {"mode": mode, "rel_bits": rel_bits, "abs_log2": abs_log2}
-    return {
+    config = {
         "job": job,
         "workers": workers,
         "shards": list(shard_addresses),
@@ -70,10 +73,16 @@ def cluster_config(shard_addresses, workers, mode, rel_bits=7, abs_log2=-16,
         "step_timeout_ms": step_timeout_ms,
         "rpc_timeout_ms": step_timeout_ms + 30_000,
     }
+    config.update(fields)
+    return config
 
 
 class LocalCluster:
-    """Starts S gcomp_server processes on free loopback ports and stops them (SIGTERM)."""
+    """Starts S gcomp_server processes on free loopback ports and stops them (SIGTERM).
+
+    `config` takes cluster_config's keywords: job ("train"), chunk_bytes (1 MiB),
+    step_timeout_ms (120000: how long a step waits for a missing worker) and any further
+    config field."""
 
     def __init__(self, shards, workers, mode, rel_bits=7, abs_log2=-16, workdir=None,
                  start_timeout_s=30.0, **config):

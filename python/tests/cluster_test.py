@@ -219,3 +219,18 @@ def test_a_restarted_worker_goes_on_from_the_shards_step(tmp_path):
         assert transport.first_step("other", x) == 0
         assert transport.first_step("ddp/bucket0/3000", x) == 5
         transport.close()
+
+
+def test_local_cluster_takes_further_config_fields(tmp_path):
+    needs_server()
+    c = cluster.LocalCluster(shards=1, workers=1, mode="lossless", workdir=str(tmp_path),
+                             downlink={"mode": "none"}, max_inflight_chunks=3)
+    with c:
+        config = cluster.read_config(c.config_path)
+        assert config["downlink"]["mode"] == "none"
+        assert config["uplink"]["mode"] == "lossless"
+        assert config["max_inflight_chunks"] == 3
+    bad = cluster.LocalCluster(shards=1, workers=1, mode="lossless", workdir=str(tmp_path),
+                               max_inflight_chunks=0)
+    with pytest.raises(RuntimeError, match="max_inflight_chunks"):
+        bad.start()
