@@ -13,8 +13,7 @@ absl::StatusOr<CallLimiter::Slot> CallLimiter::Acquire(const std::string& client
   uint32_t& n = in_flight_[client];
   if (n >= max_calls_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "client ", client, " already has ", n,
-        " calls in flight on this shard (limits.max_calls_per_client = ", max_calls_, ")"));
+        "client ", client, " already has ", n, " calls in flight on this shard (", limit_, ")"));
   }
   ++n;
   return Slot(this, client);

@@ -1,7 +1,8 @@
 // Bounds the calls one client has in flight on a shard (config
 // limits.max_calls_per_client), so that one client cannot hold every server thread with
 // pushes that wait for a step. A client is a connection as gRPC names its peer
-// ("ipv4:10.0.0.7:51234"). Thread-safe.
+// ("ipv4:10.0.0.7:51234"), or any other name the caller picks (the shard also bounds the
+// pushes of each worker id, whatever connections they come on). Thread-safe.
 //
 //   absl::StatusOr<CallLimiter::Slot> slot = limiter.Acquire(context->peer());
 //   if (!slot.ok()) return ToGrpc(slot.status());   // ResourceExhausted
@@ -38,11 +39,17 @@ class CallLimiter {
     std::string client_;
   };
 
-  explicit CallLimiter(uint32_t max_calls_per_client) : max_calls_(max_calls_per_client) {}
+  // `limit` names the bound in refusals, e.g. "limits.max_calls_per_client = 1024".
+  CallLimiter(uint32_t max_calls, std::string limit)
+      : max_calls_(max_calls), limit_(std::move(limit)) {}
+  explicit CallLimiter(uint32_t max_calls_per_client)
+      : CallLimiter(max_calls_per_client,
+                    "limits.max_calls_per_client = " + std::to_string(max_calls_per_client)) {}
   CallLimiter(const CallLimiter&) = delete;
   CallLimiter& operator=(const CallLimiter&) = delete;
 
-  // ResourceExhausted naming limits.max_calls_per_client when `client` is at the limit.
+  // ResourceExhausted naming the limit when `client` is at it ("... calls in flight on this
+  // shard (limit)": clients retry such refusals after a backoff, see IsBusyRefusal).
   absl::StatusOr<Slot> Acquire(const std::string& client);
 
   // Calls `client` has in flight (0 for an unknown client).
@@ -54,6 +61,7 @@ class CallLimiter {
   void Release(const std::string& client);
 
   const uint32_t max_calls_;  // constant after construction
+  const std::string limit_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);
 };

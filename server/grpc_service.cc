@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,6 +93,14 @@ grpc::Status AggregationGrpcService::PushPull(grpc::ServerContext* context,
   if (grpc::Status s = Authorize(token_, context, "Aggregation.PushPull"); !s.ok()) return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());
+  // Ids out of range are refused by the shard before any wait.
+  std::optional<CallLimiter::Slot> worker_slot;
+  const uint32_t worker = request->header().address().worker();
+  if (worker < shard_->config().workers()) {
+    absl::StatusOr<CallLimiter::Slot> s = worker_limiter_.Acquire(absl::StrCat("worker ", worker));
+    if (!s.ok()) return ToGrpc(s.status());
+    worker_slot.emplace(*std::move(s));
+  }
   std::shared_ptr<const proto::CompressedBlock> reply;
   absl::Status s = shard_->PushPull(request->header(), request->data(), DeadlineOf(context), &reply);
   if (!s.ok()) return ToGrpc(s);
@@ -373,6 +382,13 @@ TransportLimits TransportLimitsFor(const proto::ClusterConfig& config) {
           : std::max<uint64_t>(4096,
                                4 * uint64_t{config.workers()} * config.channels_per_shard() + 256);
   return l;
+}
+
+uint32_t WorkerShareOfThreads(const proto::ClusterConfig& config) {
+  const uint64_t threads = static_cast<uint64_t>(TransportLimitsFor(config).max_threads);
+  const uint64_t share = (threads - 64) / std::max<uint32_t>(1, config.workers());
+  return static_cast<uint32_t>(std::clamp<uint64_t>(
+      share, 2 * uint64_t{std::max<uint32_t>(1, config.max_inflight_chunks())}, UINT32_MAX));
 }
 
 void ApplyTransportLimits(const proto::ClusterConfig& config, grpc::ServerBuilder* builder) {

@@ -21,6 +21,11 @@
 
 namespace gcomp::server {
 
+// The PushPull calls one worker id may have in flight on a shard: an even share of the
+// request threads (TransportLimitsFor's max_threads) less 64 kept for other calls, at
+// least twice max_inflight_chunks.
+uint32_t WorkerShareOfThreads(const proto::ClusterConfig& config);
+
 // Aggregation, registered by hand rather than through the generated Aggregation::Service:
 // PushPull takes and answers cluster::WireMessage (the same bytes on the wire), so a
 // pushed payload is decoded from the slices it arrived in and the step's result is sent
@@ -33,7 +38,10 @@ class AggregationGrpcService final : public grpc::Service {
                                   std::shared_ptr<cluster::JobToken> token = nullptr)
       : shard_(shard),
         token_(std::move(token)),
-        limiter_(shard->config().limits().max_calls_per_client()) {
+        limiter_(shard->config().limits().max_calls_per_client()),
+        worker_limiter_(WorkerShareOfThreads(shard->config()),
+                        "each worker's share of the shard's request threads, " +
+                            std::to_string(WorkerShareOfThreads(shard->config()))) {
     RegisterMethods();
   }
 
@@ -52,6 +60,10 @@ class AggregationGrpcService final : public grpc::Service {
   ShardService* shard_;
   const std::shared_ptr<cluster::JobToken> token_;  // null: calls are not checked
   CallLimiter limiter_;  // every call but Stats holds a slot while it runs
+  // PushPull calls per worker id, whatever connections they come on: a push waits for
+  // its step on a request thread, and one client claiming a worker id must not take the
+  // threads the other workers' pushes need.
+  CallLimiter worker_limiter_;
 
   void RegisterMethods();
   template <typename Request, typename Response>

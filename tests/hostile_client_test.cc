@@ -409,6 +409,59 @@ TEST_F(HostileClientTest, WaitingCallsAreBoundedByTheThreadQuota) {
   ExpectStepWorks("w2", 0, 8);
 }
 
+// One client claiming one worker id on many connections: the calls past that worker's
+// share of the request threads are refused at once, so the other worker's pushes and the
+// shard's other calls still get threads.
+TEST_F(HostileClientTest, OneWorkerIdCannotTakeTheOtherWorkersThreads) {
+  ASSERT_TRUE(Declare("t", 4).ok());
+  ASSERT_TRUE(Declare("w2", 4).ok());
+  const proto::CompressedBlock block = Block("t", 0, 0, 0, {1, 1, 1, 1});
+  constexpr int kConnections = 50, kCalls = 6;  // 300 calls: more than the 256 threads
+  std::vector<std::unique_ptr<proto::Aggregation::Stub>> stubs;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<proto::CompressedBlock> outs(kConnections * kCalls);
+  std::vector<grpc::Status> statuses(kConnections * kCalls);
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<proto::CompressedBlock>>> calls;
+  for (int c = 0; c < kConnections; ++c) {
+    stubs.push_back(NewStub());
+    for (int i = 0; i < kCalls; ++i) {
+      const size_t k = contexts.size();
+      contexts.push_back(Context(6));
+      calls.push_back(stubs.back()->AsyncPushPull(contexts[k].get(), block, &cq));
+      calls.back()->Finish(&outs[k], &statuses[k], reinterpret_cast<void*>(k));
+    }
+  }
+  absl::SleepFor(absl::Seconds(2));
+  // Worker 1's push is taken and waits for worker 0 (its deadline ends the wait).
+  proto::CompressedBlock out;
+  auto other = NewStub();
+  const grpc::Status w1 =
+      other->PushPull(Context(2).get(), Block("w2", 0, 0, 1, {3, 3, 3, 3}), &out);
+  EXPECT_EQ(w1.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << w1.error_message();
+  proto::StatsResponse stats;
+  const grpc::Status st = other->Stats(Context(5).get(), proto::StatsRequest(), &stats);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  int refused = 0, waited = 0;
+  for (size_t done = 0; done < calls.size(); ++done) {
+    void* tag;
+    bool ok;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    const grpc::Status& s = statuses[reinterpret_cast<size_t>(tag)];
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++refused;
+      EXPECT_THAT(s.error_message(), HasSubstr("client worker 0 already has 96 calls in flight"));
+      EXPECT_THAT(s.error_message(),
+                  HasSubstr("each worker's share of the shard's request threads"));
+    }
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) ++waited;
+  }
+  // (256 threads - 64) / 2 workers = 96 waiting calls for worker 0; the rest refused.
+  EXPECT_EQ(waited, 96);
+  EXPECT_EQ(refused, kConnections * kCalls - 96);
+  ExpectStepWorks("w2", 0, 4);
+}
+
 TEST_F(HostileClientTest, OversizedMessagesAndGarbageAreRefused) {
   ASSERT_TRUE(Declare("w", 1000).ok());
   std::vector<float> v(1000, 1.0f);

@@ -36,16 +36,19 @@ struct Cluster {
 };
 
 std::unique_ptr<Cluster> StartCluster(int shards, int workers, const std::string& mode,
-                                      uint64_t chunk_bytes = 16384,
-                                      uint32_t step_timeout_ms = 5000) {
+                                      uint64_t chunk_bytes = 16384, uint32_t step_timeout_ms = 5000,
+                                      const std::vector<std::string>& more_fields = {}) {
   std::string placeholders;
   for (int k = 0; k < shards; ++k) placeholders += absl::StrCat(k ? "," : "", "127.0.0.1:", k + 1);
-  absl::StatusOr<proto::ClusterConfig> config = cluster::ParseClusterConfig(
-      "job: test\n", {absl::StrCat("workers=", workers), "shards=" + placeholders,
-                      "uplink.mode=" + mode, "downlink.mode=" + mode,
-                      absl::StrCat("chunk_bytes=", chunk_bytes),
-                      absl::StrCat("step_timeout_ms=", step_timeout_ms),
-                      absl::StrCat("rpc_timeout_ms=", step_timeout_ms * 2)});
+  std::vector<std::string> fields = {absl::StrCat("workers=", workers),
+                                     "shards=" + placeholders,
+                                     "uplink.mode=" + mode,
+                                     "downlink.mode=" + mode,
+                                     absl::StrCat("chunk_bytes=", chunk_bytes),
+                                     absl::StrCat("step_timeout_ms=", step_timeout_ms),
+                                     absl::StrCat("rpc_timeout_ms=", step_timeout_ms * 2)};
+  fields.insert(fields.end(), more_fields.begin(), more_fields.end());
+  absl::StatusOr<proto::ClusterConfig> config = cluster::ParseClusterConfig("job: test\n", fields);
   EXPECT_TRUE(config.ok()) << config.status();
   if (testing::TlsFromEnvironment()) testing::UseTestTls(&*config, "server");
   auto c = std::make_unique<Cluster>();
@@ -162,6 +165,25 @@ TEST(Aggregation, MatchesReferenceAcrossWorkersShardsAndSizes) {
       }
     }
   }
+}
+
+// A shard refusing calls because one connection has too many in flight is busy, not
+// broken: the Client backs off and retries, and the step completes.
+TEST(Aggregation, BusyRefusalsAreRetried) {
+  auto cluster = StartCluster(1, 1, "lossless", 16384, 5000,
+                              {"limits.max_calls_per_client=1", "channels_per_shard=1",
+                               "max_inflight_chunks=8", "retry_backoff_ms=5", "max_retries=50"});
+  auto c = worker::Client::Connect(cluster->config, Worker(0));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const size_t n = 4096 * 16;  // 16 chunks, 8 sent at once over one connection
+  ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
+  std::vector<float> in = SyntheticGradient(n, 1), out(n);
+  for (int step = 0; step < 3; ++step) {
+    absl::Status s = (*c)->PushPull("t", step, in.data(), out.data());
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(0, std::memcmp(in.data(), out.data(), n * 4));
+  }
+  EXPECT_GT((*c)->stats().retries, 0u) << "no call was refused: the test proves nothing";
 }
 
 TEST(Aggregation, NoneModeIsBitExact) { CheckAggregation(2, 3, 50000, "none"); }

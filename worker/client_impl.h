@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -228,8 +229,20 @@ struct Client::Impl {
     return it->second;
   }
 
-  // One unary call, retried on UNAVAILABLE and CANCELLED; with `map`, not once this client
-  // has moved past it (the shard may be one a re-shard removed and stopped).
+  // Whether a RESOURCE_EXHAUSTED refusal is the shard being busy rather than full: one of
+  // its bounds on calls in flight (per connection, per worker id) or gRPC's own when every
+  // request thread is taken. Those pass as calls end; a memory budget or tensor count does
+  // not.
+  static bool IsBusyRefusal(const grpc::Status& s) {
+    if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) return false;
+    const std::string& m = s.error_message();
+    return absl::StrContains(m, "calls in flight on this shard") ||
+           absl::StrContains(m, "Threadpool Exhausted");
+  }
+
+  // One unary call, retried on UNAVAILABLE, CANCELLED and busy refusals (IsBusyRefusal);
+  // with `map`, not once this client has moved past it (the shard may be one a re-shard
+  // removed and stopped).
   template <typename Call>
   grpc::Status WithRetries(Call&& call, const MapState* map = nullptr) {
     grpc::Status s;
@@ -240,7 +253,7 @@ struct Client::Impl {
       // (e.g. while draining for shutdown); this client never cancels its own calls. Both
       // are safe to retry, since pushes are idempotent on the shard.
       const bool retryable = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                             s.error_code() == grpc::StatusCode::CANCELLED;
+                             s.error_code() == grpc::StatusCode::CANCELLED || IsBusyRefusal(s);
       if (!retryable || attempt >= config.max_retries()) return s;
       ++retries;
       const int64_t backoff_ms =
