@@ -64,6 +64,9 @@ class FakeClient:
     def push_pull(self, key, step, buf):
         pass
 
+    def resume_step(self, key):
+        return 0
+
 
 def test_two_clients_of_one_worker_share_its_keys():
     # Two Client objects of worker 0 of one job push to the same shard state.
