@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "base/json.h"
 #include "spdlog/pattern_formatter.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -121,4 +122,30 @@ absl::Status InitLogging(absl::string_view program, absl::string_view level,
   return absl::OkStatus();
 }
 
+namespace log {
+
+bool LineBudget::Admit() {
+  int64_t dropped = 0;
+  bool admit = false;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (now - window_start_ >= absl::Seconds(1)) {
+      dropped = dropped_;
+      dropped_ = 0;
+      lines_ = 0;
+      window_start_ = now;
+    }
+    admit = lines_ < lines_per_second_;
+    if (admit) {
+      ++lines_;
+    } else {
+      ++dropped_;
+    }
+  }
+  if (dropped > 0) Warn("{} more {} not logged", dropped, what_);
+  return admit;
+}
+
+}  // namespace log
 }  // namespace gcomp

@@ -7,10 +7,14 @@
 #ifndef GCOMP_BASE_LOGGING_H_
 #define GCOMP_BASE_LOGGING_H_
 
+#include <cstdint>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 
 namespace gcomp {
@@ -50,6 +54,32 @@ template <typename... Args>
 void Error(spdlog::format_string_t<Args...> fmt, Args&&... args) {
   spdlog::error(fmt, std::forward<Args>(args)...);
 }
+
+// At most `lines_per_second` lines a second for one kind of event that a network peer can
+// cause at will (refused calls, rejected pushes), so that a client repeating it cannot
+// flood the log; when a second ends with lines dropped, the next admitted one is preceded
+// by "<N> more <what> not logged". Thread-safe.
+//
+//   static log::LineBudget* const budget = new log::LineBudget(10, "rejected pushes");
+//   if (budget->Admit()) log::Warn("rejected push ...");
+class LineBudget {
+ public:
+  LineBudget(int lines_per_second, std::string what)
+      : lines_per_second_(lines_per_second), what_(std::move(what)) {}
+  LineBudget(const LineBudget&) = delete;
+  LineBudget& operator=(const LineBudget&) = delete;
+
+  // Whether to log this event's line; counts it as dropped when not.
+  bool Admit();
+
+ private:
+  const int lines_per_second_;
+  const std::string what_;
+  absl::Mutex mu_;
+  absl::Time window_start_ ABSL_GUARDED_BY(mu_);
+  int lines_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 }  // namespace log
 }  // namespace gcomp

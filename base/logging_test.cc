@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace gcomp {
@@ -197,6 +198,24 @@ TEST(InitLogging, TextFormatEscapesControlCharacters) {
                      "forged\\x0d\\x1b[31m\\x00\\tend \xc3\xa9'\n"),
             std::string::npos)
       << out;
+}
+
+// Events a peer can repeat at will: the first lines_per_second of each second are logged,
+// the rest counted, and the count is logged once with the next second's first line.
+TEST(LineBudget, AdmitsAFewLinesASecondAndCountsTheRest) {
+  log::LineBudget budget(3, "test events");
+  const std::string out = CaptureStderr([&] {
+    ASSERT_TRUE(InitLogging("gcomp_budget_test", "info", "text").ok());
+    int admitted = 0;
+    for (int i = 0; i < 50; ++i) admitted += budget.Admit();
+    EXPECT_EQ(admitted, 3);
+    absl::SleepFor(absl::Milliseconds(1100));
+    EXPECT_TRUE(budget.Admit());
+    EXPECT_TRUE(budget.Admit());
+  });
+  ASSERT_TRUE(InitLogging("logging_test_after4", "info").ok());
+  EXPECT_NE(out.find("47 more test events not logged"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
 }
 
 }  // namespace

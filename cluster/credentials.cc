@@ -42,42 +42,6 @@ absl::Status CheckTlsFiles(const proto::SecurityConfig& sec) {
   return s;
 }
 
-// Refusals are logged, but a client hammering a shard with bad tokens must not flood the
-// log: at most kMaxRefusalLinesPerSecond lines a second, then one line with the count.
-constexpr int kMaxRefusalLinesPerSecond = 10;
-
-class RefusalLog {
- public:
-  void Refused(absl::string_view method, const std::string& peer, absl::string_view why) {
-    int64_t dropped = 0;
-    bool log_this = false;
-    {
-      absl::MutexLock lock(&mu_);
-      const absl::Time now = absl::Now();
-      if (now - window_start_ >= absl::Seconds(1)) {
-        dropped = dropped_;
-        dropped_ = 0;
-        lines_ = 0;
-        window_start_ = now;
-      }
-      log_this = lines_ < kMaxRefusalLinesPerSecond;
-      if (log_this) {
-        ++lines_;
-      } else {
-        ++dropped_;
-      }
-    }
-    if (dropped > 0) log::Warn("{} more refused calls not logged", dropped);
-    if (log_this) log::Warn("refused {} from {}: {}", std::string(method), peer, std::string(why));
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Time window_start_ ABSL_GUARDED_BY(mu_);
-  int lines_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 // The identity (cert_file + key_file) and the roots (ca_file), re-read every refresh.
 std::shared_ptr<grpc::experimental::CertificateProviderInterface> FileProvider(
     const proto::SecurityConfig& sec) {
@@ -210,8 +174,12 @@ absl::Status AuthorizeCall(JobToken* token, const grpc::ServerContext& context,
   }
   absl::Status s = token->Check(values);
   if (!s.ok()) {
-    static RefusalLog* const refusals = new RefusalLog();
-    refusals->Refused(method, context.peer(), s.message());
+    // Logged, but a client hammering a shard with bad tokens must not flood the log.
+    static log::LineBudget* const refusals = new log::LineBudget(10, "refused calls");
+    if (refusals->Admit()) {
+      log::Warn("refused {} from {}: {}", std::string(method), context.peer(),
+                std::string(s.message()));
+    }
   }
   return s;
 }

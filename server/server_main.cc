@@ -19,14 +19,15 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/files.h"
 #include "base/logging.h"
 #include "base/malloc_tuning.h"
 #include "base/metrics_exposer.h"
-#include "prometheus/registry.h"
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
 #include "cluster/reshard_coordinator.h"
-#include "base/files.h"
+#include "google/protobuf/stubs/logging.h"
+#include "prometheus/registry.h"
 #include "server/grpc_service.h"
 
 ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
@@ -51,6 +52,17 @@ ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
           "logged at start); 'none' turns them off.");
 
 namespace {
+
+// protobuf's own messages (e.g. "invalid UTF-8" for a string field a peer sent, logged
+// while parsing, before any token check) go through the process's logger, in its format,
+// at most 10 lines a second: a peer can cause them at will.
+void ProtobufLogHandler(google::protobuf::LogLevel level, const char* filename, int line,
+                        const std::string& message) {
+  static gcomp::log::LineBudget* const budget =
+      new gcomp::log::LineBudget(10, "protobuf library messages");
+  if (level < google::protobuf::LOGLEVEL_WARNING || !budget->Admit()) return;
+  gcomp::log::Warn("protobuf ({}:{}): {}", filename, line, message);
+}
 
 // Re-reads `path` every `poll` until `stop`; a valid config of a higher epoch makes shard 0
 // of the running map run the re-shard. A file that does not load is logged once per
@@ -150,6 +162,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;
   }
+  google::protobuf::SetLogHandler(&ProtobufLogHandler);
   if (absl::GetFlag(FLAGS_config).empty() || shard < 0) {
     gcomp::log::Error("--config and --shard (or --shard_from_hostname) are required");
     return 2;

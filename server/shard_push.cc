@@ -86,9 +86,13 @@ absl::Status ShardService::PushPull(const proto::CompressedBlock& request,
       absl::MutexLock lock(&last_error_mu_);
       last_error_ = TruncateUtf8(s.ToString(), kMaxLastErrorChars);
     }
-    log::Warn("shard {}: rejected push of '{}' chunk {} step {} from worker {}: {}",
-              shard(), request.address().key(), request.address().chunk(),
-              request.address().step(), request.address().worker(), s.ToString());
+    // Any client can send rejected pushes at will: a budget of lines keeps the log useful.
+    static log::LineBudget* const rejected = new log::LineBudget(10, "rejected pushes");
+    if (rejected->Admit()) {
+      log::Warn("shard {}: rejected push of chunk {} step {} from worker {}: {}", shard(),
+                request.address().chunk(), request.address().step(), request.address().worker(),
+                s.ToString());
+    }
   }
   return s;
 }

@@ -498,6 +498,12 @@ absl::Status ShardService::PromoteLocked(Tensor* t, uint32_t chunk, TensorBackup
 }
 
 absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
+  // Only failover installs maps this way; without replicas no shard ever sends one, and
+  // a map with shards down would leave their chunks without an owner.
+  if (replicas_ < 2) {
+    return absl::FailedPreconditionError(
+        "this job keeps no replicas (config replicas: 1): no failover map is installed");
+  }
   const proto::ClusterConfig& next = request.map();
   if (absl::Status s = cluster::ValidateClusterConfig(next); !s.ok()) return s;
   std::vector<std::shared_ptr<StepAccumulator>> dropped;

@@ -118,7 +118,10 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
     absl::MutexLock lock(&names_mu_);
     worker_names_[r.worker()] = r.name();
   }
-  log::Info("shard {}: worker {} registered as '{}'", shard(), r.worker(), r.name());
+  static log::LineBudget* const registrations = new log::LineBudget(20, "registrations");
+  if (registrations->Admit()) {
+    log::Info("shard {}: worker {} registered as '{}'", shard(), r.worker(), r.name());
+  }
   response->set_shard(shard());
   response->set_workers(config_.workers());
   response->add_checksums_read(cluster::kFastChecksum);

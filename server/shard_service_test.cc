@@ -238,6 +238,20 @@ TEST_F(ShardServiceTest, ConflictingRedeclareIsAlreadyExists) {
   EXPECT_TRUE(shard_->DeclareTensor(d, &r).ok());  // identical: idempotent
 }
 
+// A failover map from anyone holding the token would split a job without replicas (its
+// shards at different epochs, chunks without owners): refused before anything changes.
+TEST_F(ShardServiceTest, FailoverMapsNeedReplicas) {
+  proto::InstallMapRequest r;
+  *r.mutable_map() = shard_->config();
+  r.mutable_map()->set_shard_map_epoch(2);
+  const absl::Status s = shard_->InstallMap(r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("config replicas: 1"));
+  proto::StatsResponse stats;
+  shard_->Stats(&stats);
+  EXPECT_EQ(stats.shard_map_epoch(), 1u);
+}
+
 TEST(ShardService, MissingWorkerIsNamedAfterStepTimeout) {
   auto shard = *ShardService::Create(Config(2), ShardOptions{});
   proto::RegisterWorkerRequest reg;
