@@ -148,6 +148,21 @@ void MergeChunkStatePart(const proto::ChunkState& part, proto::ChunkState* merge
   if (part.has_first_moment()) *merged->mutable_first_moment() = part.first_moment();
   if (part.has_second_moment()) *merged->mutable_second_moment() = part.second_moment();
   if (part.has_cached_result()) *merged->mutable_cached_result() = part.cached_result();
+  merged->DiscardUnknownFields();
+}
+
+absl::Status CheckChunkStatePart(const proto::ChunkState& part, size_t elements,
+                                 absl::string_view what) {
+  const size_t bound = cluster::MaxWireBytes(elements, codec::DType::kF32);
+  for (const proto::CompressedBlock* block :
+       {&part.value(), &part.first_moment(), &part.second_moment(), &part.cached_result()}) {
+    if (block->data().size() > bound) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, " of '", part.key(), "' chunk ", part.chunk(), " holds a block of ",
+                       block->data().size(), " bytes, above the chunk's bound ", bound));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace gcomp::server

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "codec/codec.h"
 #include "proto/chunk_state.pb.h"
 #include "server/step_accumulator.h"
@@ -37,8 +38,16 @@ void StampEpoch(uint64_t epoch, ChunkSnapshot* snapshot);
 // steps and the value, later ones one moment or the cached result each (with key and chunk).
 std::vector<proto::ChunkState> SplitChunkState(proto::ChunkState state);
 
-// Adds one part of SplitChunkState to `merged` (parts may come in any order).
+// Adds one part of SplitChunkState to `merged` (parts may come in any order). Unknown
+// fields are dropped: a peer cannot make the merged state hold more than its blocks.
 void MergeChunkStatePart(const proto::ChunkState& part, proto::ChunkState* merged);
+
+// ResourceExhausted when a block of `part` (value, moments, cached result) holds more than
+// the encoded bound of a chunk of `elements` floats: what a peer sending parts can make a
+// shard buffer per chunk is then about its own state. `what` begins the message, e.g.
+// "replicated part".
+absl::Status CheckChunkStatePart(const proto::ChunkState& part, size_t elements,
+                                 absl::string_view what);
 
 }  // namespace gcomp::server
 

@@ -108,5 +108,36 @@ TEST(ChunkState, DamageIsRefusedNamingTheChunk) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
 }
 
+// What a peer sending state parts (a re-shard's Transfer, a Replicate) can make a shard
+// buffer per chunk: blocks up to a chunk's encoded bound, and no unknown fields.
+TEST(ChunkState, PartsAreBoundedByTheChunk) {
+  proto::ChunkState part;
+  part.set_key("w");
+  part.set_chunk(3);
+  part.mutable_first_moment()->set_data(
+      std::string(cluster::MaxWireBytes(100, codec::DType::kF32), 'x'));
+  EXPECT_TRUE(CheckChunkStatePart(part, 100, "moved part").ok());
+  part.mutable_cached_result()->set_data(
+      std::string(cluster::MaxWireBytes(100, codec::DType::kF32) + 1, 'x'));
+  const absl::Status s = CheckChunkStatePart(part, 100, "moved part");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(s.message()).find("moved part of 'w' chunk 3 holds a block of"),
+            std::string::npos)
+      << s;
+  proto::ChunkState with_unknown;
+  with_unknown.set_key("w");
+  with_unknown.mutable_value()->set_data("v");
+  // Field 1000 is no field of ChunkState: protobuf would keep its megabyte as unknown.
+  std::string bytes = with_unknown.SerializeAsString();
+  bytes += std::string("\xc2\x3e", 2);      // tag of field 1000, wire type 2
+  bytes += std::string("\x80\x80\x40", 3);  // length 1 MiB
+  bytes += std::string(1 << 20, 'u');
+  ASSERT_TRUE(with_unknown.ParseFromString(bytes));
+  proto::ChunkState merged;
+  MergeChunkStatePart(with_unknown, &merged);
+  EXPECT_EQ(merged.value().data(), "v");
+  EXPECT_LT(merged.ByteSizeLong(), size_t{100});
+}
+
 }  // namespace
 }  // namespace gcomp::server

@@ -168,14 +168,9 @@ absl::Status ShardService::AcceptReplica(const proto::ReplicateRequest& r) {
   }
   // Each array of a part is at most one chunk's encoded size, so a peer cannot make this
   // shard hold more per backed-up chunk than its budgeted state.
-  const size_t bound = cluster::MaxWireBytes(t.layout.size(part.chunk()), codec::DType::kF32);
-  for (const proto::CompressedBlock* block : {&part.value(), &part.first_moment(),
-                                              &part.second_moment(), &part.cached_result()}) {
-    if (block->data().size() > bound) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "replicated part of '", part.key(), "' chunk ", part.chunk(), " holds a block of ",
-          block->data().size(), " bytes, above the chunk's bound ", bound));
-    }
+  if (absl::Status s = CheckChunkStatePart(part, t.layout.size(part.chunk()), "replicated part");
+      !s.ok()) {
+    return s;
   }
   TensorBackup& b = backup->second;
   // Only the parts of chunks this shard backs up are held, so what a sender can make it

@@ -473,6 +473,12 @@ absl::Status ShardService::AcceptTransfer(const proto::TransferRequest& r, absl:
                                                        "' moved here, but shard ", shard(),
                                                        " does not own it under epoch ", epoch));
       }
+      // As for replicas: each block at most one chunk's encoded size.
+      if (absl::Status s =
+              CheckChunkStatePart(part, it->second->layout.size(part.chunk()), "moved part");
+          !s.ok()) {
+        return s;
+      }
       proto::ChunkState& merged = partial_[{part.key(), part.chunk()}];
       MergeChunkStatePart(part, &merged);
       if (r.completes_chunk()) {
