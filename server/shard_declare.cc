@@ -55,12 +55,14 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
     }
   }
 
+  std::optional<Placement> placement = PlaceUnlocked(r, layout);
   std::vector<std::pair<std::shared_ptr<StepAccumulator>, const proto::ChunkValue*>> initial;
   codec::DType tensor_dtype;
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("shard shutting down");
-    absl::StatusOr<Tensor*> tensor = DeclareLocked(r, *dtype, *opt, /*fresh=*/true);
+    absl::StatusOr<Tensor*> tensor =
+        DeclareLocked(r, *dtype, *opt, /*fresh=*/true, placement ? &*placement : nullptr);
     if (!tensor.ok()) return tensor.status();
     tensor_dtype = (*tensor)->dtype;
     for (const proto::ChunkValue& init : r.initial()) {
@@ -85,9 +87,29 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
   return absl::OkStatus();
 }
 
+std::optional<ShardService::Placement> ShardService::PlaceUnlocked(
+    const proto::DeclareTensorRequest& r, const cluster::ChunkLayout& layout) {
+  // Below this many chunks the placement takes under a few milliseconds.
+  constexpr uint64_t kPlaceUnlockedChunks = 1 << 16;
+  if (layout.num_chunks < kPlaceUnlockedChunks) return std::nullopt;
+  Placement p{cluster::ShardMap(1, 0), {}, {}, 0, {}};
+  {
+    absl::MutexLock lock(&mu_);
+    if (tensors_.count(r.key()) != 0 || tensors_.size() >= config_.limits().max_tensors()) {
+      return std::nullopt;  // answered at once under the lock
+    }
+    p.map = shard_map_;
+    p.down = down_;
+    p.joining = joining_shards_;
+    p.self = shard_index_.load();
+  }
+  p.live = p.map.LiveReplicas(r.key(), layout, replicas_, p.down, p.joining);
+  return p;
+}
+
 absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
     const proto::DeclareTensorRequest& r, codec::DType dtype, const cluster::OptimizerOptions& opt,
-    bool fresh) {
+    bool fresh, Placement* placement) {
   const cluster::ChunkLayout layout(r.elements(), codec::DTypeBytes(dtype), config_.chunk_bytes());
   auto it = tensors_.find(r.key());
   if (it != tensors_.end()) {
@@ -130,8 +152,16 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
       table_bytes, absl::StrCat("declaring '", r.key(), "' (", layout.num_chunks,
                                 " chunks, owner table)"));
   if (!reserved.ok()) return reserved;
+  // A placement computed beforehand holds while the map, the down and joining shards and
+  // this shard's index are those it was computed for.
+  const bool placed = placement != nullptr && placement->map.epoch() == shard_map_.epoch() &&
+                      placement->map.num_shards() == shard_map_.num_shards() &&
+                      placement->down == down_ && placement->joining == joining_shards_ &&
+                      placement->self == shard_index_.load() &&
+                      placement->live.size() == size_t{layout.num_chunks} * replicas_;
   std::vector<uint32_t> live =
-      shard_map_.LiveReplicas(r.key(), layout, replicas_, down_, joining_shards_);
+      placed ? std::move(placement->live)
+             : shard_map_.LiveReplicas(r.key(), layout, replicas_, down_, joining_shards_);
   const uint32_t self = shard_index_.load();
   uint64_t owned_bytes = 0;
   uint32_t owned = 0;

@@ -22,9 +22,10 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <set>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -37,12 +38,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/thread_pool.h"
-#include "proto/aggregation.pb.h"
-#include "proto/cluster_config.pb.h"
-#include "proto/reshard.pb.h"
 #include "cluster/cluster_config.h"
 #include "cluster/shard_map.h"
 #include "cluster/wire_block.h"
+#include "proto/aggregation.pb.h"
+#include "proto/cluster_config.pb.h"
+#include "proto/reshard.pb.h"
 #include "server/admission.h"
 #include "server/shard_metrics.h"
 #include "server/step_accumulator.h"
@@ -234,9 +235,24 @@ class ShardService {
   // Declares `r` (already checked) unless already declared; the tensor.
   // `fresh`: declared by a worker, so no step of it ran anywhere before (this shard's
   // backups of it hold the acknowledged state); not for moved or restored tensors.
+  // `placement`, when given and still of the current map, is the tensor's chunk placement
+  // computed beforehand without the lock (PlaceUnlocked).
+  struct Placement {
+    cluster::ShardMap map;
+    std::vector<bool> down, joining;
+    uint32_t self = 0;
+    std::vector<uint32_t> live;  // map.LiveReplicas of the tensor
+  };
   absl::StatusOr<Tensor*> DeclareLocked(const proto::DeclareTensorRequest& r, codec::DType dtype,
-                                        const cluster::OptimizerOptions& opt, bool fresh)
+                                        const cluster::OptimizerOptions& opt, bool fresh,
+                                        Placement* placement = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a tensor of many chunks not declared yet: its placement under the current map,
+  // computed outside mu_ (millions of chunks take seconds, which every call would otherwise
+  // wait for, even when the declaration is then refused); nullopt when not worth it.
+  std::optional<Placement> PlaceUnlocked(const proto::DeclareTensorRequest& r,
+                                         const cluster::ChunkLayout& layout)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Old-map pushes while a re-shard is prepared or committed: waits while `step` is past
   // the frozen step; Aborted once it is at or past the switch step or the map changed.
   absl::Status WaitWhileFrozen(uint64_t epoch, int64_t step, absl::Time deadline) const;

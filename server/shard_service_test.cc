@@ -1,11 +1,13 @@
 #include "server/shard_service.h"
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "base/process_usage.h"
+#include "cluster/shard_map.h"
 #include "cluster/wire_block.h"
 
 namespace gcomp::server {
@@ -280,6 +282,33 @@ TEST(ShardService, MissingWorkerIsNamedAfterStepTimeout) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(s.message()), HasSubstr("trainer-b"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+// A tensor of many chunks is placed outside the shard's lock (PlaceUnlocked); the chunks it
+// owns are those of the map's placement, as for a small tensor placed under the lock.
+TEST(ShardService, ManyChunksArePlacedAsTheMapSays) {
+  for (const uint32_t chunks : {1000u, 70000u}) {
+    auto config = Config(1, 3);
+    auto shard = *ShardService::Create(config, ShardOptions{1, 1, {}});
+    proto::DeclareTensorRequest d;
+    d.set_job("j");
+    d.set_key("many");
+    d.set_dtype(proto::DTYPE_F32);
+    d.set_elements(16 * uint64_t{chunks});
+    d.set_shard_map_epoch(1);
+    proto::DeclareTensorResponse dr;
+    ASSERT_TRUE(shard->DeclareTensor(d, &dr).ok());
+    const cluster::ChunkLayout layout(16 * uint64_t{chunks}, 4, 64);
+    const std::vector<uint32_t> live = cluster::ShardMap(3, 1).LiveReplicas("many", layout, 1, {});
+    std::vector<uint32_t> expected;
+    for (uint32_t c = 0; c < chunks; ++c) {
+      if (live[c] == 1) expected.push_back(c);
+    }
+    std::vector<uint32_t> got(dr.owned_chunks().begin(), dr.owned_chunks().end());
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, expected) << chunks << " chunks";
+    EXPECT_GT(got.size(), chunks / 5);
+  }
 }
 
 TEST(ShardService, ChunkOfAnotherShardIsFailedPrecondition) {
