@@ -45,12 +45,8 @@ class ShardServiceTest : public ::testing::Test {
     auto s = ShardService::Create(Config(1), ShardOptions{});
     ASSERT_TRUE(s.ok()) << s.status();
     shard_ = *std::move(s);
-    proto::DeclareTensorRequest d;
-    d.set_job("j");
-    d.set_key("w");
-    d.set_dtype(proto::DTYPE_F32);
-    d.set_elements(20);  // 16 elements per 64-byte chunk: chunks of 16 and 4
-    d.set_shard_map_epoch(1);
+    // 16 elements per 64-byte chunk: chunks of 16 and 4.
+    proto::DeclareTensorRequest d = Declaration("w", 20);
     proto::DeclareTensorResponse r;
     ASSERT_TRUE(shard_->DeclareTensor(d, &r).ok());
     EXPECT_EQ(r.owned_chunks_size(), 2);
@@ -220,12 +216,7 @@ TEST_F(ShardServiceTest, StaleAndFutureStepsAreFailedPrecondition) {
 }
 
 TEST_F(ShardServiceTest, ConflictingRedeclareIsAlreadyExists) {
-  proto::DeclareTensorRequest d;
-  d.set_job("j");
-  d.set_key("w");
-  d.set_dtype(proto::DTYPE_F32);
-  d.set_elements(21);
-  d.set_shard_map_epoch(1);
+  proto::DeclareTensorRequest d = Declaration("w", 21);
   proto::DeclareTensorResponse r;
   absl::Status s = shard_->DeclareTensor(d, &r);
   EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
@@ -263,12 +254,7 @@ TEST(ShardService, MissingWorkerIsNamedAfterStepTimeout) {
   reg.set_shard_map_epoch(1);
   proto::RegisterWorkerResponse rr;
   ASSERT_TRUE(shard->RegisterWorker(reg, &rr).ok());
-  proto::DeclareTensorRequest d;
-  d.set_job("j");
-  d.set_key("w");
-  d.set_dtype(proto::DTYPE_F32);
-  d.set_elements(4);
-  d.set_shard_map_epoch(1);
+  proto::DeclareTensorRequest d = Declaration("w", 4);
   proto::DeclareTensorResponse dr;
   ASSERT_TRUE(shard->DeclareTensor(d, &dr).ok());
   std::vector<float> v(4, 1.0f);
@@ -290,12 +276,7 @@ TEST(ShardService, ManyChunksArePlacedAsTheMapSays) {
   for (const uint32_t chunks : {1000u, 70000u}) {
     auto config = Config(1, 3);
     auto shard = *ShardService::Create(config, ShardOptions{1, 1, {}});
-    proto::DeclareTensorRequest d;
-    d.set_job("j");
-    d.set_key("many");
-    d.set_dtype(proto::DTYPE_F32);
-    d.set_elements(16 * uint64_t{chunks});
-    d.set_shard_map_epoch(1);
+    proto::DeclareTensorRequest d = Declaration("many", 16 * uint64_t{chunks});
     proto::DeclareTensorResponse dr;
     ASSERT_TRUE(shard->DeclareTensor(d, &dr).ok());
     const cluster::ChunkLayout layout(16 * uint64_t{chunks}, 4, 64);
@@ -314,12 +295,7 @@ TEST(ShardService, ManyChunksArePlacedAsTheMapSays) {
 TEST(ShardService, ChunkOfAnotherShardIsFailedPrecondition) {
   auto config = Config(1, 3);
   auto shard = *ShardService::Create(config, ShardOptions{0, 1, {}});
-  proto::DeclareTensorRequest d;
-  d.set_job("j");
-  d.set_key("big");
-  d.set_dtype(proto::DTYPE_F32);
-  d.set_elements(16 * 30);
-  d.set_shard_map_epoch(1);
+  proto::DeclareTensorRequest d = Declaration("big", 16 * 30);
   proto::DeclareTensorResponse dr;
   ASSERT_TRUE(shard->DeclareTensor(d, &dr).ok());
   ASSERT_LT(dr.owned_chunks_size(), 30);

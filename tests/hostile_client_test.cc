@@ -166,6 +166,44 @@ class HostileClientTest : public ::testing::Test {
     EXPECT_EQ(mean, std::vector<float>(n, 2.0f));
   }
 
+  // `connections` new connections, each sending `calls` copies of `block` as PushPull calls
+  // that wait (a duplicate push waits for its step) until `seconds` pass. Finish() collects
+  // every call's status.
+  class WaitingPushes {
+   public:
+    WaitingPushes(HostileClientTest* test, const proto::CompressedBlock& block, int connections,
+                  int calls, int seconds)
+        : outs_(connections * calls), statuses_(connections * calls) {
+      for (int c = 0; c < connections; ++c) {
+        stubs_.push_back(test->NewStub());
+        for (int i = 0; i < calls; ++i) {
+          const size_t k = contexts_.size();
+          contexts_.push_back(Context(seconds));
+          calls_.push_back(stubs_.back()->AsyncPushPull(contexts_[k].get(), block, &cq_));
+          calls_.back()->Finish(&outs_[k], &statuses_[k], reinterpret_cast<void*>(k));
+        }
+      }
+    }
+    std::vector<grpc::Status> Finish() {
+      std::vector<grpc::Status> done;
+      for (size_t n = 0; n < calls_.size(); ++n) {
+        void* tag;
+        bool ok;
+        EXPECT_TRUE(cq_.Next(&tag, &ok));
+        done.push_back(statuses_[reinterpret_cast<size_t>(tag)]);
+      }
+      return done;
+    }
+
+   private:
+    std::vector<std::unique_ptr<proto::Aggregation::Stub>> stubs_;
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+    std::vector<proto::CompressedBlock> outs_;
+    std::vector<grpc::Status> statuses_;
+    grpc::CompletionQueue cq_;
+    std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<proto::CompressedBlock>>> calls_;
+  };
+
   int Port() const { return std::stoi(address_.substr(address_.rfind(':') + 1)); }
 
   // Set by derived fixtures' constructors: more `limits` fields (", field: value"), and
@@ -375,31 +413,13 @@ TEST_F(HostileClientTest, UnfinishedMessagesAreBoundedByTheTransportQuota) {
 // refused with RESOURCE_EXHAUSTED instead of growing the shard a thread per call.
 TEST_F(HostileClientTest, WaitingCallsAreBoundedByTheThreadQuota) {
   ASSERT_TRUE(Declare("t", 4).ok());
-  const proto::CompressedBlock block = Block("t", 0, 0, 0, {1, 1, 1, 1});
-  std::vector<std::unique_ptr<proto::Aggregation::Stub>> stubs;
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<proto::CompressedBlock> outs(60 * 6);
-  std::vector<grpc::Status> statuses(60 * 6);
-  grpc::CompletionQueue cq;
-  std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<proto::CompressedBlock>>> calls;
-  for (int c = 0; c < 60; ++c) {
-    stubs.push_back(NewStub());
-    for (int i = 0; i < 6; ++i) {  // limits.max_calls_per_client
-      const size_t k = contexts.size();
-      contexts.push_back(Context(5));
-      calls.push_back(stubs.back()->AsyncPushPull(contexts[k].get(), block, &cq));
-      calls.back()->Finish(&outs[k], &statuses[k], reinterpret_cast<void*>(k));
-    }
-  }
+  // 6 calls a connection: limits.max_calls_per_client.
+  WaitingPushes pushes(this, Block("t", 0, 0, 0, {1, 1, 1, 1}), 60, 6, 5);
   absl::SleepFor(absl::Seconds(2));
   const int threads = ServerThreads();
   EXPECT_LT(threads, 320) << "360 waiting calls made " << threads << " threads";
   int refused = 0, waited = 0;
-  for (size_t done = 0; done < calls.size(); ++done) {
-    void* tag;
-    bool ok;
-    ASSERT_TRUE(cq.Next(&tag, &ok));
-    const grpc::Status& s = statuses[reinterpret_cast<size_t>(tag)];
+  for (const grpc::Status& s : pushes.Finish()) {
     if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++refused;
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) ++waited;
   }
@@ -415,23 +435,8 @@ TEST_F(HostileClientTest, WaitingCallsAreBoundedByTheThreadQuota) {
 TEST_F(HostileClientTest, OneWorkerIdCannotTakeTheOtherWorkersThreads) {
   ASSERT_TRUE(Declare("t", 4).ok());
   ASSERT_TRUE(Declare("w2", 4).ok());
-  const proto::CompressedBlock block = Block("t", 0, 0, 0, {1, 1, 1, 1});
   constexpr int kConnections = 50, kCalls = 6;  // 300 calls: more than the 256 threads
-  std::vector<std::unique_ptr<proto::Aggregation::Stub>> stubs;
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<proto::CompressedBlock> outs(kConnections * kCalls);
-  std::vector<grpc::Status> statuses(kConnections * kCalls);
-  grpc::CompletionQueue cq;
-  std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<proto::CompressedBlock>>> calls;
-  for (int c = 0; c < kConnections; ++c) {
-    stubs.push_back(NewStub());
-    for (int i = 0; i < kCalls; ++i) {
-      const size_t k = contexts.size();
-      contexts.push_back(Context(6));
-      calls.push_back(stubs.back()->AsyncPushPull(contexts[k].get(), block, &cq));
-      calls.back()->Finish(&outs[k], &statuses[k], reinterpret_cast<void*>(k));
-    }
-  }
+  WaitingPushes pushes(this, Block("t", 0, 0, 0, {1, 1, 1, 1}), kConnections, kCalls, 6);
   absl::SleepFor(absl::Seconds(2));
   // Worker 1's push is taken and waits for worker 0 (its deadline ends the wait).
   proto::CompressedBlock out;
@@ -443,11 +448,7 @@ TEST_F(HostileClientTest, OneWorkerIdCannotTakeTheOtherWorkersThreads) {
   const grpc::Status st = other->Stats(Context(5).get(), proto::StatsRequest(), &stats);
   EXPECT_TRUE(st.ok()) << st.error_message();
   int refused = 0, waited = 0;
-  for (size_t done = 0; done < calls.size(); ++done) {
-    void* tag;
-    bool ok;
-    ASSERT_TRUE(cq.Next(&tag, &ok));
-    const grpc::Status& s = statuses[reinterpret_cast<size_t>(tag)];
+  for (const grpc::Status& s : pushes.Finish()) {
     if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
       ++refused;
       EXPECT_THAT(s.error_message(), HasSubstr("client worker 0 already has 96 calls in flight"));
