@@ -346,6 +346,12 @@ absl::Status ShardService::Rejoin(const proto::RejoinRequest& r, proto::RejoinRe
     std::vector<bool> down(n, false), joining(n, false);
     for (uint32_t i : current.down_shards()) down[i] = true;
     for (uint32_t i : current.joining_shards()) joining[i] = true;
+    // Before the map changes on the request's word, the shard it names must confirm it.
+    if (pass == 0 && r.caught_up() == joining[k]) {
+      if (absl::Status s = CheckRejoinClaim(current.shards(k), k, r.caught_up()); !s.ok()) {
+        return s;
+      }
+    }
     proto::ClusterConfig next = current;
     next.set_shard_map_epoch(current.shard_map_epoch() + 1);
     std::string why;
@@ -371,6 +377,31 @@ absl::Status ShardService::Rejoin(const proto::RejoinRequest& r, proto::RejoinRe
   }
   absl::MutexLock lock(&mu_);
   response->set_shard_map_epoch(epoch_.load());
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::CheckRejoinClaim(const std::string& address, uint32_t k,
+                                            bool caught_up) {
+  // Only the shard itself knows that it restarted or caught up: asked, so that a caller
+  // naming another shard (anyone holding the job token) cannot take a live shard's chunks
+  // away or hand chunks back to one that does not hold them.
+  if (!options_.peers.status) {
+    return absl::FailedPreconditionError(absl::StrCat("no transport to ask shard ", k));
+  }
+  absl::StatusOr<proto::ReshardStatusResponse> st = options_.peers.status(address, kProbeTimeout);
+  if (!st.ok()) {
+    return absl::UnavailableError(absl::StrCat("shard ", k, " does not answer (",
+                                               st.status().message(),
+                                               "); only a shard that answers is taken back"));
+  }
+  if (!caught_up && st->state() != "rejoining") {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", k, " did not restart (it reports '",
+                                                      st->state(), "'): rejoin refused"));
+  }
+  if (caught_up && !st->caught_up()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", k, " has not caught up: its chunks stay with their backups"));
+  }
   return absl::OkStatus();
 }
 

@@ -533,6 +533,7 @@ void ShardService::ReshardStatus(proto::ReshardStatusResponse* r) const {
   *r->mutable_joining_shards() = map_config_.joining_shards();
   r->set_tensors(tensors_.size());
   if (rejoining_) r->set_state("rejoining");
+  r->set_caught_up(CaughtUpLocked());
 }
 
 }  // namespace gcomp::server

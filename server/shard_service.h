@@ -288,6 +288,10 @@ class ShardService {
   // A restarted shard's way back: find the running job, ask to join, catch up, ask again.
   void RejoinLoop();
   // Joining, and every chunk this shard backs up holds its owner's state.
+  // Asks shard k (at `address`) whether it restarted (rejoining), or caught up when
+  // `caught_up`: FailedPrecondition naming what it reports otherwise.
+  absl::Status CheckRejoinClaim(const std::string& address, uint32_t k, bool caught_up)
+      ABSL_LOCKS_EXCLUDED(mu_);
   bool CaughtUpLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::string ShardName(uint32_t index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // CheckJobAndEpoch, the key's limits, then the declared tensor (NotFound if none).

@@ -226,5 +226,41 @@ TEST(FailoverErrors, TwoCopiesDownAtOnceFailNamingBothShards) {
   EXPECT_GT(st.chunks_promoted(), 0u);
 }
 
+// A Rejoin names the shard to take back; the coordinator asks that shard first. One from a
+// caller naming a live shard (anyone holding the job token could send it) changes nothing,
+// where it once marked the shard down and, for two shards, lost the chunks they held.
+TEST(FailoverErrors, ARejoinForALiveShardIsRefused) {
+  proto::ClusterConfig one = Config(3, 2, "none");
+  one.set_workers(1);
+  auto shards = StartShards(one);
+  worker::ClientOptions options;
+  auto w = worker::Client::Connect(one, options);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const size_t n = 64 * 512;
+  ASSERT_TRUE((*w)->Declare("t", codec::DType::kF32, n).ok());
+  std::vector<float> g(n, 1.0f), out(n);
+  ASSERT_TRUE((*w)->PushPull("t", 0, g.data(), out.data()).ok());
+  auto stub = proto::Resharding::NewStub(
+      grpc::CreateChannel(one.shards(0), grpc::InsecureChannelCredentials()));
+  for (uint32_t k : {1u, 2u}) {
+    proto::RejoinRequest r;
+    r.set_job("failover");
+    r.set_shard(k);
+    proto::RejoinResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub->Rejoin(&ctx, r, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_THAT(s.error_message(),
+                HasSubstr(absl::StrCat("shard ", k, " did not restart (it reports 'serving')")));
+  }
+  const proto::ReshardStatusResponse st = StatusOf(one.shards(0));
+  EXPECT_EQ(st.shard_map_epoch(), 1u);
+  EXPECT_EQ(st.down_shards_size(), 0);
+  EXPECT_EQ(st.joining_shards_size(), 0);
+  EXPECT_EQ(st.chunks_lost(), 0u);
+  ASSERT_TRUE((*w)->PushPull("t", 1, g.data(), out.data()).ok());
+  EXPECT_EQ(out, g);
+}
+
 }  // namespace
 }  // namespace gcomp
