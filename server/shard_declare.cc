@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "cluster/wire_block.h"
@@ -55,7 +56,14 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
     }
   }
 
-  std::optional<Placement> placement = PlaceUnlocked(r, layout);
+  absl::StatusOr<std::optional<Placement>> placed = PlaceUnlocked(r, layout);
+  if (!placed.ok()) return placed.status();
+  std::optional<Placement>& placement = *placed;
+  // The placement's memory was reserved for it; once declared, the owner table's own
+  // reservation covers what the tensor keeps of it.
+  absl::Cleanup release = [&] {
+    if (placement) admission_->ReleaseMemory(placement->reserved_bytes);
+  };
   std::vector<std::pair<std::shared_ptr<StepAccumulator>, const proto::ChunkValue*>> initial;
   codec::DType tensor_dtype;
   {
@@ -87,12 +95,12 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
   return absl::OkStatus();
 }
 
-std::optional<ShardService::Placement> ShardService::PlaceUnlocked(
+absl::StatusOr<std::optional<ShardService::Placement>> ShardService::PlaceUnlocked(
     const proto::DeclareTensorRequest& r, const cluster::ChunkLayout& layout) {
   // Below this many chunks the placement takes under a few milliseconds.
   constexpr uint64_t kPlaceUnlockedChunks = 1 << 16;
   if (layout.num_chunks < kPlaceUnlockedChunks) return std::nullopt;
-  Placement p{cluster::ShardMap(1, 0), {}, {}, 0, {}};
+  Placement p{cluster::ShardMap(1, 0), {}, {}, 0, {}, 0};
   {
     absl::MutexLock lock(&mu_);
     if (tensors_.count(r.key()) != 0 || tensors_.size() >= config_.limits().max_tensors()) {
@@ -103,8 +111,17 @@ std::optional<ShardService::Placement> ShardService::PlaceUnlocked(
     p.joining = joining_shards_;
     p.self = shard_index_.load();
   }
+  // The placement is as large as the owner table: reserved like it before it is made, so
+  // that concurrent declarations cannot allocate past the budget.
+  const uint64_t bytes = uint64_t{layout.num_chunks} * replicas_ * sizeof(uint32_t);
+  if (absl::Status s = admission_->ReserveMemory(
+          bytes, absl::StrCat("placing '", r.key(), "' (", layout.num_chunks, " chunks)"));
+      !s.ok()) {
+    return s;
+  }
+  p.reserved_bytes = bytes;
   p.live = p.map.LiveReplicas(r.key(), layout, replicas_, p.down, p.joining);
-  return p;
+  return std::optional<Placement>(std::move(p));
 }
 
 absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(

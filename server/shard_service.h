@@ -242,6 +242,7 @@ class ShardService {
     std::vector<bool> down, joining;
     uint32_t self = 0;
     std::vector<uint32_t> live;  // map.LiveReplicas of the tensor
+    uint64_t reserved_bytes = 0;  // in the admission budget, for `live`
   };
   absl::StatusOr<Tensor*> DeclareLocked(const proto::DeclareTensorRequest& r, codec::DType dtype,
                                         const cluster::OptimizerOptions& opt, bool fresh,
@@ -249,9 +250,10 @@ class ShardService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // For a tensor of many chunks not declared yet: its placement under the current map,
   // computed outside mu_ (millions of chunks take seconds, which every call would otherwise
-  // wait for, even when the declaration is then refused); nullopt when not worth it.
-  std::optional<Placement> PlaceUnlocked(const proto::DeclareTensorRequest& r,
-                                         const cluster::ChunkLayout& layout)
+  // wait for, even when the declaration is then refused); nullopt when not worth it;
+  // ResourceExhausted when its memory does not fit the budget.
+  absl::StatusOr<std::optional<Placement>> PlaceUnlocked(const proto::DeclareTensorRequest& r,
+                                                         const cluster::ChunkLayout& layout)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Old-map pushes while a re-shard is prepared or committed: waits while `step` is past
   // the frozen step; Aborted once it is at or past the switch step or the map changed.

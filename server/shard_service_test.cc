@@ -292,6 +292,26 @@ TEST(ShardService, ManyChunksArePlacedAsTheMapSays) {
   }
 }
 
+// A declaration of many chunks reserves its placement before making it: past the budget it
+// is refused without allocating the placement (16 M chunks: 64 MiB of owners).
+TEST(ShardService, APlacementPastTheBudgetIsRefusedBeforeItIsMade) {
+  auto shard = *ShardService::Create(
+      Config(1, 1, {"chunk_bytes=64", "limits.memory_budget_bytes=33554432"}), ShardOptions{});
+  const uint64_t before = Rss();
+  for (int i = 0; i < 4; ++i) {
+    proto::DeclareTensorResponse dr;
+    const absl::Status s =
+        shard->DeclareTensor(Declaration(absl::StrCat("huge", i), uint64_t{1} << 30), &dr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("limits.memory_budget_bytes"));
+  }
+  EXPECT_LT(Rss(), before + (16u << 20));
+  proto::StatsResponse stats;
+  shard->Stats(&stats);
+  EXPECT_EQ(stats.tensors(), 0u);
+  EXPECT_EQ(stats.memory_used_bytes(), 0u);
+}
+
 TEST(ShardService, ChunkOfAnotherShardIsFailedPrecondition) {
   auto config = Config(1, 3);
   auto shard = *ShardService::Create(config, ShardOptions{0, 1, {}});
