@@ -40,8 +40,7 @@ class AggregationGrpcService final : public grpc::Service {
         token_(std::move(token)),
         limiter_(shard->config().limits().max_calls_per_client()),
         worker_limiter_(WorkerShareOfThreads(shard->config()),
-                        "each worker's share of the shard's request threads, " +
-                            std::to_string(WorkerShareOfThreads(shard->config()))) {
+                        "each worker's share of the shard's request threads") {
     RegisterMethods();
   }
 

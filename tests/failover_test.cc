@@ -201,22 +201,33 @@ INSTANTIATE_TEST_SUITE_P(OptimizersAndShards, Failover,
                          ::testing::Combine(::testing::Values("momentum", "adam"),
                                             ::testing::Values(0, 1, 2)));
 
+// The one worker of `one`, connected, with tensor "t" (kOneWorkerElements: 64 chunks, some
+// held by shards 1 and 2 only) declared and `g` pushed as step 0; null after a failure.
+constexpr size_t kOneWorkerElements = 64 * 512;
+std::unique_ptr<worker::Client> OneWorkerAfterAStep(const proto::ClusterConfig& one,
+                                                    const std::vector<float>& g,
+                                                    std::vector<float>* out) {
+  auto w = worker::Client::Connect(one, worker::ClientOptions());
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) return nullptr;
+  absl::Status s = (*w)->Declare("t", codec::DType::kF32, kOneWorkerElements);
+  if (s.ok()) s = (*w)->PushPull("t", 0, g.data(), out->data());
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? *std::move(w) : nullptr;
+}
+
 // Both shards that hold some chunk stop at once: that chunk's next step fails with a status
 // naming both; nothing is silently wrong.
 TEST(FailoverErrors, TwoCopiesDownAtOnceFailNamingBothShards) {
   proto::ClusterConfig one = Config(3, 2, "sgd");
   one.set_workers(1);
   auto solo = StartShards(one);
-  worker::ClientOptions options;
-  auto w = worker::Client::Connect(one, options);
-  ASSERT_TRUE(w.ok()) << w.status();
-  const size_t n = 64 * 512;  // 64 chunks: some are held by shards 1 and 2 only
-  ASSERT_TRUE((*w)->Declare("t", codec::DType::kF32, n).ok());
-  std::vector<float> g(n, 1.0f), out(n);
-  ASSERT_TRUE((*w)->PushPull("t", 0, g.data(), out.data()).ok());
+  std::vector<float> g(kOneWorkerElements, 1.0f), out(kOneWorkerElements);
+  std::unique_ptr<worker::Client> w = OneWorkerAfterAStep(one, g, &out);
+  ASSERT_NE(w, nullptr);
   solo[1].reset();
   solo[2].reset();
-  absl::Status s = (*w)->PushPull("t", 1, g.data(), out.data());
+  absl::Status s = w->PushPull("t", 1, g.data(), out.data());
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr(one.shards(1)));
@@ -233,13 +244,9 @@ TEST(FailoverErrors, ARejoinForALiveShardIsRefused) {
   proto::ClusterConfig one = Config(3, 2, "none");
   one.set_workers(1);
   auto shards = StartShards(one);
-  worker::ClientOptions options;
-  auto w = worker::Client::Connect(one, options);
-  ASSERT_TRUE(w.ok()) << w.status();
-  const size_t n = 64 * 512;
-  ASSERT_TRUE((*w)->Declare("t", codec::DType::kF32, n).ok());
-  std::vector<float> g(n, 1.0f), out(n);
-  ASSERT_TRUE((*w)->PushPull("t", 0, g.data(), out.data()).ok());
+  std::vector<float> g(kOneWorkerElements, 1.0f), out(kOneWorkerElements);
+  std::unique_ptr<worker::Client> w = OneWorkerAfterAStep(one, g, &out);
+  ASSERT_NE(w, nullptr);
   auto stub = proto::Resharding::NewStub(
       grpc::CreateChannel(one.shards(0), grpc::InsecureChannelCredentials()));
   for (uint32_t k : {1u, 2u}) {
@@ -258,7 +265,7 @@ TEST(FailoverErrors, ARejoinForALiveShardIsRefused) {
   EXPECT_EQ(st.down_shards_size(), 0);
   EXPECT_EQ(st.joining_shards_size(), 0);
   EXPECT_EQ(st.chunks_lost(), 0u);
-  ASSERT_TRUE((*w)->PushPull("t", 1, g.data(), out.data()).ok());
+  ASSERT_TRUE(w->PushPull("t", 1, g.data(), out.data()).ok());
   EXPECT_EQ(out, g);
 }
 

@@ -108,15 +108,11 @@ class GlooTransport(Transport):
         dist.all_gather(frames, mine, group=self.group)
         return [f[: int(s.item())].numpy().tobytes() for f, s in zip(frames, sizes)]
 
-    def _chunks(self, tensor):
-        """Views of `tensor`'s chunks, cut as the Client cuts them."""
-        per = max(1, self.chunk_bytes // tensor.element_size())
-        return [tensor[lo:lo + per] for lo in range(0, tensor.numel(), per)]
-
     def _encode(self, tensor):
         """One frame of one block per chunk, and the blocks' bytes (a PS sends no frame
         header: each chunk travels as its block)."""
-        frames = [codec.encode(c, self.policy, self.chunk_bytes) for c in self._chunks(tensor)]
+        frames = [codec.encode(c, self.policy, self.chunk_bytes)
+                  for c in _chunks(tensor, self.chunk_bytes)]
         return frames, sum(len(f) - _frame_header_bytes(f) for f in frames)
 
     def push_pull(self, key, step, tensor):
@@ -134,7 +130,7 @@ class GlooTransport(Transport):
             parts = []
             for joined in self._gather_bytes(_join(frames)):
                 part = torch.empty_like(tensor)
-                for f, c in zip(_split(joined), self._chunks(part)):
+                for f, c in zip(_split(joined), _chunks(part, self.chunk_bytes)):
                     codec.decode(f, c)
                 parts.append(part)
             self.wire_bytes += sent
@@ -150,7 +146,7 @@ class GlooTransport(Transport):
         else:
             replies, received = self._encode(total)
             self.wire_bytes += received
-            for f, c in zip(replies, self._chunks(tensor)):
+            for f, c in zip(replies, _chunks(tensor, self.chunk_bytes)):
                 codec.decode(f, c)
 
     def quantize(self, tensor):
@@ -183,14 +179,19 @@ def _split(joined):
     return frames
 
 
+def _chunks(flat, chunk_bytes):
+    """Views of a flat tensor's chunks, cut as the Client cuts them."""
+    per = max(1, chunk_bytes // flat.element_size())
+    return [flat[lo:lo + per] for lo in range(0, flat.numel(), per)]
+
+
 def _quantize_chunks(tensor, policy, chunk_bytes):
     """What the shards receive of `tensor`: chunk by chunk, each one block, as the Client
     encodes them."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     out = torch.empty_like(flat)
-    per = max(1, chunk_bytes // flat.element_size())
-    for lo in range(0, flat.numel(), per):
-        codec.roundtrip(flat[lo:lo + per], policy, chunk_bytes, out=out[lo:lo + per])
+    for c, o in zip(_chunks(flat, chunk_bytes), _chunks(out, chunk_bytes)):
+        codec.roundtrip(c, policy, chunk_bytes, out=o)
     return out.reshape(tensor.shape)
 
 

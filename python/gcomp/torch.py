@@ -242,12 +242,10 @@ class GradientSync:
             # (>= 1/W, far above the codec's floor, and zeros stay zero).
             flags = torch.tensor([0.0 if p.grad is None else 1.0 for p in self.params])
             key = "%s/used/%d" % (self.prefix, flags.numel())
-            used_fut = self.state.submit(key, flags)
+            mean = self.state.submit(key, flags).wait()
+            used = {id(p): bool(u > 0) for p, u in zip(self.params, mean)}
         for params, flat, fut in futures:
             fut.wait()
-        if self.find_unused_parameters:
-            used = {id(p): bool(u > 0) for p, u in zip(self.params, used_fut.wait())}
-        for params, flat, fut in futures:
             offset = 0
             for p in params:
                 n = p.numel()
