@@ -139,8 +139,9 @@ __attribute__((target("avx2"), always_inline)) inline Quantized8 QuantizeGeneral
 // >= 1) and <= special_above - 1, so e and the rounded e2 <= e + 1 both take the plain
 // width min(cap, max(0, s + offset)). A carry leaves a zero mantissa, which the unrounded
 // drop shifts out just as well.
-__attribute__((target("avx2"))) inline Quantized8 QuantizeOrdinary8(__m256i u, __m256i e,
-                                                                    const QuantVectors& v) {
+template <typename U>
+__attribute__((target("avx2"), always_inline)) inline Quantized8 QuantizeOrdinary8(
+    __m256i u, __m256i e, const QuantVectors& v) {
   const __m256i mag = _mm256_and_si256(u, v.mag_mask);
   const __m256i zero = _mm256_setzero_si256();
   Quantized8 r;
@@ -152,7 +153,9 @@ __attribute__((target("avx2"))) inline Quantized8 QuantizeOrdinary8(__m256i u, _
   const __m256i k2 =
       _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(r.sym, v.offset), zero), v.cap);
   const __m256i mant = _mm256_srlv_epi32(_mm256_and_si256(rounded, v.mant_mask), drop);
-  const __m256i sign = _mm256_sllv_epi32(_mm256_srl_epi32(u, v.top), k2);
+  // f32's sign is bit 31: a shift by an immediate leaves a register free.
+  const __m256i sign_bit = sizeof(U) == 4 ? _mm256_srli_epi32(u, 31) : _mm256_srl_epi32(u, v.top);
+  const __m256i sign = _mm256_sllv_epi32(sign_bit, k2);
   r.value = _mm256_and_si256(_mm256_or_si256(mant, sign), r.nz);
   r.bits = _mm256_and_si256(_mm256_add_epi32(k2, v.one), r.nz);
   return r;
@@ -170,33 +173,53 @@ __attribute__((target("avx2"))) inline Quantized8 QuantizeLossless8(__m256i u,
   return r;
 }
 
+// Fields joined in pairs: values (<= 48 bits) and widths in 64-bit lanes.
+struct Pairs4 {
+  __m256i value, bits;
+};
+__attribute__((target("avx2"), always_inline)) inline Pairs4 JoinPairs(__m256i value,
+                                                                       __m256i bits) {
+  const __m256i lo32 = _mm256_set1_epi64x(0xffffffff);
+  const __m256i first = _mm256_and_si256(bits, lo32);
+  return {_mm256_or_si256(_mm256_and_si256(value, lo32),
+                          _mm256_sllv_epi64(_mm256_srli_epi64(value, 32), first)),
+          _mm256_add_epi64(first, _mm256_srli_epi64(bits, 32))};
+}
+
+// Pairs joined in fours, left in lanes 0 and 2.
+__attribute__((target("avx2"), always_inline)) inline Pairs4 JoinFours(Pairs4 p) {
+  return {_mm256_or_si256(p.value, _mm256_sllv_epi64(_mm256_bsrli_epi128(p.value, 8), p.bits)),
+          _mm256_add_epi64(p.bits, _mm256_bsrli_epi128(p.bits, 8))};
+}
+
+// Appends 8 fields of <= 8 bits each, joined in one piece of <= 64 bits.
+__attribute__((target("avx2,bmi2"), always_inline)) inline void PutEights(Pairs4 p, WordWriter& w) {
+  const Pairs4 q = JoinFours(p);
+  const __m256i ov =
+      _mm256_or_si256(q.value, _mm256_sllv_epi64(_mm256_permute4x64_epi64(q.value, 2), q.bits));
+  const __m256i ob = _mm256_add_epi64(q.bits, _mm256_permute4x64_epi64(q.bits, 2));
+  w.Put(static_cast<uint64_t>(_mm_cvtsi128_si64(_mm256_castsi256_si128(ov))),
+        static_cast<unsigned>(_mm256_cvtsi256_si32(ob)));
+}
+
 // Appends 8 fields to the plane. Fields are joined in pairs (<= 48 bits), then in fours
 // when every field has <= 14 bits (near-lossless with R <= 13), and in eights (<= 64 bits)
 // when every field has <= 8 bits (R <= 7, the default).
 __attribute__((target("avx2,bmi2"), always_inline)) inline void PutFields8(__m256i value,
                                                                            __m256i bits,
                                                                            WordWriter& w) {
-  const __m256i lo32 = _mm256_set1_epi64x(0xffffffff);
-  const __m256i first = _mm256_and_si256(bits, lo32);
-  const __m256i pv = _mm256_or_si256(_mm256_and_si256(value, lo32),
-                                     _mm256_sllv_epi64(_mm256_srli_epi64(value, 32), first));
-  const __m256i pb = _mm256_add_epi64(first, _mm256_srli_epi64(bits, 32));
+  const Pairs4 p = JoinPairs(value, bits);
+  const __m256i pv = p.value, pb = p.bits;
   alignas(32) uint64_t tv[4], tb[4];
-  const int over8 = _mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(8)));
-  if (__builtin_expect(over8 == 0, 1) ||
-      _mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(14))) == 0) {
-    const __m256i qv = _mm256_or_si256(pv, _mm256_sllv_epi64(_mm256_bsrli_epi128(pv, 8), pb));
-    const __m256i qb = _mm256_add_epi64(pb, _mm256_bsrli_epi128(pb, 8));
-    if (__builtin_expect(over8 == 0, 1)) {  // fours of <= 32 bits in lanes 0 and 2
-      const __m256i ov =
-          _mm256_or_si256(qv, _mm256_sllv_epi64(_mm256_permute4x64_epi64(qv, 2), qb));
-      const __m256i ob = _mm256_add_epi64(qb, _mm256_permute4x64_epi64(qb, 2));
-      w.Put(static_cast<uint64_t>(_mm_cvtsi128_si64(_mm256_castsi256_si128(ov))),
-            static_cast<unsigned>(_mm256_cvtsi256_si32(ob)));
-      return;
-    }
-    _mm256_store_si256(reinterpret_cast<__m256i*>(tv), qv);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(tb), qb);
+  if (__builtin_expect(_mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(8))) == 0,
+                       1)) {
+    PutEights(p, w);
+    return;
+  }
+  if (_mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(14))) == 0) {
+    const Pairs4 q = JoinFours(p);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tv), q.value);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tb), q.bits);
     w.Put(tv[0], static_cast<unsigned>(tb[0]));
     w.Put(tv[2], static_cast<unsigned>(tb[2]));
     return;
@@ -271,7 +294,11 @@ __attribute__((target("avx2"))) inline void PutBytes8(__m256i x, uint32_t m8, ui
   _mm_storel_epi64(reinterpret_cast<__m128i*>(p), kept);
 }
 
-template <typename U, SplitPath P, bool kPext = false>
+// How the near-lossless ordinary groups' fields are joined: shifts for any width, shifts
+// for widths of <= 8 bits (width_cap <= 7), or PEXT (width_cap <= 7 and FastPext()).
+enum class Join { kShifts, kNarrowShifts, kPext };
+
+template <typename U, SplitPath P, Join J = Join::kShifts>
 __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, size_t n,
                                                                   const QuantParams& q,
                                                                   uint8_t* plane, uint8_t* syms,
@@ -296,7 +323,7 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
     } else if constexpr (P == SplitPath::kNearLossless) {
       const __m256i e = _mm256_srl_epi32(_mm256_and_si256(u, v.mag_mask), v.W);
       if (__builtin_expect(_mm256_movemask_epi8(_mm256_cmpgt_epi32(e, v.ordinary_limit)) == 0, 1)) {
-        if constexpr (kPext) {
+        if constexpr (J == Join::kPext) {
           __m256i sym;
           const __m256i nz = PutOrdinaryBytes8<U>(u, e, v, w, &sym);
           const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(nz)));
@@ -305,7 +332,15 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
           j += static_cast<size_t>(__builtin_popcount(m8));
           continue;
         }
-        r = QuantizeOrdinary8(u, e, v);
+        r = QuantizeOrdinary8<U>(u, e, v);
+        if constexpr (J == Join::kNarrowShifts) {  // no width test needed
+          const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(r.nz)));
+          mask_bytes[i / 8] = static_cast<uint8_t>(m8);
+          PutBytes8(r.sym, m8, syms + j);
+          j += static_cast<size_t>(__builtin_popcount(m8));
+          PutEights(JoinPairs(r.value, r.bits), w);
+          continue;
+        }
       } else {
         r = QuantizeGeneral8(u, v);
       }
@@ -314,6 +349,10 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
     }
     const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(r.nz)));
     mask_bytes[i / 8] = static_cast<uint8_t>(m8);
+    // Symbols first: m8 and sym are then dead before the fields' join, which needs the
+    // registers.
+    PutBytes8(r.sym, m8, syms + j);
+    j += static_cast<size_t>(__builtin_popcount(m8));
     if constexpr (kByteFields) {
       bytes = PutTriples8(r.value, m8, bytes);
     } else if (byte_fields16) {
@@ -322,8 +361,6 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
     } else {
       PutFields8(r.value, r.bits, w);
     }
-    PutBytes8(r.sym, m8, syms + j);
-    j += static_cast<size_t>(__builtin_popcount(m8));
   }
   if (i < n) {  // the last few elements of the block
     Group g;
@@ -343,8 +380,11 @@ size_t SplitAvx2(const U* in, size_t n, const QuantParams& q, uint8_t* plane, ui
     return SplitAvx2Typed<U, SplitPath::kLossless>(in, n, q, plane, syms, bitmap, nnz);
   }
   if (path == SplitPath::kNearLossless) {
-    if (pext && q.width_cap <= 7) {
-      return SplitAvx2Typed<U, SplitPath::kNearLossless, true>(in, n, q, plane, syms, bitmap, nnz);
+    if (q.width_cap <= 7) {
+      return pext ? SplitAvx2Typed<U, SplitPath::kNearLossless, Join::kPext>(in, n, q, plane, syms,
+                                                                             bitmap, nnz)
+                  : SplitAvx2Typed<U, SplitPath::kNearLossless, Join::kNarrowShifts>(
+                        in, n, q, plane, syms, bitmap, nnz);
     }
     return SplitAvx2Typed<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap, nnz);
   }
