@@ -71,9 +71,10 @@ class WordWriter {
     // The bits of v past the word: v >> (64 - fill_), written so that fill_ == 0 gives 0.
     const uint64_t rest = (v >> 1) >> (63 - fill_);
     // Whether the word filled up is as good as random: select with masks, not branches.
-    const uint64_t full = t >> 6;  // 0 or 1
+    const uint64_t full = t >> 6;    // 0 or 1
+    const uint64_t keep = full - 1;  // all ones when the word is not full
     p_ += full << 3;
-    acc_ = full != 0 ? rest : acc;  // a conditional move: cheaper than masks
+    acc_ = (acc & keep) | (rest & ~keep);
     fill_ = t & 63;
   }
   // Writes the rest, zero-padding the last byte; returns bytes written.
