@@ -57,6 +57,15 @@ absl::Status WriteFileAtomically(const std::string& path,
 }
 
 absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path) {
+  // The commit renames over `path`: right for a file, wrong for a device or a pipe (as root,
+  // /dev/null itself would become a file).
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path,
+                     " exists and is not a regular file (a directory, device or pipe); refusing to "
+                     "replace it"));
+  }
   std::string tmp = absl::StrCat(path, ".tmp", getpid());
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {

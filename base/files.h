@@ -29,7 +29,8 @@ absl::Status WriteFileAtomically(const std::string& path,
 // removes the temporary file and `path` keeps its old content.
 class AtomicFileWriter {
  public:
-  // PermissionDenied naming the temporary file if it cannot be created.
+  // PermissionDenied naming the temporary file if it cannot be created; FailedPrecondition
+  // if `path` exists and is not a regular file (a device, pipe or directory).
   static absl::StatusOr<AtomicFileWriter> Create(const std::string& path);
 
   AtomicFileWriter(AtomicFileWriter&& other) noexcept;

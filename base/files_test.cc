@@ -1,7 +1,9 @@
 #include "base/files.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -105,6 +107,20 @@ TEST(Files, DirectoryIsDataLossNamingIt) {
 TEST(Files, UnwritableDirectoryFailsAndLeavesNothing) {
   const absl::Status s = WriteFileAtomically("/nonexistent_dir_gcomp/x", "data");
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST(Files, ANonRegularTargetIsNotReplaced) {
+  // A fifo stands for the devices and pipes a rename would replace with a plain file.
+  const std::string fifo = TempPath("fifo_target");
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const absl::Status s = WriteFileAtomically(fifo, "data");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("not a regular file"), absl::string_view::npos) << s;
+  struct stat st;
+  ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  std::remove(fifo.c_str());
 }
 
 }  // namespace

@@ -24,6 +24,11 @@ absl::StatusOr<absl::string_view> DictValue(absl::string_view dict, absl::string
   if (at == absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat("npy header has no '", key, "' entry"));
   }
+  // Python's own reader keeps the last of repeated keys; a header with two is refused
+  // rather than read another way.
+  if (dict.find(quoted, at + quoted.size()) != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("npy header gives '", key, "' twice"));
+  }
   absl::string_view rest = dict.substr(at + quoted.size());
   rest = absl::StripLeadingAsciiWhitespace(rest);
   if (!absl::ConsumePrefix(&rest, ":")) {
@@ -89,8 +94,12 @@ absl::StatusOr<NpyF32View> ParseNpyF32View(absl::string_view bytes) {
       return absl::InvalidArgumentError(absl::StrCat("npy header: bad shape ", *shape_text));
     }
     view.shape.push_back(d);
+    // Checked before multiplying: dimensions of up to 2^34 each could wrap 64 bits.
+    if (d != 0 && count > kMaxElements / d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(".npy array too large: shape ", *shape_text, " has over 2^34 elements"));
+    }
     count *= d;
-    if (count > kMaxElements) return absl::InvalidArgumentError(".npy array too large");
   }
   const size_t data_bytes = bytes.size() - offset - header_len;
   if (data_bytes != count * 4) {

@@ -83,6 +83,42 @@ check_fails "bad dtype" "$GCOMP" compress --dtype f64 "$DIR/in.npy" "$DIR/x.gcz"
 check_fails "not npy" "$GCOMP" compress "$DIR/a.gcz" "$DIR/x.gcz"
 check_fails "not gcz" "$GCOMP" inspect "$DIR/in.npy"
 check_fails "unknown subcommand" "$GCOMP" frobnicate
+# The input given as the output (also through a link) is refused and left whole.
+cp "$DIR/in.npy" "$DIR/self.npy"
+ln -sf "$DIR/self.npy" "$DIR/self_link.gcz"
+check_fails "output is the input" "$GCOMP" compress "$DIR/in.npy" "$DIR/in.npy"
+check_fails "output links to the input" "$GCOMP" compress "$DIR/self.npy" "$DIR/self_link.gcz"
+cp "$DIR/a.gcz" "$DIR/self.gcz"
+check_fails "decompress over its input" "$GCOMP" decompress "$DIR/self.gcz" "$DIR/self.gcz"
+cmp -s "$DIR/in.npy" "$DIR/self.npy" || fail "input destroyed by compress onto itself"
+cmp -s "$DIR/a.gcz" "$DIR/self.gcz" || fail "input destroyed by decompress onto itself"
+grep -q "is the input file" "$DIR/err" || fail "same-file error does not say why"
+# An output that is not a regular file (here a fifo, as /dev/null or /dev/full would be)
+# is not replaced.
+mkfifo "$DIR/fifo.gcz"
+check_fails "fifo output" "$GCOMP" compress "$DIR/in.npy" "$DIR/fifo.gcz"
+[ -p "$DIR/fifo.gcz" ] || fail "fifo output was replaced"
+check_fails "threads too many" "$GCOMP" decompress --threads 5000 "$DIR/a.gcz" "$DIR/t.npy"
+check_fails "threads negative" "$GCOMP" compress --threads -1 "$DIR/in.npy" "$DIR/x.gcz"
+check_fails "repeats zero" "$GCOMP" bench --repeats 0 "$DIR/in.npy"
+# Shapes whose element count wraps 64 bits, and a header giving a key twice.
+python3 - "$DIR" <<'PY'
+import struct, sys
+def npy(path, header, data=b""):
+    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + data)
+# 1104524548 * 16701072065 = 2^64 + 4: four floats of data would match the wrapped count.
+npy(sys.argv[1] + "/wrap.npy",
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (1104524548, 16701072065), }",
+    struct.pack("<4f", 1, 2, 3, 4))
+npy(sys.argv[1] + "/dup.npy",
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'descr': '<f8', }",
+    struct.pack("<d", 1))
+PY
+check_fails "wrapping shape" "$GCOMP" compress "$DIR/wrap.npy" "$DIR/x.gcz"
+grep -q "too large" "$DIR/err" || fail "wrapping shape: error does not say too large"
+check_fails "key given twice" "$GCOMP" compress "$DIR/dup.npy" "$DIR/x.gcz"
 [ ! -e "$DIR/x.gcz" ] || fail "output written on failure"
 ls "$DIR" | grep -q tmp && fail "temporary file left behind"
 

@@ -1,6 +1,7 @@
 #include "codec/cli/commands.h"
 
 #include <lz4.h>
+#include <sys/stat.h>
 #include <zstd.h>
 
 #if defined(__x86_64__)
@@ -37,10 +38,23 @@ absl::Status Annotate(const absl::Status& st, const std::string& path) {
   return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
 }
 
+// The output replaces its path when done: the input itself must not be that path (also
+// through a link), or the input would be lost.
+absl::Status CheckNotTheInput(const std::string& in_path, const std::string& out_path) {
+  struct stat in, out;
+  if (stat(in_path.c_str(), &in) == 0 && stat(out_path.c_str(), &out) == 0 &&
+      in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
+    return absl::InvalidArgumentError(absl::StrCat("output ", out_path, " is the input file ",
+                                                   in_path, ": writing it would destroy it"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Compress(const std::string& in_path, const std::string& out_path,
                       const CompressOptions& options) {
+  if (absl::Status st = CheckNotTheInput(in_path, out_path); !st.ok()) return st;
   // The input is mapped a few blocks at a time, not all at open: see `window` below.
   MappedFileOptions map_options;
   map_options.populate = false;
@@ -111,6 +125,7 @@ absl::Status Compress(const std::string& in_path, const std::string& out_path,
 }
 
 absl::Status Decompress(const std::string& in_path, const std::string& out_path, int threads) {
+  if (absl::Status st = CheckNotTheInput(in_path, out_path); !st.ok()) return st;
   // Mapped a window of blocks at a time (below), as compress maps its input.
   MappedFileOptions map_options;
   map_options.populate = false;
@@ -122,7 +137,11 @@ absl::Status Decompress(const std::string& in_path, const std::string& out_path,
   absl::StatusOr<codec::FrameInfo> info = codec::InspectFrame(codec::AsBytes(frame));
   if (!info.ok()) return Annotate(info.status(), in_path);
   uint64_t count = 1;
-  for (uint64_t d : header->shape) count *= d;
+  for (uint64_t d : header->shape) {
+    if (__builtin_mul_overflow(count, d, &count)) {
+      return absl::DataLossError(absl::StrCat(in_path, ": header shape overflows 64 bits"));
+    }
+  }
   if (count != info->elements || info->dtype != header->dtype) {
     return absl::DataLossError(
         absl::StrCat(in_path, ": header shape/dtype does not match the frame"));
@@ -136,7 +155,9 @@ absl::Status Decompress(const std::string& in_path, const std::string& out_path,
   // zero-filled or fault page by page, which costs more than decoding it.
   const DType dtype = header->dtype;
   const size_t per = info->block_elements, elem = codec::DTypeBytes(dtype);
-  const size_t workers = static_cast<size_t>(std::max(threads, 1));
+  // No more threads than blocks: the others would only wait.
+  const size_t workers =
+      std::min(static_cast<size_t>(std::max(threads, 1)), std::max<size_t>(info->blocks.size(), 1));
   const size_t window = workers == 1 ? 1 : 2 * workers;
   const size_t window_elements = std::min<size_t>(count, window * per);
   // Not zero-filled (decoding writes every element first) and in huge pages where the

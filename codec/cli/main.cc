@@ -33,6 +33,10 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+// More threads than this only adds stacks: blocks are 1 MiB, so no file of up to 2^34
+// elements keeps more busy.
+constexpr int kMaxThreads = 1024;
+
 int Threads() {
   const int t = absl::GetFlag(FLAGS_threads);
   return t > 0 ? t : gcomp::ThreadPool::HardwareThreads();
@@ -60,6 +64,13 @@ int main(int argc, char** argv) {
     return Fail("missing subcommand (compress, decompress, inspect or bench); see --help");
   }
   const std::string command = positional[1];
+  if (const int t = absl::GetFlag(FLAGS_threads); t < 0 || t > kMaxThreads) {
+    return Fail(
+        absl::StrCat("--threads must be 0 (every hardware thread) to ", kMaxThreads, ", got ", t));
+  }
+  if (const int r = absl::GetFlag(FLAGS_repeats); r < 1) {
+    return Fail(absl::StrCat("--repeats must be at least 1, got ", r));
+  }
   const std::vector<std::string> files(positional.begin() + 2, positional.end());
 
   absl::Status st;
@@ -89,7 +100,7 @@ int main(int argc, char** argv) {
   } else if (command == "bench") {
     gcomp::cli::BenchOptions options;
     options.threads = Threads();
-    options.repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+    options.repeats = absl::GetFlag(FLAGS_repeats);
     st = gcomp::cli::Bench(files, options, std::cout);
   } else {
     return Fail(absl::StrCat("unknown subcommand '", command,
