@@ -274,6 +274,16 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* d
     raw.table = TableKind::kStored;
     raw.mantissa_bytes = n * sizeof(U);
     std::memcpy(blk + kBlockHeaderBytes, data, n * sizeof(U));
+    if (pol.mode == Mode::kNearLossless) {
+      // Near-lossless zeros decode as +0.0 (docs/FORMAT.md) in stored blocks too.
+      constexpr U kMinusZero = static_cast<U>(U{1} << (8 * sizeof(U) - 1));
+      uint8_t* stored = blk + kBlockHeaderBytes;
+      for (size_t i = 0; i < n; ++i) {
+        U v;
+        std::memcpy(&v, stored + i * sizeof(U), sizeof(U));
+        if (v == kMinusZero) std::memset(stored + i * sizeof(U), 0, sizeof(U));
+      }
+    }
     b = raw;
     total = kBlockHeaderBytes + raw.mantissa_bytes;
   }

@@ -165,7 +165,10 @@ absl::StatusOr<FrameInfo> InspectFrame(absl::Span<const uint8_t> frame) {
   if (info.block_elements == 0 || info.block_elements > kMaxBlockElements) {
     return absl::DataLossError("bad frame block size");
   }
-  const uint64_t want = (info.elements + info.block_elements - 1) / info.block_elements;
+  // elements / B rounded up, without the wrap of elements + B - 1 near 2^64 (which let a
+  // frame of ~2^64 elements pass with no blocks at all).
+  const uint64_t want =
+      info.elements / info.block_elements + (info.elements % info.block_elements != 0 ? 1 : 0);
   if (count != want) return absl::DataLossError("frame block count does not match its size");
   const uint64_t header = kFrameFixedBytes + uint64_t{4} * count + 8;
   if (header > frame.size()) return absl::DataLossError("frame truncated in its block table");

@@ -175,6 +175,22 @@ TEST(Corruption, FrameTruncationsAndFlipsFail) {
   }
 }
 
+TEST(Corruption, AFrameOfNearly2To64ElementsAndNoBlocksIsRejected) {
+  // elements + B - 1 wrapped to a block count of 0: such a frame passed with no blocks.
+  std::string frame;
+  ASSERT_TRUE(EncodeBuffer(DType::kF32, nullptr, 0, BufferOptions{}, &frame).ok());
+  std::vector<uint8_t> forged(frame.begin(), frame.begin() + 24);
+  internal::Store64(forged.data() + 8, ~uint64_t{0});  // elements
+  internal::Store32(forged.data() + 16, 2);            // elements per block
+  internal::Store32(forged.data() + 20, 0);            // block count
+  forged.resize(32);
+  internal::Store64(forged.data() + 24, XXH64(forged.data(), 24, 0));
+  absl::StatusOr<FrameInfo> info = InspectFrame(absl::MakeConstSpan(forged));
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(info.status().message().find("block count"), std::string::npos) << info.status();
+}
+
 TEST(Corruption, GarbageIsRejected) {
   std::mt19937 rng(3);
   std::vector<float> out(1000);

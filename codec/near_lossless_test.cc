@@ -103,6 +103,34 @@ INSTANTIATE_TEST_SUITE_P(
                                          Pattern::kSpecials, Pattern::kBoundaries)),
     ParamName);
 
+TEST(NearLosslessBound, ZerosArePlusZeroInStoredBlocksToo) {
+  // Four bf16 values do not compress: the block is stored raw, and its -0.0 used to stay.
+  const uint16_t in[4] = {0x8000, 0x3f8d, 0x4013, 0xc06d};  // -0.0, 1.1, 2.3, -3.7
+  std::string block;
+  ASSERT_TRUE(EncodeBlock(DType::kBF16, in, 4, Policy{}, &block).ok());
+  absl::StatusOr<BlockInfo> info = InspectBlock(
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(block.data()), block.size()));
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->table, TableKind::kStored);
+  uint16_t out[4];
+  ASSERT_TRUE(
+      DecodeBlock(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(block.data()), block.size()),
+                  DType::kBF16, out, 4)
+          .ok());
+  EXPECT_EQ(out[0], 0u);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(out[i], in[i]) << i;
+  // Lossless keeps every bit, -0.0 included.
+  Policy lossless;
+  lossless.mode = Mode::kLossless;
+  block.clear();  // EncodeBlock appends
+  ASSERT_TRUE(EncodeBlock(DType::kBF16, in, 4, lossless, &block).ok());
+  ASSERT_TRUE(
+      DecodeBlock(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(block.data()), block.size()),
+                  DType::kBF16, out, 4)
+          .ok());
+  EXPECT_EQ(out[0], 0x8000u);
+}
+
 TEST(NearLosslessBound, LargestFiniteValuesNeverBecomeInf) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     const int total = DTypeBytes(dtype) * 8;
