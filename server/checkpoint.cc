@@ -105,6 +105,21 @@ absl::Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
+// OK when `dir` is a directory this process can list, or does not exist yet (NotFound:
+// no checkpoint was ever written there); otherwise why not. A directory that cannot be
+// listed must not read as an empty one: the shard would start from nothing.
+absl::Status CheckDirListable(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d != nullptr) {
+    ::closedir(d);
+    return absl::OkStatus();
+  }
+  const int err = errno;
+  if (err == ENOENT) return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir));
+  return absl::FailedPreconditionError(
+      absl::StrCat("cannot read checkpoint directory ", dir, ": ", std::strerror(err)));
+}
+
 std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> names;
   DIR* d = ::opendir(dir.c_str());
@@ -394,6 +409,23 @@ absl::StatusOr<std::vector<proto::CheckpointRecord>> ParseCheckpointFile(absl::s
   return records;
 }
 
+absl::Status CheckCheckpointDirWritable(const std::string& dir) {
+  // MakeDirs passes over an existing file of the name; opendir below names that case.
+  if (absl::Status st = MakeDirs(dir); !st.ok()) return st;
+  if (absl::Status st = CheckDirListable(dir); !st.ok()) return st;
+  // A file made and removed: also right for root, whom access(2) never refuses, and for a
+  // read-only mount.
+  const std::string probe = absl::StrCat(dir, "/.write-probe-", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot write checkpoints into ", dir, ": ", ErrnoText()));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status CheckCheckpointCoverage(const LoadedCheckpoint& c) {
   absl::flat_hash_map<std::string, const proto::TensorDeclaration*> decls;
   absl::flat_hash_map<std::string, uint64_t> counts;
@@ -489,6 +521,9 @@ std::vector<CheckpointSetSummary> ListCheckpointSets(const std::string& dir) {
 
 std::pair<std::string, bool> DescribeCheckpoints(const std::string& dir) {
   std::string text = absl::StrCat("checkpoint directory ", dir, "\n");
+  if (absl::Status st = CheckDirListable(dir); !st.ok()) {
+    return {absl::StrCat(text, st.message(), "\n"), false};
+  }
   std::vector<CheckpointSetSummary> sets = ListCheckpointSets(dir);
   if (sets.empty()) return {absl::StrCat(text, "no checkpoint sets\n"), false};
   absl::StrAppend(&text, absl::StrFormat("%-32s %14s %7s  %s\n", "set", "step", "shards", "state"));
@@ -523,6 +558,7 @@ std::pair<std::string, bool> DescribeCheckpoints(const std::string& dir) {
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir) {
+  if (absl::Status st = CheckDirListable(dir); !st.ok()) return st;
   std::vector<SetInfo> sets = ListSets(dir);
   if (sets.empty()) return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir));
   std::vector<std::string> skipped;

@@ -65,9 +65,14 @@ struct LoadedCheckpoint {
 };
 
 // The newest complete and intact set in `dir` (the final set wins a tie with a periodic
-// one). NotFound when `dir` holds no set at all; DataLoss listing every set's problem when
-// none is usable. Damaged sets are skipped (named in `skipped`), never partly loaded.
+// one). NotFound when `dir` does not exist or holds no set at all; FailedPrecondition when
+// it cannot be listed (not a directory, no permission); DataLoss listing every set's
+// problem when none is usable. Damaged sets are skipped (named in `skipped`), never partly loaded.
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir);
+
+// Creates `dir` if needed and checks that this process can write checkpoints into it:
+// FailedPrecondition or PermissionDenied naming the directory and the reason.
+absl::Status CheckCheckpointDirWritable(const std::string& dir);
 
 // A set as its manifests describe it (data files not read).
 struct CheckpointSetSummary {

@@ -17,6 +17,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/files.h"
@@ -141,8 +142,15 @@ void WatchConfig(const std::string& path, const std::vector<std::string>& overri
 int main(int argc, char** argv) {
   gcomp::TuneMallocForLargeBuffers();
   const gcomp::PeriodicMallocTrim trim_heap(absl::Seconds(5));
+  absl::SetProgramUsageMessage(
+      "gcomp_server --config FILE --shard K [--set field=value,...] [--decode_threads N]\n"
+      "Serves shard K of the cluster in FILE (docs/SERVICE.md); --helpfull lists every flag.");
   absl::ParseCommandLine(argc, argv);
   int shard = absl::GetFlag(FLAGS_shard);
+  if (shard < -1) {  // -1, the default, means "not given"
+    fprintf(stderr, "gcomp_server: --shard must be a shard index (0 or more), got %d\n", shard);
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_shard_from_hostname)) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);

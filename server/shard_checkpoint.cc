@@ -157,6 +157,9 @@ absl::Status ShardService::WriteFinalCheckpoint() {
 
 absl::Status ShardService::RestoreFromCheckpoint() {
   const std::string& dir = config_.checkpoint().dir();
+  // Checked now rather than at the first checkpoint, which would fail only in the log while
+  // training went on without any.
+  if (absl::Status st = CheckCheckpointDirWritable(dir); !st.ok()) return st;
   absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir);
   if (absl::IsNotFound(loaded.status())) {
     log::Info("shard {}: no checkpoint in {}; starting empty", shard(), dir);

@@ -1,5 +1,7 @@
 // Checkpoint and restore through ShardService: training resumed from a checkpoint (into the
 // same or another number of shards) continues bit for bit like an uninterrupted run.
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -8,9 +10,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
+#include "base/files.h"
 #include "cluster/cluster_config.h"
 #include "cluster/wire_block.h"
+#include "gtest/gtest.h"
+#include "server/checkpoint.h"
 #include "server/shard_service.h"
 
 namespace gcomp::server {
@@ -244,6 +248,27 @@ TEST(ShardCheckpointErrors, MismatchedCheckpointIsRefusedNamingTheProblem) {
   absl::StatusOr<std::unique_ptr<ShardService>> s = ShardService::Create(c, ShardOptions{});
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.status().message().find("job 'j'"), std::string::npos) << s.status();
+}
+
+TEST(ShardCheckpointErrors, ADirectoryThatCannotHoldCheckpointsRefusesToStart) {
+  // A file where the directory should be: listing it used to read as "no checkpoint", the
+  // shard started empty and every checkpoint after failed only in the log.
+  const std::string file = absl::StrCat(TempDir(), "/not_a_dir");
+  ASSERT_TRUE(WriteFileAtomically(file, "x").ok());
+  for (const std::string& dir : {file, absl::StrCat(file, "/below")}) {
+    Job job(Config(1, dir, 0));
+    EXPECT_FALSE(job.status().ok()) << dir;
+    EXPECT_NE(job.status().message().find("Not a directory"), std::string::npos) << job.status();
+    const auto [text, usable] = DescribeCheckpoints(dir);
+    EXPECT_FALSE(usable);
+    EXPECT_NE(text.find("cannot read checkpoint directory"), std::string::npos) << text;
+  }
+  // A directory not there yet is made at start.
+  const std::string fresh = absl::StrCat(TempDir(), "/made/at/start");
+  Job job(Config(1, fresh, 0));
+  ASSERT_TRUE(job.status().ok()) << job.status();
+  struct stat st;
+  EXPECT_EQ(stat(fresh.c_str(), &st), 0);
 }
 
 TEST(ShardCheckpointErrors, DamagedOnlyCheckpointRefusesToStart) {

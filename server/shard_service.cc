@@ -31,8 +31,9 @@ absl::StatusOr<std::unique_ptr<ShardService>> ShardService::Create(
     return absl::InvalidArgumentError(absl::StrCat("shard ", options.shard, " out of range: the config lists ",
                                                    config.shards_size(), " shards"));
   }
-  if (options.decode_threads < 1) {
-    return absl::InvalidArgumentError("decode_threads must be at least 1");
+  if (options.decode_threads < 1 || options.decode_threads > kMaxDecodeThreads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode_threads must be 1 to ", kMaxDecodeThreads, ", got ", options.decode_threads));
   }
   std::unique_ptr<ShardService> service(new ShardService(config, options));
   if (!config.checkpoint().dir().empty()) {

@@ -79,9 +79,12 @@ struct ShardPeers {
       rejoin;
 };
 
+// More decode threads than this only add stacks (each pushed block is one task).
+inline constexpr int kMaxDecodeThreads = 256;
+
 struct ShardOptions {
   uint32_t shard = 0;
-  // Threads that decode and convert pushed blocks.
+  // Threads that decode and convert pushed blocks: 1 to kMaxDecodeThreads.
   int decode_threads = 4;
   ShardPeers peers;
 };

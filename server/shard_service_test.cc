@@ -39,6 +39,18 @@ proto::ClusterConfig Config(uint32_t workers, int shards = 1,
   return *cluster::ParseClusterConfig("job: j\n", o);
 }
 
+TEST(ShardServiceOptions, DecodeThreadsOutOfRangeAreRefused) {
+  for (int threads : {0, -1, kMaxDecodeThreads + 1, 100000}) {
+    ShardOptions options;
+    options.decode_threads = threads;
+    auto s = ShardService::Create(Config(1), options);
+    ASSERT_FALSE(s.ok()) << threads;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find(absl::StrCat("got ", threads)), std::string::npos)
+        << s.status();
+  }
+}
+
 class ShardServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -29,6 +29,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -40,10 +41,10 @@
 #include "base/malloc_tuning.h"
 #include "base/npy.h"
 #include "base/progress.h"
-#include "codec/codec.h"
 #include "cluster/cluster_config.h"
 #include "cluster/optimizer.h"
 #include "cluster/shard_map.h"
+#include "codec/codec.h"
 #include "worker/client.h"
 #include "xxhash.h"
 
@@ -105,6 +106,9 @@ std::string JsonEscape(absl::string_view s) {
 int main(int argc, char** argv) {
   gcomp::TuneMallocForLargeBuffers();
   const gcomp::PeriodicMallocTrim trim_heap(absl::Seconds(5));
+  absl::SetProgramUsageMessage(
+      "gcomp_worker --config FILE --worker W --gradients A.npy[,B.npy] --steps N\n"
+      "Replays real gradients as worker W of a job; --helpfull lists every flag.");
   absl::ParseCommandLine(argc, argv);
   const uint32_t w = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker));
   const absl::Status logging = gcomp::InitLogging(absl::StrCat("gcomp_worker[", w, "]"),

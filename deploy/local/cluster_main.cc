@@ -32,10 +32,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -47,21 +48,21 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/process_usage.h"
-#include "cluster/cluster_config.h"
-#include "base/usage_trend.h"
 #include "base/progress.h"
+#include "base/usage_trend.h"
+#include "cluster/cluster_config.h"
 #include "deploy/local/launcher_support.h"
 
 ABSL_FLAG(int, shards, 2, "Shard processes.");
@@ -283,13 +284,17 @@ int main(int argc, char** argv) {
   };
   write_config(config_path, shards, 1);
   const std::vector<std::string> overrides = absl::GetFlag(FLAGS_set);
-  if (!overrides.empty()) {
-    absl::StatusOr<gcomp::proto::ClusterConfig> checked =
-        gcomp::cluster::LoadClusterConfig(config_path, overrides);
-    if (!checked.ok()) {
-      fprintf(stderr, "cluster: --set: %s\n", std::string(checked.status().message()).c_str());
-      return 2;
+  // The config the flags make, checked as the shards will check it, before any process
+  // starts: a bad --mode, port or --set stops here with the config's own message.
+  absl::StatusOr<gcomp::proto::ClusterConfig> checked =
+      gcomp::cluster::LoadClusterConfig(config_path, overrides);
+  if (!checked.ok()) {
+    fprintf(stderr, "cluster: %s%s\n", overrides.empty() ? "" : "the flags with --set: ",
+            std::string(checked.status().message()).c_str());
+    if (system(absl::StrCat("rm -rf '", dir, "'").c_str()) != 0) {
+      fprintf(stderr, "cluster: could not remove %s\n", dir.c_str());
     }
+    return 2;
   }
   const std::string set_arg = absl::StrCat("--set=", absl::StrJoin(overrides, ","));
   std::vector<int> metrics_ports;
@@ -509,6 +514,7 @@ int main(int argc, char** argv) {
   gcomp::ProgressMeter meter(steps, absl::Now());
   int64_t shown_steps = 0;
   gcomp::ProgressPrinter printer(stderr, gcomp::ProgressEnabled(progress_mode, STDERR_FILENO));
+  std::map<pid_t, int> early_exits;  // wait status of children other than workers
   while (left > 0) {
     if (soak_from >= 0 && absl::Now() >= next_sample) {
       sample();
@@ -528,6 +534,9 @@ int main(int argc, char** argv) {
     struct rusage usage {};
     pid_t p = wait4(-1, &st, WNOHANG, &usage);
     if (p > 0) {
+      if (std::find(workers.begin(), workers.end(), p) == workers.end()) {
+        early_exits[p] = st;  // a shard (or a stray child) that ended during the run
+      }
       for (int w = 0; w < W; ++w) {
         if (workers[w] == p) {
           status[w] = st;
@@ -553,10 +562,28 @@ int main(int argc, char** argv) {
   killer.join();
   for (pid_t s : servers) kill(s, SIGTERM);
   // CPU time of the shards running at the end (a killed one's time went with it).
+  // A shard must end as asked: exit 0 at SIGTERM (after its final checkpoint), or by the
+  // SIGKILL of --kill_shard. Anything else (a failed checkpoint, a crash) fails the run.
   std::vector<double> shard_cpu_s;
-  for (pid_t s : servers) {
+  std::string shard_error;
+  for (size_t k = 0; k < servers.size(); ++k) {
     struct rusage usage {};
-    shard_cpu_s.push_back(wait4(s, nullptr, 0, &usage) == s ? CpuSeconds(usage) : 0.0);
+    int st = 0;
+    const bool reaped = wait4(servers[k], &st, 0, &usage) == servers[k];
+    shard_cpu_s.push_back(reaped ? CpuSeconds(usage) : 0.0);
+    if (!reaped) {
+      const auto early = early_exits.find(servers[k]);
+      if (early == early_exits.end()) continue;
+      st = early->second;
+    }
+    if (!shard_error.empty()) continue;
+    if (WIFEXITED(st) && WEXITSTATUS(st) != 0) {
+      shard_error = absl::StrCat("shard ", k, " exited with status ", WEXITSTATUS(st),
+                                 " (see shard", k, ".log)");
+    } else if (WIFSIGNALED(st) && WTERMSIG(st) != SIGKILL && WTERMSIG(st) != SIGTERM) {
+      shard_error =
+          absl::StrCat("shard ", k, " died of signal ", WTERMSIG(st), " (see shard", k, ".log)");
+    }
   }
 
   const WorkerResults results = ReadWorkerResults(dir, status, steps);
@@ -632,7 +659,12 @@ int main(int argc, char** argv) {
     failover_json = absl::StrFormat(",\"failovers\":%d,\"identical_to_undisturbed\":%s",
                                     failovers, same ? "true" : "false");
   }
-  const bool all_ok = ok && identical && bound_ok && soak_ok && reshards_ok && failover_ok;
+  // A shard that failed is most often why the workers failed: it comes first.
+  if (!shard_error.empty()) {
+    first_error = first_error.empty() ? shard_error : absl::StrCat(shard_error, "; ", first_error);
+  }
+  const bool all_ok =
+      ok && identical && bound_ok && soak_ok && reshards_ok && failover_ok && shard_error.empty();
   printf("{\"steps\":%d,\"workers\":%d,\"shards\":%d,\"raw_bytes\":%.0f,\"wire_bytes\":%.0f,"
          "\"ratio\":%.4f,\"max_abs_error\":%.9g,\"bound_ok\":%s,\"step_ms_p50\":%.3f,"
          "\"mode\":\"%s\",\"optimizer\":\"%s\",\"identical\":%s,\"ok\":%s,\"raw_gb_per_s\":%.4f,"
