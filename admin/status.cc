@@ -46,9 +46,11 @@ absl::StatusOr<ClusterStatus> CollectStatus(const proto::ClusterConfig& config,
                                             const StatusOptions& options) {
   absl::Status valid = cluster::ValidateClusterConfig(config);
   if (!valid.ok()) return valid;
-  if (options.timeout_ms <= 0) {
+  // A day at most: larger values would overflow the deadline's clock arithmetic.
+  constexpr int64_t kMaxTimeoutMs = int64_t{24} * 3600 * 1000;
+  if (options.timeout_ms <= 0 || options.timeout_ms > kMaxTimeoutMs) {
     return absl::InvalidArgumentError(
-        absl::StrCat("timeout_ms must be positive, got ", options.timeout_ms));
+        absl::StrCat("timeout_ms must be 1 to ", kMaxTimeoutMs, ", got ", options.timeout_ms));
   }
   absl::StatusOr<cluster::ClientSecurity> security = cluster::MakeClientSecurity(config);
   if (!security.ok()) return security.status();

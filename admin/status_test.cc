@@ -164,6 +164,17 @@ TEST_F(StatusTest, StoppedShardIsDownWithTheGrpcError) {
   EXPECT_NE(json.find("\"all_up\":false}"), std::string::npos) << json;
 }
 
+TEST_F(StatusTest, TimeoutsOutOfRangeAreRefused) {
+  // INT64_MAX ms overflowed the deadline: every shard read as down at once.
+  StartShards();
+  for (int64_t ms : {int64_t{0}, int64_t{-5}, int64_t{24} * 3600 * 1000 + 1, INT64_MAX}) {
+    absl::StatusOr<ClusterStatus> status = CollectStatus(AdminConfig(), {.timeout_ms = ms});
+    EXPECT_EQ(status.status().code(), absl::StatusCode::kInvalidArgument) << ms;
+    EXPECT_NE(status.status().message().find(absl::StrCat("got ", ms)), std::string::npos)
+        << status.status();
+  }
+}
+
 TEST_F(StatusTest, CallsCarryTheConfigsJobToken) {
   const std::string token = TokenFile("s3cret-token");
   StartShards({absl::StrCat("security.token_file=", token)});

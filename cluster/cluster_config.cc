@@ -1,5 +1,7 @@
 #include "cluster/cluster_config.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -10,6 +12,8 @@
 #include <sstream>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -30,6 +34,7 @@ absl::Status ApplyNode(const YAML::Node& node, const std::string& prefix,
   if (!node.IsMap()) {
     return FieldError(prefix.empty() ? "<root>" : prefix, "expected a mapping");
   }
+  absl::flat_hash_set<std::string> seen;
   for (const auto& kv : node) {
     // A list or mapping as a key ("{[a]: 1}") is valid YAML; as<std::string>() would throw.
     if (!kv.first.IsScalar()) {
@@ -38,6 +43,8 @@ absl::Status ApplyNode(const YAML::Node& node, const std::string& prefix,
     }
     std::string key = kv.first.Scalar();
     std::string field = prefix.empty() ? key : prefix + "." + key;
+    // yaml-cpp keeps repeated keys; one silently overriding the other hides a mistake.
+    if (!seen.insert(key).second) return FieldError(field, "given twice");
     if (const config_fields::Field* f = config_fields::Find(field)) {
       absl::Status s = config_fields::Set(*f, kv.second, config);
       if (!s.ok()) return s;
@@ -73,8 +80,15 @@ absl::Status ValidateCodec(const proto::CodecConfig& c, const std::string& dir) 
 bool ValidAddress(absl::string_view a) {
   size_t colon = a.rfind(':');
   if (colon == absl::string_view::npos || colon == 0) return false;
+  // Digits only, no sign or leading zero: "+47101" and "047101" would name the same port as
+  // "47101" and pass the duplicate check below as different strings.
+  const absl::string_view digits = a.substr(colon + 1);
+  if (digits.empty() || digits[0] == '0' ||
+      !std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit)) {
+    return false;
+  }
   uint32_t port = 0;
-  return absl::SimpleAtoi(a.substr(colon + 1), &port) && port >= 1 && port <= 65535;
+  return absl::SimpleAtoi(digits, &port) && port >= 1 && port <= 65535;
 }
 
 }  // namespace
@@ -283,6 +297,11 @@ absl::StatusOr<proto::ClusterConfig> ParseClusterConfig(
 
 absl::StatusOr<proto::ClusterConfig> LoadClusterConfig(const std::string& path,
                                                        const std::vector<std::string>& overrides) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster config '", path, "' is a directory, not a file"));
+  }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read cluster config '", path, "'"));
   std::stringstream ss;

@@ -135,6 +135,13 @@ TEST(ClusterConfig, EveryBadFieldIsNamed) {
       {"limits.colour=red", "'limits.colour'"},
       {"colour=red", "'colour'"},
       {"replicas=9", "'replicas'"},
+      // The same port written another way would pass the duplicate check.
+      {"shards=a:+1", "'shards[0]'"},
+      {"shards=a:01", "'shards[0]'"},
+      {"shards=a:1x", "'shards[0]'"},
+      // Named with the value as written, not a clamped one.
+      {"uplink.abs_log2=-99999999999", "got -99999999999"},
+      {"downlink.rel_bits=4294967303", "got 4294967303"},
   };
   for (const auto& [override, field] : cases) {
     absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood, {override});
@@ -253,6 +260,25 @@ TEST(ClusterConfig, ShardFromPodName) {
     ASSERT_FALSE(s.ok()) << bad;
     EXPECT_THAT(std::string(s.status().message()), HasSubstr("--shard")) << bad;
   }
+}
+
+TEST(ClusterConfig, RepeatedKeysAreRefused) {
+  for (const std::string& yaml :
+       {std::string("workers: 1\nshards: [a:1]\nworkers: 2\n"),
+        std::string("workers: 1\nshards: [a:1]\nshards: [b:1, c:1]\n"),
+        std::string("workers: 1\nshards: [a:1]\ncheckpoint: {dir: /x}\ncheckpoint: {keep: 2}\n"),
+        std::string("workers: 1\nshards: [a:1]\nuplink: {mode: none, mode: lossless}\n")}) {
+    absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(yaml);
+    ASSERT_FALSE(c.ok()) << yaml;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << yaml;
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr("given twice")) << yaml;
+  }
+}
+
+TEST(ClusterConfig, ADirectoryIsNotAConfig) {
+  absl::StatusOr<proto::ClusterConfig> c = LoadClusterConfig(::testing::TempDir());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("is a directory"));
 }
 
 TEST(ClusterConfig, DuplicateShardAddressIsNamed) {

@@ -282,7 +282,12 @@ absl::Status Set(const Field& field, const YAML::Node& node, proto::ClusterConfi
     case Kind::kClampedInt: {
       absl::StatusOr<int64_t> v = ParseI64(node, field.name);
       if (!v.ok()) return v.status();
-      r->SetInt32(msg, fd, static_cast<int32_t>(std::clamp<int64_t>(*v, -1000, 1000)));
+      // Far out of every such field's range: refused here, naming the value as written
+      // (clamping it first made the range check name the clamp instead).
+      if (*v < -1000 || *v > 1000) {
+        return FieldError(field.name, absl::StrCat("out of range, got ", *v));
+      }
+      r->SetInt32(msg, fd, static_cast<int32_t>(*v));
       return absl::OkStatus();
     }
     case Kind::kDouble: {

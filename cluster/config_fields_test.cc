@@ -85,8 +85,12 @@ TEST(ConfigFields, KindsRejectWhatTheyCannotHold) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("expected a non-negative integer"));
   s = Set(*Find("optimizer.epsilon"), YAML::Node("inf"), &c);
   EXPECT_THAT(std::string(s.message()), HasSubstr("'optimizer.epsilon': expected a finite number"));
-  EXPECT_TRUE(Set(*Find("uplink.rel_bits"), YAML::Node("99999"), &c).ok());
-  EXPECT_EQ(c.uplink().rel_bits(), 1000);  // clamped; validation names the real range
+  // Far out of range: refused naming the value as written (validation names the real range
+  // of values nearer it).
+  s = Set(*Find("uplink.rel_bits"), YAML::Node("99999"), &c);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("'uplink.rel_bits': out of range, got 99999"));
+  EXPECT_TRUE(Set(*Find("uplink.rel_bits"), YAML::Node("1000"), &c).ok());
+  EXPECT_EQ(c.uplink().rel_bits(), 1000);
   EXPECT_EQ(Find("no_such_field"), nullptr);
   EXPECT_TRUE(IsGroup("limits"));
   EXPECT_FALSE(IsGroup("workers"));
