@@ -43,6 +43,7 @@ class PSHookState:
         self._steps = {}
         self._residuals = {}
         self._lock = threading.Lock()
+        self._closed = False
         threads = 1 if getattr(transport, "ordered", False) else max(1, max_inflight)
         self._executor = concurrent.futures.ThreadPoolExecutor(threads,
                                                                thread_name_prefix="gcomp-ps")
@@ -75,6 +76,10 @@ class PSHookState:
 
     def submit(self, key, flat):
         """Schedules sync() on the background thread; returns a torch Future of `flat`."""
+        if self._closed:  # checked first: a closed state must not take its keys back
+            raise RuntimeError(
+                "this %s (prefix %r) is closed; make a new one to push again"
+                % (type(self).__name__, self.prefix))
         _claim_key(self.transport, key, self)
         step = self.next_step(key, flat)
         fut = torch.futures.Future()
@@ -90,6 +95,9 @@ class PSHookState:
         return fut
 
     def close(self):
+        """Waits for the push-pulls under way and gives up this state's keys (a new state may
+        then push them, from the shards' step). Closing twice is harmless."""
+        self._closed = True
         self._executor.shutdown(wait=True)
         _release_keys(self.transport, self)
 
@@ -116,10 +124,12 @@ def _claim_key(transport, key, state):
         elif holder is not state:
             raise ValueError(
                 "key %r is already pushed by another PSHookState or GradientSync of this "
-                "worker: two models whose buckets have the same size would share it on the "
-                "shards and get each other's gradients; give each model its own prefix, "
-                "e.g. PSHookState(transport, prefix=%r) or GradientSync(model, transport, "
-                "prefix=%r)" % (key, state.prefix + "2", state.prefix + "2"))
+                "worker that is not closed. If it is an earlier one of the same model, "
+                "close() it first; if it is another model, give each model its own prefix "
+                "(two models whose buckets have the same size would share keys on the "
+                "shards and get each other's gradients), e.g. PSHookState(transport, "
+                "prefix=%r) or GradientSync(model, transport, prefix=%r)"
+                % (key, state.prefix + "2", state.prefix + "2"))
 
 
 def _release_keys(transport, state):

@@ -36,18 +36,36 @@ def test_two_states_on_one_key_are_refused():
     a = gtorch.PSHookState(transport)
     b = gtorch.PSHookState(transport)
     a.submit("ddp/bucket0/4", torch.ones(4)).wait()
-    with pytest.raises(ValueError, match=r"already pushed .* own prefix, e.g. "
-                                         r"PSHookState\(transport, prefix='ddp2'\)"):
+    with pytest.raises(ValueError, match=r"already pushed .* close\(\) it first; .* own "
+                                         r"prefix .* PSHookState\(transport, prefix='ddp2'\)"):
         b.submit("ddp/bucket0/4", torch.ones(4))
     # Another prefix is another key; the same state may push its key again.
     c = gtorch.PSHookState(transport, prefix="critic")
     c.submit("critic/bucket0/4", torch.ones(4)).wait()
     a.submit("ddp/bucket0/4", torch.ones(4)).wait()
-    # A closed state gives its keys up.
+    # A closed state gives its keys up, and used again it says so without taking them
+    # back (it used to re-claim the key, then fail in its thread pool).
     a.close()
+    with pytest.raises(RuntimeError, match=r"PSHookState \(prefix 'ddp'\) is closed"):
+        a.submit("ddp/bucket0/4", torch.ones(4))
     b.submit("ddp/bucket0/4", torch.ones(4)).wait()
+    a.close()  # twice is harmless
     for s in (b, c):
         s.close()
+
+
+def test_a_closed_gradient_sync_does_not_block_its_successor():
+    transport = TwoWorkers()
+    model = nn.Linear(3, 2)
+    old = gtorch.GradientSync(model, transport)
+    model(torch.ones(1, 3)).sum().backward()
+    old.sync()
+    old.close()
+    with pytest.raises(RuntimeError, match="is closed"):
+        old.sync()
+    new = gtorch.GradientSync(model, transport)
+    new.sync()
+    new.close()
 
 
 class FakeClient:
