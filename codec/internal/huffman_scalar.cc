@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -84,9 +85,24 @@ void BuildMultiTable(const uint16_t* table, uint64_t* multi) {
 
 absl::Status DecodeStreams(const absl::Span<const uint8_t> streams[kNumStreams],
                            const uint16_t* table, size_t n, uint8_t* syms) {
-  uint64_t multi[kDecodeTableSize];
-  BuildMultiTable(table, multi);
   constexpr uint64_t kMask = kDecodeTableSize - 1;
+  if ((table[0] >> 8) == 0) {
+    // A code of one symbol (length 0): every stream is empty and every symbol that one.
+    // The checked loop below would read nothing, one symbol at a time.
+    for (int s = 0; s < kNumStreams; ++s) {
+      if (!streams[s].empty()) {
+        return absl::DataLossError(
+            absl::StrCat("exponent stream ", s, " does not end at its last byte"));
+      }
+    }
+    std::memset(syms, static_cast<uint8_t>(table[0]), n);
+    return absl::OkStatus();
+  }
+  // The table of several symbols per lookup costs about as much to build as decoding a
+  // few thousand symbols with it saves (small blocks: small tensors, small chunk_bytes).
+  constexpr size_t kMultiTableFrom = 4096;
+  uint64_t multi[kDecodeTableSize];
+  if (n >= kMultiTableFrom) BuildMultiTable(table, multi);
 
   // Lean reader state (next byte, bit buffer, valid bits) so that the 4 streams fit in
   // registers. The unchecked loop below runs only while every stream has 8 bytes left to
@@ -105,7 +121,7 @@ absl::Status DecodeStreams(const absl::Span<const uint8_t> streams[kNumStreams],
     o += StreamCount(n, s);
     out_end[s] = o;
   }
-  for (;;) {
+  while (n >= kMultiTableFrom) {
     // Iterations that are safe without checks: a refill advances at most 7 bytes, an
     // iteration emits at most 16 symbols.
     size_t safe = SIZE_MAX;

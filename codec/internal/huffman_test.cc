@@ -1,5 +1,6 @@
 #include "codec/internal/huffman.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -40,7 +41,8 @@ TEST(Huffman, SerializeParseRoundTripAndStreams) {
   std::mt19937 rng(2);
   for (int alphabet : {32, 256}) {
     for (int trial = 0; trial < 50; ++trial) {
-      const size_t n = rng() % 5000;
+      // Both sides of the decoder's multi-symbol table (built from 4096 symbols on).
+      const size_t n = rng() % 12000;
       std::vector<uint8_t> syms(n + 8);
       uint64_t freq[256] = {};
       const int spread = 1 + rng() % alphabet;
@@ -186,6 +188,27 @@ TEST(Huffman, ParseRejectsBadTables) {
   const uint8_t single[] = {7, 0, 0x00};
   ASSERT_TRUE(ParseTable(absl::MakeConstSpan(single), 32, &code).ok());
   EXPECT_EQ(code.single_symbol, 7);
+}
+
+TEST(Huffman, OneSymbolCodesDecodeWithoutReadingAndRefuseStrayBytes) {
+  HuffmanCode code;
+  const uint8_t single[] = {7, 0, 0x00};
+  ASSERT_TRUE(ParseTable(absl::MakeConstSpan(single), 32, &code).ok());
+  uint16_t dec[kDecodeTableSize];
+  BuildDecodeTable(code, dec);
+  for (size_t n : {size_t{0}, size_t{5}, size_t{100000}}) {
+    absl::Span<const uint8_t> streams[4];
+    std::vector<uint8_t> out(n + 1, 0xee);
+    ASSERT_TRUE(DecodeStreams(streams, dec, n, out.data()).ok());
+    EXPECT_EQ(std::count(out.begin(), out.end() - 1, 7), static_cast<ptrdiff_t>(n));
+    EXPECT_EQ(out[n], 0xee);  // nothing past n
+  }
+  const uint8_t stray[1] = {0};
+  absl::Span<const uint8_t> streams[4] = {{}, {}, absl::MakeConstSpan(stray), {}};
+  std::vector<uint8_t> out(10);
+  const absl::Status st = DecodeStreams(streams, dec, 10, out.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("exponent stream 2"), absl::string_view::npos) << st;
 }
 
 }  // namespace
