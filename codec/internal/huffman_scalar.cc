@@ -98,11 +98,13 @@ absl::Status DecodeStreams(const absl::Span<const uint8_t> streams[kNumStreams],
     std::memset(syms, static_cast<uint8_t>(table[0]), n);
     return absl::OkStatus();
   }
-  // The table of several symbols per lookup costs about as much to build as decoding a
-  // few thousand symbols with it saves (small blocks: small tensors, small chunk_bytes).
-  constexpr size_t kMultiTableFrom = 4096;
+  // The table of several symbols per lookup costs about as much to build (~25k cycles) as
+  // it saves on ~16k symbols; smaller blocks (small tensors, small chunk_bytes) take one
+  // symbol per lookup in the same unchecked loop.
+  constexpr size_t kMultiTableFrom = 16384;
+  const bool use_multi = n >= kMultiTableFrom;
   uint64_t multi[kDecodeTableSize];
-  if (n >= kMultiTableFrom) BuildMultiTable(table, multi);
+  if (use_multi) BuildMultiTable(table, multi);
 
   // Lean reader state (next byte, bit buffer, valid bits) so that the 4 streams fit in
   // registers. The unchecked loop below runs only while every stream has 8 bytes left to
@@ -121,7 +123,7 @@ absl::Status DecodeStreams(const absl::Span<const uint8_t> streams[kNumStreams],
     o += StreamCount(n, s);
     out_end[s] = o;
   }
-  while (n >= kMultiTableFrom) {
+  for (;;) {
     // Iterations that are safe without checks: a refill advances at most 7 bytes, an
     // iteration emits at most 16 symbols.
     size_t safe = SIZE_MAX;
@@ -152,19 +154,42 @@ absl::Status DecodeStreams(const absl::Span<const uint8_t> streams[kNumStreams],
     b >>= (e >> 32) & 0xff;               \
     c -= (e >> 32) & 0xff;                \
   } while (0)
-    for (size_t k = 0; k < safe; ++k) {
-      // 4 lookups of <= 11 bits per refill: 44 <= 56.
-      GCOMP_REFILL(p0, b0, c0);
-      GCOMP_REFILL(p1, b1, c1);
-      GCOMP_REFILL(p2, b2, c2);
-      GCOMP_REFILL(p3, b3, c3);
-      for (int t = 0; t < 4; ++t) {
-        GCOMP_DECODE(p0, b0, c0, o0);
-        GCOMP_DECODE(p1, b1, c1, o1);
-        GCOMP_DECODE(p2, b2, c2, o2);
-        GCOMP_DECODE(p3, b3, c3, o3);
+#define GCOMP_DECODE_ONE(p, b, c, o)     \
+  do {                                   \
+    const uint16_t e = table[b & kMask]; \
+    *o++ = static_cast<uint8_t>(e);      \
+    b >>= e >> 8;                        \
+    c -= e >> 8;                         \
+  } while (0)
+    // 4 lookups of <= 11 bits per refill: 44 <= 56.
+    if (use_multi) {
+      for (size_t k = 0; k < safe; ++k) {
+        GCOMP_REFILL(p0, b0, c0);
+        GCOMP_REFILL(p1, b1, c1);
+        GCOMP_REFILL(p2, b2, c2);
+        GCOMP_REFILL(p3, b3, c3);
+        for (int t = 0; t < 4; ++t) {
+          GCOMP_DECODE(p0, b0, c0, o0);
+          GCOMP_DECODE(p1, b1, c1, o1);
+          GCOMP_DECODE(p2, b2, c2, o2);
+          GCOMP_DECODE(p3, b3, c3, o3);
+        }
+      }
+    } else {
+      for (size_t k = 0; k < safe; ++k) {
+        GCOMP_REFILL(p0, b0, c0);
+        GCOMP_REFILL(p1, b1, c1);
+        GCOMP_REFILL(p2, b2, c2);
+        GCOMP_REFILL(p3, b3, c3);
+        for (int t = 0; t < 4; ++t) {
+          GCOMP_DECODE_ONE(p0, b0, c0, o0);
+          GCOMP_DECODE_ONE(p1, b1, c1, o1);
+          GCOMP_DECODE_ONE(p2, b2, c2, o2);
+          GCOMP_DECODE_ONE(p3, b3, c3, o3);
+        }
       }
     }
+#undef GCOMP_DECODE_ONE
 #undef GCOMP_DECODE
 #undef GCOMP_REFILL
     in[0] = p0, in[1] = p1, in[2] = p2, in[3] = p3;

@@ -41,8 +41,8 @@ TEST(Huffman, SerializeParseRoundTripAndStreams) {
   std::mt19937 rng(2);
   for (int alphabet : {32, 256}) {
     for (int trial = 0; trial < 50; ++trial) {
-      // Both sides of the decoder's multi-symbol table (built from 4096 symbols on).
-      const size_t n = rng() % 12000;
+      // Both sides of the decoder's multi-symbol table (built from 16384 symbols on).
+      const size_t n = rng() % 40000;
       std::vector<uint8_t> syms(n + 8);
       uint64_t freq[256] = {};
       const int spread = 1 + rng() % alphabet;
