@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <map>
 #include <random>
@@ -16,6 +16,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -204,6 +205,9 @@ struct SetInfo {
   int64_t step = -1;
   std::vector<Manifest> manifests;  // one per shard when complete
   std::string problem;              // why it is incomplete (empty: complete)
+  // No shard wrote its manifest: a first checkpoint interrupted before any shard finished.
+  // Nothing of it was ever committed, so it is passed over, not counted as damage.
+  bool never_written = false;
 };
 
 // Parses "step-NNN-of-S" / "final-of-S"; false for other names.
@@ -236,6 +240,10 @@ std::vector<SetInfo> ListSets(const std::string& dir) {
       absl::StatusOr<std::string> text = ReadFile(mpath);
       if (!text.ok()) {
         s.problem = absl::StrCat("incomplete: ", mpath, " is missing");
+        const std::vector<std::string> names = ListDir(s.path);
+        s.never_written = std::none_of(names.begin(), names.end(), [](const std::string& n) {
+          return absl::EndsWith(n, ".manifest");
+        });
         break;
       }
       absl::StatusOr<Manifest> m = ParseManifest(*text, mpath);
@@ -563,6 +571,10 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir) {
   if (sets.empty()) return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir));
   std::vector<std::string> skipped;
   for (const SetInfo& s : sets) {
+    if (s.never_written) {
+      log::Warn("checkpoint: passing over set {}: no shard finished writing it", s.path);
+      continue;
+    }
     if (!s.problem.empty()) {
       skipped.push_back(s.problem);
       log::Warn("checkpoint: skipping set {}: {}", s.path, s.problem);
@@ -577,6 +589,9 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir) {
     }
     loaded.skipped = std::move(skipped);
     return loaded;
+  }
+  if (skipped.empty()) {  // only sets that were never written
+    return absl::NotFoundError(absl::StrCat("no completed checkpoint in ", dir));
   }
   return absl::DataLossError(absl::StrCat("no usable checkpoint in ", dir, ": ",
                                           absl::StrJoin(skipped, "; ")));

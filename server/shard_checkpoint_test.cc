@@ -280,10 +280,42 @@ TEST(ShardCheckpointErrors, DamagedOnlyCheckpointRefusesToStart) {
     ASSERT_TRUE(job.shard(0)->WriteFinalCheckpoint().ok());
   }
   const std::string manifest = absl::StrCat(dir, "/final-of-1/shard-0-of-1.manifest");
-  ASSERT_EQ(std::remove(manifest.c_str()), 0);
+  ASSERT_TRUE(WriteFileAtomically(manifest, "not a manifest\n").ok());
   Job job(Config(1, dir, 0));
   EXPECT_EQ(job.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(job.status().message().find(manifest), std::string::npos) << job.status();
+}
+
+TEST(ShardCheckpointErrors, AFirstCheckpointThatNoShardFinishedIsPassedOver) {
+  // A shard killed while writing its first checkpoint leaves a set with data but no
+  // manifest: nothing was committed, so the restart starts empty (it refused to start,
+  // and kept refusing, until someone removed the set by hand).
+  const std::string dir = TempDir();
+  {
+    Job job(Config(1, dir, 0));
+    job.Declare();
+    job.Step(0);
+    ASSERT_TRUE(job.shard(0)->WriteFinalCheckpoint().ok());
+  }
+  const std::string manifest = absl::StrCat(dir, "/final-of-1/shard-0-of-1.manifest");
+  ASSERT_EQ(std::remove(manifest.c_str()), 0);
+  Job job(Config(1, dir, 0));
+  ASSERT_TRUE(job.status().ok()) << job.status();
+  EXPECT_EQ(job.shard(0)->restored_step(), -1);  // nothing restored
+  proto::StatsResponse stats;
+  job.shard(0)->Stats(&stats);
+  EXPECT_EQ(stats.tensors(), 0u);
+  // A set that one shard of two committed is damage, not an interrupted start.
+  const std::string two = TempDir();
+  {
+    Job job2(Config(2, two, 0));
+    job2.Declare();
+    job2.Step(0);
+    for (int k = 0; k < 2; ++k) ASSERT_TRUE(job2.shard(k)->WriteFinalCheckpoint().ok());
+  }
+  ASSERT_EQ(std::remove(absl::StrCat(two, "/final-of-2/shard-1-of-2.manifest").c_str()), 0);
+  Job damaged(Config(2, two, 0));
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
 }
 
 }  // namespace
