@@ -271,14 +271,18 @@ TEST(ShardCheckpointErrors, ADirectoryThatCannotHoldCheckpointsRefusesToStart) {
   EXPECT_EQ(stat(fresh.c_str(), &st), 0);
 }
 
-TEST(ShardCheckpointErrors, DamagedOnlyCheckpointRefusesToStart) {
+// A new directory holding the final checkpoint of `shards` shards after one step.
+std::string FinalCheckpointOfOneStep(int shards) {
   const std::string dir = TempDir();
-  {
-    Job job(Config(1, dir, 0));
-    job.Declare();
-    job.Step(0);
-    ASSERT_TRUE(job.shard(0)->WriteFinalCheckpoint().ok());
-  }
+  Job job(Config(shards, dir, 0));
+  job.Declare();
+  job.Step(0);
+  for (int k = 0; k < shards; ++k) EXPECT_TRUE(job.shard(k)->WriteFinalCheckpoint().ok());
+  return dir;
+}
+
+TEST(ShardCheckpointErrors, DamagedOnlyCheckpointRefusesToStart) {
+  const std::string dir = FinalCheckpointOfOneStep(1);
   const std::string manifest = absl::StrCat(dir, "/final-of-1/shard-0-of-1.manifest");
   ASSERT_TRUE(WriteFileAtomically(manifest, "not a manifest\n").ok());
   Job job(Config(1, dir, 0));
@@ -290,13 +294,7 @@ TEST(ShardCheckpointErrors, AFirstCheckpointThatNoShardFinishedIsPassedOver) {
   // A shard killed while writing its first checkpoint leaves a set with data but no
   // manifest: nothing was committed, so the restart starts empty (it refused to start,
   // and kept refusing, until someone removed the set by hand).
-  const std::string dir = TempDir();
-  {
-    Job job(Config(1, dir, 0));
-    job.Declare();
-    job.Step(0);
-    ASSERT_TRUE(job.shard(0)->WriteFinalCheckpoint().ok());
-  }
+  const std::string dir = FinalCheckpointOfOneStep(1);
   const std::string manifest = absl::StrCat(dir, "/final-of-1/shard-0-of-1.manifest");
   ASSERT_EQ(std::remove(manifest.c_str()), 0);
   Job job(Config(1, dir, 0));
@@ -306,13 +304,7 @@ TEST(ShardCheckpointErrors, AFirstCheckpointThatNoShardFinishedIsPassedOver) {
   job.shard(0)->Stats(&stats);
   EXPECT_EQ(stats.tensors(), 0u);
   // A set that one shard of two committed is damage, not an interrupted start.
-  const std::string two = TempDir();
-  {
-    Job job2(Config(2, two, 0));
-    job2.Declare();
-    job2.Step(0);
-    for (int k = 0; k < 2; ++k) ASSERT_TRUE(job2.shard(k)->WriteFinalCheckpoint().ok());
-  }
+  const std::string two = FinalCheckpointOfOneStep(2);
   ASSERT_EQ(std::remove(absl::StrCat(two, "/final-of-2/shard-1-of-2.manifest").c_str()), 0);
   Job damaged(Config(2, two, 0));
   EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();

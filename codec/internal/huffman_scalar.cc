@@ -81,6 +81,59 @@ void BuildMultiTable(const uint16_t* table, uint64_t* multi) {
   }
 }
 
+// `safe` rounds of the unchecked loop over the 4 streams (whose state is read from and
+// written back to the arrays): per round, a refill and 4 lookups of <= 11 bits (44 <= 56),
+// each yielding up to 4 symbols through `multi` (kMulti) or one through `table`.
+template <bool kMulti>
+void DecodeRuns(size_t safe, const uint64_t* multi, const uint16_t* table,
+                const uint8_t* in[kNumStreams], uint8_t* out[kNumStreams],
+                uint64_t buf[kNumStreams], unsigned cnt[kNumStreams]) {
+  constexpr uint64_t kMask = kDecodeTableSize - 1;
+  const uint8_t *p0 = in[0], *p1 = in[1], *p2 = in[2], *p3 = in[3];
+  uint8_t *o0 = out[0], *o1 = out[1], *o2 = out[2], *o3 = out[3];
+  uint64_t b0 = buf[0], b1 = buf[1], b2 = buf[2], b3 = buf[3];
+  unsigned c0 = cnt[0], c1 = cnt[1], c2 = cnt[2], c3 = cnt[3];
+#define GCOMP_REFILL(p, b, c) \
+  do {                        \
+    b |= Load64(p) << c;      \
+    p += (63 - c) >> 3;       \
+    c |= 56;                  \
+  } while (0)
+#define GCOMP_DECODE(b, c, o)               \
+  do {                                      \
+    if constexpr (kMulti) {                 \
+      const uint64_t e = multi[b & kMask];  \
+      Store32(o, static_cast<uint32_t>(e)); \
+      o += (e >> 40) & 0xff;                \
+      b >>= (e >> 32) & 0xff;               \
+      c -= (e >> 32) & 0xff;                \
+    } else {                                \
+      const uint16_t e = table[b & kMask];  \
+      *o++ = static_cast<uint8_t>(e);       \
+      b >>= e >> 8;                         \
+      c -= e >> 8;                          \
+    }                                       \
+  } while (0)
+  for (size_t k = 0; k < safe; ++k) {
+    GCOMP_REFILL(p0, b0, c0);
+    GCOMP_REFILL(p1, b1, c1);
+    GCOMP_REFILL(p2, b2, c2);
+    GCOMP_REFILL(p3, b3, c3);
+    for (int t = 0; t < 4; ++t) {
+      GCOMP_DECODE(b0, c0, o0);
+      GCOMP_DECODE(b1, c1, o1);
+      GCOMP_DECODE(b2, c2, o2);
+      GCOMP_DECODE(b3, c3, o3);
+    }
+  }
+#undef GCOMP_DECODE
+#undef GCOMP_REFILL
+  in[0] = p0, in[1] = p1, in[2] = p2, in[3] = p3;
+  out[0] = o0, out[1] = o1, out[2] = o2, out[3] = o3;
+  buf[0] = b0, buf[1] = b1, buf[2] = b2, buf[3] = b3;
+  cnt[0] = c0, cnt[1] = c1, cnt[2] = c2, cnt[3] = c3;
+}
+
 }  // namespace
 
 absl::Status DecodeStreams(const absl::Span<const uint8_t> streams[kNumStreams],
@@ -136,66 +189,11 @@ absl::Status DecodeStreams(const absl::Span<const uint8_t> streams[kNumStreams],
       safe = std::min(safe, std::min<size_t>((bytes - 8) / 7 + 1, room / 16));
     }
     if (safe == 0) break;
-    const uint8_t *p0 = in[0], *p1 = in[1], *p2 = in[2], *p3 = in[3];
-    uint8_t *o0 = out[0], *o1 = out[1], *o2 = out[2], *o3 = out[3];
-    uint64_t b0 = buf[0], b1 = buf[1], b2 = buf[2], b3 = buf[3];
-    unsigned c0 = cnt[0], c1 = cnt[1], c2 = cnt[2], c3 = cnt[3];
-#define GCOMP_REFILL(p, b, c) \
-  do {                        \
-    b |= Load64(p) << c;      \
-    p += (63 - c) >> 3;       \
-    c |= 56;                  \
-  } while (0)
-#define GCOMP_DECODE(p, b, c, o)          \
-  do {                                    \
-    const uint64_t e = multi[b & kMask];  \
-    Store32(o, static_cast<uint32_t>(e)); \
-    o += (e >> 40) & 0xff;                \
-    b >>= (e >> 32) & 0xff;               \
-    c -= (e >> 32) & 0xff;                \
-  } while (0)
-#define GCOMP_DECODE_ONE(p, b, c, o)     \
-  do {                                   \
-    const uint16_t e = table[b & kMask]; \
-    *o++ = static_cast<uint8_t>(e);      \
-    b >>= e >> 8;                        \
-    c -= e >> 8;                         \
-  } while (0)
-    // 4 lookups of <= 11 bits per refill: 44 <= 56.
     if (use_multi) {
-      for (size_t k = 0; k < safe; ++k) {
-        GCOMP_REFILL(p0, b0, c0);
-        GCOMP_REFILL(p1, b1, c1);
-        GCOMP_REFILL(p2, b2, c2);
-        GCOMP_REFILL(p3, b3, c3);
-        for (int t = 0; t < 4; ++t) {
-          GCOMP_DECODE(p0, b0, c0, o0);
-          GCOMP_DECODE(p1, b1, c1, o1);
-          GCOMP_DECODE(p2, b2, c2, o2);
-          GCOMP_DECODE(p3, b3, c3, o3);
-        }
-      }
+      DecodeRuns<true>(safe, multi, table, in, out, buf, cnt);
     } else {
-      for (size_t k = 0; k < safe; ++k) {
-        GCOMP_REFILL(p0, b0, c0);
-        GCOMP_REFILL(p1, b1, c1);
-        GCOMP_REFILL(p2, b2, c2);
-        GCOMP_REFILL(p3, b3, c3);
-        for (int t = 0; t < 4; ++t) {
-          GCOMP_DECODE_ONE(p0, b0, c0, o0);
-          GCOMP_DECODE_ONE(p1, b1, c1, o1);
-          GCOMP_DECODE_ONE(p2, b2, c2, o2);
-          GCOMP_DECODE_ONE(p3, b3, c3, o3);
-        }
-      }
+      DecodeRuns<false>(safe, multi, table, in, out, buf, cnt);
     }
-#undef GCOMP_DECODE_ONE
-#undef GCOMP_DECODE
-#undef GCOMP_REFILL
-    in[0] = p0, in[1] = p1, in[2] = p2, in[3] = p3;
-    out[0] = o0, out[1] = o1, out[2] = o2, out[3] = o3;
-    buf[0] = b0, buf[1] = b1, buf[2] = b2, buf[3] = b3;
-    cnt[0] = c0, cnt[1] = c1, cnt[2] = c2, cnt[3] = c3;
   }
 
   for (int s = 0; s < kNumStreams; ++s) {

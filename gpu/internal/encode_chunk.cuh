@@ -399,12 +399,19 @@ GCOMP_HD void ZeroSections(const Team& team, const EncodeShared& sh, uint8_t* ou
 // two ranges share are OR-ed atomically), so they end without a barrier: EncodeChunk syncs
 // once after the last of them.
 
-// A stored block's elements, as they are. No barrier.
+// A stored block's elements, as they are, except that near-lossless stores -0.0 as +0.0
+// (as the CPU encoder does: zeros decode as +0.0). No barrier.
 template <typename U, class Team>
-GCOMP_HD void WriteStoredElements(const Team& team, const EncodeJob<U>& job) {
+GCOMP_HD void WriteStoredElements(const Team& team, const BlockPolicy& pol,
+                                  const EncodeJob<U>& job) {
+  const U minus_zero = static_cast<U>(U{1} << (8 * sizeof(U) - 1));
+  const bool plus_zeros = pol.mode == 1;
   team.ForEach([&](int t) {
     U* raw = reinterpret_cast<U*>(job.out + kHeaderBytes);
-    for (uint32_t i = t; i < job.n; i += kTeamThreads) raw[i] = job.in[i];
+    for (uint32_t i = t; i < job.n; i += kTeamThreads) {
+      const U v = job.in[i];
+      raw[i] = plus_zeros && v == minus_zero ? U{0} : v;
+    }
   });
 }
 
@@ -583,7 +590,7 @@ GCOMP_HD void EncodeChunk(const Team& team, EncodeShared& sh, int dtype_code,
   ChooseStoredOrCoded(team, sh, job);
   ZeroSections(team, sh, job.out);
   if (sh.stored) {
-    WriteStoredElements(team, job);
+    WriteStoredElements(team, pol, job);
   } else {
     WritePlane(team, sh, lay, pol, job);
     WriteZeroMap(team, sh, job);
