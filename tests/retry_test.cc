@@ -314,6 +314,27 @@ TEST(Retry, ExhaustedBudgetIsUnavailableNamingTheShard) {
   EXPECT_EQ(stats.pushes(), 0u);
 }
 
+TEST(Retry, ConnectingWhereNoShardRunsSaysSo) {
+  // A port nothing listens on: the error names the address and what to check, where it
+  // said only "Deadline Exceeded".
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);  // bound once, then closed: nothing listens there
+  proto::ClusterConfig config = Config(port, 1, 0);
+  config.set_connect_timeout_ms(500);
+  auto client = worker::Client::Connect(config, Worker(0));
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(client.status().message()),
+              HasSubstr(absl::StrCat("check that gcomp_server runs at 127.0.0.1:", port)));
+}
+
 // A connection attempt that is never answered (a fresh pod's network still being wired)
 // is given up after half of connect_timeout_ms and made again on a new connection;
 // with gRPC's own 20 s per attempt it would hold Connect past its 4 s.

@@ -62,6 +62,14 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms) {
         ctx.set_deadline(DeadlineIn(timeout_ms));
         return stub.aggregation->RegisterWorker(&ctx, req, &resp);
       });
+      if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        // Waited for the channel the whole time: nothing answered at that address (not
+        // running yet, another port, a firewall), which "Deadline Exceeded" alone hides.
+        return absl::DeadlineExceededError(absl::StrCat(
+            "registering with shard ", s, " (", m.config.shards(s), "): no answer within ",
+            timeout_ms, " ms (connect_timeout_ms): check that gcomp_server runs at ",
+            m.config.shards(s), " and that this machine reaches it"));
+      }
       if (!st.ok()) {
         return FromGrpc(st, absl::StrCat("registering with shard ", s, " (", m.config.shards(s), ")"));
       }
