@@ -116,6 +116,23 @@ npy(sys.argv[1] + "/dup.npy",
     "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'descr': '<f8', }",
     struct.pack("<d", 1))
 PY
+# f16 tops out at 65504: values past it become Inf, and compress says how many.
+python3 - "$DIR/big_values.npy" <<'PY'
+import struct, sys
+vals = [1.0, 70000.0, -1e6, 2.0]
+hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }"
+hdr += " " * ((64 - (10 + len(hdr) + 1) % 64) % 64) + "\n"
+with open(sys.argv[1], "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode())
+    f.write(struct.pack("<4f", *vals))
+PY
+"$GCOMP" compress --dtype f16 "$DIR/big_values.npy" "$DIR/big_values.gcz" 2> "$DIR/warn" ||
+  fail "compress f16 with large values"
+grep -q "warning: 2 of 4 finite values are beyond f16's range" "$DIR/warn" ||
+  { fail "no f16 overflow warning"; cat "$DIR/warn"; }
+"$GCOMP" compress --dtype f16 "$DIR/in.npy" "$DIR/small_values.gcz" 2> "$DIR/warn" ||
+  fail "compress f16"
+[ ! -s "$DIR/warn" ] || fail "f16 warning without overflow: $(cat "$DIR/warn")"
 check_fails "wrapping shape" "$GCOMP" compress "$DIR/wrap.npy" "$DIR/x.gcz"
 grep -q "too large" "$DIR/err" || fail "wrapping shape: error does not say too large"
 check_fails "key given twice" "$GCOMP" compress "$DIR/dup.npy" "$DIR/x.gcz"

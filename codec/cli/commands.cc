@@ -76,6 +76,19 @@ absl::Status Compress(const std::string& in_path, const std::string& out_path,
   if (options.dtype != DType::kF32) {
     converted.resize(n * codec::DTypeBytes(options.dtype));
     codec::FromF32(options.dtype, static_cast<const float*>(data), n, converted.data());
+    if (options.warnings != nullptr) {
+      // f16 tops out at 65504: larger gradients become Inf, which the user should hear of.
+      std::vector<float> back(n);
+      codec::ToF32(options.dtype, converted.data(), n, back.data());
+      const float* in = static_cast<const float*>(data);
+      size_t overflowed = 0;
+      for (size_t i = 0; i < n; ++i) overflowed += std::isinf(back[i]) && std::isfinite(in[i]);
+      if (overflowed > 0) {
+        *options.warnings << "gcomp: warning: " << overflowed << " of " << n
+                          << " finite values are beyond " << codec::DTypeName(options.dtype)
+                          << "'s range and became +-Inf\n";
+      }
+    }
     data = converted.data();
   }
   codec::BufferOptions buffer;

@@ -16,6 +16,8 @@ struct CompressOptions {
   codec::Policy policy;
   codec::DType dtype = codec::DType::kF32;  // the float32 input is rounded to this first
   int threads = 1;
+  // Where a warning goes (finite values that became +-Inf in the rounding); null: nowhere.
+  std::ostream* warnings = nullptr;
 };
 
 // IN.npy (float32) -> OUT.gcz, written through a temporary file and a rename.

@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
     }
     options.dtype = *dtype;
     options.threads = Threads();
+    options.warnings = &std::cerr;
     st = gcomp::cli::Compress(files[0], files[1], options);
   } else if (command == "decompress") {
     if (files.size() != 2) return Fail("decompress needs IN.gcz OUT.npy");
