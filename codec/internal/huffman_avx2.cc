@@ -172,7 +172,8 @@ __attribute__((target("avx2,bmi2"))) void EncodeWithTables(const StreamPlan& pla
 // when the symbols span few values, as near-lossless blocks do (about 2 - A). The counters
 // are GCC vector types: with intrinsics on an array of __m256i, GCC copied every counter
 // between registers on each step (8 moves per 16 useful instructions).
-using Bytes32 = char __attribute__((vector_size(32)));
+// Unsigned: a counter at 127 taking one more must wrap, not overflow a signed char.
+using Bytes32 = unsigned char __attribute__((vector_size(32)));
 
 template <int K>
 __attribute__((target("avx2"))) void CountPassAvx2(const uint8_t* syms, size_t blocks, int first,
@@ -189,7 +190,7 @@ __attribute__((target("avx2"))) void CountPassAvx2(const uint8_t* syms, size_t b
       Bytes32 x;
       std::memcpy(&x, syms + 32 * b, sizeof(x));
 #pragma GCC unroll 8
-      for (int k = 0; k < K; ++k) acc[k] -= (x == value[k]);  // a match is -1
+      for (int k = 0; k < K; ++k) acc[k] -= (Bytes32)(x == value[k]);  // a match is 0xff
     }
 #pragma GCC unroll 8
     for (int k = 0; k < K; ++k) {
