@@ -26,7 +26,9 @@ absl::StatusOr<absl::string_view> DictValue(absl::string_view dict, absl::string
   }
   // Python's own reader keeps the last of repeated keys; a header with two is refused
   // rather than read another way.
-  if (dict.find(quoted, at + quoted.size()) != absl::string_view::npos) {
+  const std::string double_quoted = absl::StrCat("\"", key, "\"");
+  if (dict.find(quoted, at + quoted.size()) != absl::string_view::npos ||
+      dict.find(double_quoted) != absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat("npy header gives '", key, "' twice"));
   }
   absl::string_view rest = dict.substr(at + quoted.size());

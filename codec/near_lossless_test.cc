@@ -124,6 +124,10 @@ TEST(NearLosslessBound, ZerosArePlusZeroInStoredBlocksToo) {
   lossless.mode = Mode::kLossless;
   block.clear();  // EncodeBlock appends
   ASSERT_TRUE(EncodeBlock(DType::kBF16, in, 4, lossless, &block).ok());
+  info = InspectBlock(
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(block.data()), block.size()));
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->table, TableKind::kStored);
   ASSERT_TRUE(
       DecodeBlock(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(block.data()), block.size()),
                   DType::kBF16, out, 4)

@@ -65,7 +65,8 @@ struct LoadedCheckpoint {
 };
 
 // The newest complete and intact set in `dir` (the final set wins a tie with a periodic
-// one). NotFound when `dir` does not exist or holds no set at all; FailedPrecondition when
+// one). NotFound when `dir` does not exist or holds no set at all, or only sets that no
+// shard finished writing (no manifest at all: passed over); FailedPrecondition when
 // it cannot be listed (not a directory, no permission); DataLoss listing every set's
 // problem when none is usable. Damaged sets are skipped (named in `skipped`), never partly loaded.
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir);

@@ -54,7 +54,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
     absl::MutexLock lock(&impl->map_mu);
     impl->map = m;
   }
-  if (absl::Status s = impl->RegisterAll(*m, impl->config.connect_timeout_ms()); !s.ok()) return s;
+  if (absl::Status s = impl->RegisterAll(*m, impl->config.connect_timeout_ms(), true); !s.ok())
+    return s;
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 

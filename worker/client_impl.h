@@ -168,7 +168,10 @@ struct Client::Impl {
   std::shared_ptr<MapState> BuildMap(const proto::ClusterConfig& config);
   // Registers this worker with every shard of `m`; each call waits up to timeout_ms for
   // the shard to be reachable and to serve `m`.
-  absl::Status RegisterAll(const MapState& m, uint32_t timeout_ms);
+  // `connecting`: Client::Connect's first registration, whose timeout is connect_timeout_ms
+  // and whose likely cause of silence is a shard not running (a map switch waits longer
+  // for shards that do run).
+  absl::Status RegisterAll(const MapState& m, uint32_t timeout_ms, bool connecting);
   // Declares `key` on every shard of `m`; `initial` as in Client::Declare.
   // `may_switch`: a shard answering ABORTED moves this client to the newer map and the
   // declaration is redone there (else the ABORTED status is returned).

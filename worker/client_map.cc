@@ -46,7 +46,7 @@ std::shared_ptr<MapState> Client::Impl::BuildMap(const proto::ClusterConfig& cfg
   return m;
 }
 
-absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms) {
+absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms, bool connecting) {
   proto::RegisterWorkerRequest req;
   req.set_job(config.job());
   req.set_worker(options.worker);
@@ -62,13 +62,16 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms) {
         ctx.set_deadline(DeadlineIn(timeout_ms));
         return stub.aggregation->RegisterWorker(&ctx, req, &resp);
       });
-      if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      if (connecting && st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
         // Waited for the channel the whole time: nothing answered at that address (not
         // running yet, another port, a firewall), which "Deadline Exceeded" alone hides.
         return absl::DeadlineExceededError(absl::StrCat(
             "registering with shard ", s, " (", m.config.shards(s), "): no answer within ",
             timeout_ms, " ms (connect_timeout_ms): check that gcomp_server runs at ",
-            m.config.shards(s), " and that this machine reaches it"));
+            m.config.shards(s),
+            ", that this machine reaches it and that both sides use the same "
+            "TLS settings (",
+            st.error_message(), ")"));
       }
       if (!st.ok()) {
         return FromGrpc(st, absl::StrCat("registering with shard ", s, " (", m.config.shards(s), ")"));
@@ -128,7 +131,8 @@ absl::Status Client::Impl::SwitchMap(const MapState& seen, uint32_t shard) {
     std::shared_ptr<MapState> m = BuildMap(cfg);
     // A shard of the new map answers once it has switched, which waits for the switch
     // step on every chunk it holds: up to rpc_timeout_ms when a chunk falls behind.
-    absl::Status s = RegisterAll(*m, std::max(config.connect_timeout_ms(), config.rpc_timeout_ms()));
+    absl::Status s =
+        RegisterAll(*m, std::max(config.connect_timeout_ms(), config.rpc_timeout_ms()), false);
     absl::flat_hash_map<std::string, TensorInfo> declared;
     {
       absl::MutexLock lock(&mu);

@@ -114,7 +114,7 @@ npy(sys.argv[1] + "/wrap.npy",
     struct.pack("<4f", 1, 2, 3, 4))
 npy(sys.argv[1] + "/dup.npy",
     "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'descr': '<f8', }",
-    struct.pack("<d", 1))
+    struct.pack("<f", 1))  # right for the first descr: only the repeated key is wrong
 PY
 # f16 tops out at 65504: values past it become Inf, and compress says how many.
 python3 - "$DIR/big_values.npy" <<'PY'
@@ -136,6 +136,7 @@ grep -q "warning: 2 of 4 finite values are beyond f16's range" "$DIR/warn" ||
 check_fails "wrapping shape" "$GCOMP" compress "$DIR/wrap.npy" "$DIR/x.gcz"
 grep -q "too large" "$DIR/err" || fail "wrapping shape: error does not say too large"
 check_fails "key given twice" "$GCOMP" compress "$DIR/dup.npy" "$DIR/x.gcz"
+grep -q "twice" "$DIR/err" || fail "key given twice: error does not say so"
 [ ! -e "$DIR/x.gcz" ] || fail "output written on failure"
 ls "$DIR" | grep -q tmp && fail "temporary file left behind"
 

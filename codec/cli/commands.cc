@@ -78,11 +78,15 @@ absl::Status Compress(const std::string& in_path, const std::string& out_path,
     codec::FromF32(options.dtype, static_cast<const float*>(data), n, converted.data());
     if (options.warnings != nullptr) {
       // f16 tops out at 65504: larger gradients become Inf, which the user should hear of.
-      std::vector<float> back(n);
-      codec::ToF32(options.dtype, converted.data(), n, back.data());
+      // Read from the 16-bit values' bits: no float copy of the whole input.
+      const uint16_t inf = options.dtype == DType::kF16 ? 0x7c00 : 0x7f80;
       const float* in = static_cast<const float*>(data);
       size_t overflowed = 0;
-      for (size_t i = 0; i < n; ++i) overflowed += std::isinf(back[i]) && std::isfinite(in[i]);
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, converted.data() + 2 * i, 2);
+        overflowed += (h & 0x7fff) == inf && std::isfinite(in[i]);
+      }
       if (overflowed > 0) {
         *options.warnings << "gcomp: warning: " << overflowed << " of " << n
                           << " finite values are beyond " << codec::DTypeName(options.dtype)

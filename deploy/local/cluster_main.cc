@@ -57,6 +57,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/process_usage.h"
@@ -303,6 +304,11 @@ int main(int argc, char** argv) {
     metrics_ports.push_back(base > 0 ? base + k : FreePort());
   }
   std::vector<pid_t> servers;  // index: position in `shards` (which grows with re-shards)
+  // Every shard process's own log, shard<N>.log, N counting starts (restarts and re-shards
+  // included): two restarts must not share (and truncate) one file.
+  std::atomic<int> shard_starts{0};
+  absl::Mutex logs_mu;
+  std::map<pid_t, std::string> log_of;  // guarded by logs_mu
   auto start_shard = [&](const std::string& config, int k, int metrics_port) {
     std::vector<std::string> args;
     for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_server_prefix), ' ', absl::SkipEmpty())) {
@@ -314,8 +320,13 @@ int main(int argc, char** argv) {
                                           metrics_port)});
     if (!events.empty()) args.push_back("--config_poll_ms=200");
     if (!overrides.empty()) args.push_back(set_arg);
-    return Spawn(args, absl::StrCat(dir, "/shard", servers.size(), ".out"),
-                 absl::StrCat(dir, "/shard", servers.size(), ".log"));
+    const int n = shard_starts++;
+    const std::string log = absl::StrCat("shard", n, ".log");
+    const pid_t pid =
+        Spawn(args, absl::StrCat(dir, "/shard", n, ".out"), absl::StrCat(dir, "/", log));
+    absl::MutexLock lock(&logs_mu);
+    log_of[pid] = log;
+    return pid;
   };
   for (int k = 0; k < S; ++k) servers.push_back(start_shard(config_path, k, metrics_ports[k]));
   std::vector<pid_t> workers;
@@ -483,7 +494,6 @@ int main(int argc, char** argv) {
 
   // --kill_shard: SIGKILL when worker 0 starts step --kill_at_step, maybe restart it later.
   std::string kill_error;
-  int shard_starts = static_cast<int>(servers.size());
   std::thread killer([&] {
     OutliveChildren outlive(&stopping);
     if (kill_shards.empty()) return;
@@ -505,7 +515,6 @@ int main(int argc, char** argv) {
     // Same address and index, empty memory: as a restarted pod.
     for (int k : kill_shards) {
       servers[k] = start_shard(config_path, k, metrics_ports[k]);
-      ++shard_starts;
     }
   });
 
@@ -577,12 +586,21 @@ int main(int argc, char** argv) {
       st = early->second;
     }
     if (!shard_error.empty()) continue;
+    std::string log;
+    {
+      absl::MutexLock lock(&logs_mu);
+      log = log_of[servers[k]];
+    }
+    // SIGKILL is expected only of a --kill_shard shard that was not restarted (a restarted
+    // one's pid here is the new process).
+    const bool killed_here =
+        std::find(kill_shards.begin(), kill_shards.end(), static_cast<int>(k)) != kill_shards.end();
     if (WIFEXITED(st) && WEXITSTATUS(st) != 0) {
-      shard_error = absl::StrCat("shard ", k, " exited with status ", WEXITSTATUS(st),
-                                 " (see shard", k, ".log)");
-    } else if (WIFSIGNALED(st) && WTERMSIG(st) != SIGKILL && WTERMSIG(st) != SIGTERM) {
       shard_error =
-          absl::StrCat("shard ", k, " died of signal ", WTERMSIG(st), " (see shard", k, ".log)");
+          absl::StrCat("shard ", k, " exited with status ", WEXITSTATUS(st), " (see ", log, ")");
+    } else if (WIFSIGNALED(st) && WTERMSIG(st) != SIGTERM &&
+               !(WTERMSIG(st) == SIGKILL && killed_here)) {
+      shard_error = absl::StrCat("shard ", k, " died of signal ", WTERMSIG(st), " (see ", log, ")");
     }
   }
 
@@ -642,7 +660,7 @@ int main(int argc, char** argv) {
   if (!kill_shards.empty()) {
     // Each failover is coordinated, and logged, by one shard.
     int failovers = 0;
-    for (int k = 0; k < shard_starts; ++k) {
+    for (int k = 0; k < shard_starts.load(); ++k) {
       const std::string log = ReadFile(absl::StrCat(dir, "/shard", k, ".log"));
       for (size_t at = log.find("failover to epoch"); at != std::string::npos;
            at = log.find("failover to epoch", at + 1)) {

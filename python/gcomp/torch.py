@@ -44,6 +44,7 @@ class PSHookState:
         self._residuals = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._close_lock = threading.Lock()
         threads = 1 if getattr(transport, "ordered", False) else max(1, max_inflight)
         self._executor = concurrent.futures.ThreadPoolExecutor(threads,
                                                                thread_name_prefix="gcomp-ps")
@@ -76,11 +77,14 @@ class PSHookState:
 
     def submit(self, key, flat):
         """Schedules sync() on the background thread; returns a torch Future of `flat`."""
-        if self._closed:  # checked first: a closed state must not take its keys back
-            raise RuntimeError(
-                "this %s (prefix %r) is closed; make a new one to push again"
-                % (type(self).__name__, self.prefix))
-        _claim_key(self.transport, key, self)
+        # Checked and claimed under one lock with close(): a closed state must not take its
+        # keys back.
+        with self._close_lock:
+            if self._closed:
+                raise RuntimeError(
+                    "this PSHookState or GradientSync (prefix %r) is closed; make a new one "
+                    "to push again" % (self.prefix,))
+            _claim_key(self.transport, key, self)
         step = self.next_step(key, flat)
         fut = torch.futures.Future()
 
@@ -97,7 +101,8 @@ class PSHookState:
     def close(self):
         """Waits for the push-pulls under way and gives up this state's keys (a new state may
         then push them, from the shards' step). Closing twice is harmless."""
-        self._closed = True
+        with self._close_lock:
+            self._closed = True
         self._executor.shutdown(wait=True)
         _release_keys(self.transport, self)
 

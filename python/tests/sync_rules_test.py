@@ -46,7 +46,7 @@ def test_two_states_on_one_key_are_refused():
     # A closed state gives its keys up, and used again it says so without taking them
     # back (it used to re-claim the key, then fail in its thread pool).
     a.close()
-    with pytest.raises(RuntimeError, match=r"PSHookState \(prefix 'ddp'\) is closed"):
+    with pytest.raises(RuntimeError, match=r"GradientSync \(prefix 'ddp'\) is closed"):
         a.submit("ddp/bucket0/4", torch.ones(4))
     b.submit("ddp/bucket0/4", torch.ones(4)).wait()
     a.close()  # twice is harmless
