@@ -320,6 +320,15 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
   uint8_t* mask_bytes = reinterpret_cast<uint8_t*>(bitmap);
   if (n > 0) bitmap[(n - 1) / kGroup] = 0;
   size_t i = 0;
+  // The group's zero-map byte and its nonzero symbols; returns the nonzero mask.
+  const auto put_map_and_symbols = [&](__m256i nz, __m256i sym)
+      __attribute__((target("avx2,popcnt"), always_inline)) {
+    const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(nz)));
+    mask_bytes[i / 8] = static_cast<uint8_t>(m8);
+    PutBytes8(sym, m8, syms + j);
+    j += static_cast<size_t>(__builtin_popcount(m8));
+    return m8;
+  };
   for (; i + 8 <= n; i += 8) {
     const __m256i u = Load8(in + i);
     Quantized8 r;
@@ -331,18 +340,12 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
         if constexpr (J == Join::kPext) {
           __m256i sym;
           const __m256i nz = PutOrdinaryBytes8<U>(u, e, v, w, &sym);
-          const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(nz)));
-          mask_bytes[i / 8] = static_cast<uint8_t>(m8);
-          PutBytes8(sym, m8, syms + j);
-          j += static_cast<size_t>(__builtin_popcount(m8));
+          put_map_and_symbols(nz, sym);
           continue;
         }
         r = QuantizeOrdinary8<U>(u, e, v);
         if constexpr (J == Join::kNarrowShifts) {  // no width test needed
-          const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(r.nz)));
-          mask_bytes[i / 8] = static_cast<uint8_t>(m8);
-          PutBytes8(r.sym, m8, syms + j);
-          j += static_cast<size_t>(__builtin_popcount(m8));
+          put_map_and_symbols(r.nz, r.sym);
           PutEights(JoinPairs(r.value, r.bits), w);
           continue;
         }
@@ -352,12 +355,8 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
     } else {
       r = QuantizeGeneral8(u, v);
     }
-    const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(r.nz)));
-    mask_bytes[i / 8] = static_cast<uint8_t>(m8);
-    // Symbols first: m8 and sym are then dead before the fields' join, which needs the
-    // registers.
-    PutBytes8(r.sym, m8, syms + j);
-    j += static_cast<size_t>(__builtin_popcount(m8));
+    // Symbols first: sym is then dead before the fields' join, which needs the registers.
+    const uint32_t m8 = put_map_and_symbols(r.nz, r.sym);
     if constexpr (kByteFields) {
       bytes = PutTriples8(r.value, m8, bytes);
     } else if (byte_fields16) {

@@ -170,6 +170,14 @@ std::string HostOf(int k) {
   return hosts.empty() ? std::string("127.0.0.1") : hosts[k % hosts.size()];
 }
 
+// Removes the launcher's temporary folder (logs, config) of a run.
+void RemoveRunFolder(const std::string& dir) {
+  // glibc marks system() warn_unused_result, which a (void) cast does not silence.
+  if (system(absl::StrCat("rm -rf '", dir, "'").c_str()) != 0) {
+    fprintf(stderr, "cluster: could not remove %s\n", dir.c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -292,9 +300,7 @@ int main(int argc, char** argv) {
   if (!checked.ok()) {
     fprintf(stderr, "cluster: %s%s\n", overrides.empty() ? "" : "the flags with --set: ",
             std::string(checked.status().message()).c_str());
-    if (system(absl::StrCat("rm -rf '", dir, "'").c_str()) != 0) {
-      fprintf(stderr, "cluster: could not remove %s\n", dir.c_str());
-    }
+    RemoveRunFolder(dir);
     return 2;
   }
   const std::string set_arg = absl::StrCat("--set=", absl::StrJoin(overrides, ","));
@@ -703,10 +709,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_keep_logs) || !all_ok) {
     fprintf(stderr, "cluster: logs in %s\n", dir.c_str());
   } else {
-    // glibc marks system() warn_unused_result, which a (void) cast does not silence.
-    if (system(absl::StrCat("rm -rf '", dir, "'").c_str()) != 0) {
-      fprintf(stderr, "cluster: could not remove %s\n", dir.c_str());
-    }
+    RemoveRunFolder(dir);
   }
   return all_ok ? 0 : 1;
 }
