@@ -4,6 +4,7 @@
 // this file builds for any x86-64 CPU and its code runs only where cpu.cc found AVX2.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "codec/internal/bits.h"
 #include "codec/internal/quantize.h"
@@ -86,6 +87,8 @@ constexpr CompactTables kCompact;
 struct QuantVectors {
   __m256i mag_mask, mant_mask, zero_test, zero_floor, offset, cap, full, special_above,
       ordinary_limit, half_w, one, all, sign32;
+  // For the 32-element shift join (QuantizeNarrow16, PutNarrow32).
+  __m256i one16, lo16, order;
   __m128i W, top, to_bit23;
 };
 __attribute__((target("avx2"))) inline QuantVectors MakeQuantVectors(const QuantParams& q) {
@@ -103,6 +106,10 @@ __attribute__((target("avx2"))) inline QuantVectors MakeQuantVectors(const Quant
   v.one = _mm256_set1_epi32(1);
   v.all = _mm256_set1_epi32(-1);
   v.sign32 = _mm256_set1_epi32(INT32_MIN);
+  v.one16 = _mm256_set1_epi16(1);
+  v.lo16 = _mm256_set1_epi32(0xffff);
+  // The packs leave 32-bit units [a0-3 b0-3 c0-3 d0-3 | a4-7 ...]: this puts them in order.
+  v.order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   v.W = _mm_cvtsi32_si128(q.mant_bits);
   v.top = _mm_cvtsi32_si128(q.top);
   v.to_bit23 = _mm_cvtsi32_si128(23 - q.mant_bits);
@@ -299,6 +306,95 @@ __attribute__((target("avx2"))) inline void PutBytes8(__m256i x, uint32_t m8, ui
   _mm_storel_epi64(reinterpret_cast<__m128i*>(p), kept);
 }
 
+// Two groups of 8 bytes (the halves of x), each group's bytes whose bit is set in its byte of
+// m16 first, appended at syms + *j. Needs 8 writable bytes past the last.
+__attribute__((target("avx2,popcnt"), always_inline)) inline void PutBytes16(__m128i x,
+                                                                             uint32_t m16,
+                                                                             uint8_t* syms,
+                                                                             size_t* j) {
+  // The second group reads bytes 8-15: its indices get bit 3 (0xff, "write zero", keeps its
+  // top bit).
+  constexpr uint64_t kHigh = 0x0808080808080808;
+  const uint32_t m_lo = m16 & 0xff, m_hi = m16 >> 8;
+  const __m128i kept =
+      _mm_shuffle_epi8(x, _mm_set_epi64x(static_cast<long long>(kCompact.index[m_hi] | kHigh),
+                                         static_cast<long long>(kCompact.index[m_lo])));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(syms + *j), kept);
+  *j += static_cast<size_t>(__builtin_popcount(m_lo));
+  _mm_storeh_pd(reinterpret_cast<double*>(syms + *j), _mm_castsi128_pd(kept));
+  *j += static_cast<size_t>(__builtin_popcount(m_hi));
+}
+
+// Near-lossless, 16 ordinary elements (groups a and b of 8) whose fields have at most 8 bits
+// (width_cap <= 7), for the shift join of 32 elements a step (PutNarrow32). Writes the two
+// zero-map bytes at map and the nonzero symbols at syms + *j. After the packs from 32-bit
+// to 16-bit lanes, the 128-bit halves hold [a0-3 b0-3] and [a4-7 b4-7]; one multiply-add
+// then joins each pair of fields, field1 * 2^width0 + field0 (at most 255 * 256 + 255, so
+// the signed 16-bit multiply is exact).
+struct Narrow16 {
+  __m256i pairs;      // 32-bit lanes [a01 a23 b01 b23 | a45 a67 b45 b67], <= 16 bits each
+  __m256i pair_bits;  // their widths, same lanes
+  __m256i special;    // nonzero where an element is not ordinary: then nothing else holds
+};
+template <typename U>
+__attribute__((target("avx2,popcnt"), always_inline)) inline Narrow16 QuantizeNarrow16(
+    const U* in, const QuantVectors& v, uint8_t* map, uint8_t* syms, size_t* j) {
+  const __m256i ua = Load8(in), ub = Load8(in + 8);
+  const __m256i ea = _mm256_srl_epi32(_mm256_and_si256(ua, v.mag_mask), v.W);
+  const __m256i eb = _mm256_srl_epi32(_mm256_and_si256(ub, v.mag_mask), v.W);
+  const Quantized8 a = QuantizeOrdinary8<U>(ua, ea, v);
+  const Quantized8 b = QuantizeOrdinary8<U>(ub, eb, v);
+  // Bytes [a0-3 b0-3 a0-3 b0-3 | a4-7 b4-7 ...]; `order` brings a0-7 b0-7 to the front.
+  const __m256i nz16 = _mm256_packs_epi32(a.nz, b.nz);
+  const uint32_t m16 = static_cast<uint32_t>(_mm256_movemask_epi8(
+                           _mm256_permutevar8x32_epi32(_mm256_packs_epi16(nz16, nz16), v.order))) &
+                       0xffff;
+  std::memcpy(map, &m16, 2);
+  const __m256i sym16 = _mm256_packus_epi32(a.sym, b.sym);
+  PutBytes16(_mm256_castsi256_si128(
+                 _mm256_permutevar8x32_epi32(_mm256_packus_epi16(sym16, sym16), v.order)),
+             m16, syms, j);
+  const __m256i value16 = _mm256_packus_epi32(a.value, b.value);
+  const __m256i bits16 = _mm256_packus_epi32(a.bits, b.bits);
+  // 2^width of each even element, moved into the odd lane beside it; 1 in the even lanes.
+  const __m256i pow16 =
+      _mm256_packus_epi32(_mm256_sllv_epi32(v.one, a.bits), _mm256_sllv_epi32(v.one, b.bits));
+  const __m256i mult = _mm256_or_si256(_mm256_slli_epi32(pow16, 16), v.one);
+  return {_mm256_madd_epi16(value16, mult), _mm256_madd_epi16(bits16, v.one16),
+          _mm256_or_si256(_mm256_cmpgt_epi32(ea, v.ordinary_limit),
+                          _mm256_cmpgt_epi32(eb, v.ordinary_limit))};
+}
+
+// The 32 fields of two Narrow16 (groups a, b and c, d) appended to the plane: the pairs
+// joined in fours (32-bit lanes [a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7]), put in element
+// order, joined in eights (<= 64 bits each) and written with four Puts.
+__attribute__((target("avx2,bmi2"), always_inline)) inline void PutNarrow32(const Narrow16& ab,
+                                                                            const Narrow16& cd,
+                                                                            const QuantVectors& v,
+                                                                            WordWriter& w) {
+  const __m256i lo16 = v.lo16;
+  const __m256i pairs = _mm256_packus_epi32(ab.pairs, cd.pairs);  // <= 65535: no saturation
+  const __m256i pair_bits = _mm256_packus_epi32(ab.pair_bits, cd.pair_bits);
+  const __m256i fours = _mm256_or_si256(
+      _mm256_and_si256(pairs, lo16),
+      _mm256_sllv_epi32(_mm256_srli_epi32(pairs, 16), _mm256_and_si256(pair_bits, lo16)));
+  const __m256i four_bits = _mm256_madd_epi16(pair_bits, v.one16);
+  const Pairs4 eights = JoinPairs(_mm256_permutevar8x32_epi32(fours, v.order),
+                                  _mm256_permutevar8x32_epi32(four_bits, v.order));
+  const __m128i v_lo = _mm256_castsi256_si128(eights.value);
+  const __m128i v_hi = _mm256_extracti128_si256(eights.value, 1);
+  const __m128i b_lo = _mm256_castsi256_si128(eights.bits);
+  const __m128i b_hi = _mm256_extracti128_si256(eights.bits, 1);
+  w.Put(static_cast<uint64_t>(_mm_cvtsi128_si64(v_lo)),
+        static_cast<unsigned>(_mm_cvtsi128_si32(b_lo)));
+  w.Put(static_cast<uint64_t>(_mm_extract_epi64(v_lo, 1)),
+        static_cast<unsigned>(_mm_extract_epi32(b_lo, 2)));
+  w.Put(static_cast<uint64_t>(_mm_cvtsi128_si64(v_hi)),
+        static_cast<unsigned>(_mm_cvtsi128_si32(b_hi)));
+  w.Put(static_cast<uint64_t>(_mm_extract_epi64(v_hi, 1)),
+        static_cast<unsigned>(_mm_extract_epi32(b_hi, 2)));
+}
+
 // How the near-lossless ordinary groups' fields are joined: shifts for any width, shifts
 // for widths of <= 8 bits (width_cap <= 7), or PEXT (width_cap <= 7 and FastPext()).
 enum class Join { kShifts, kNarrowShifts, kPext };
@@ -321,16 +417,17 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
   if (n > 0) bitmap[(n - 1) / kGroup] = 0;
   size_t i = 0;
   // The group's zero-map byte and its nonzero symbols; returns the nonzero mask.
-  const auto put_map_and_symbols = [&](__m256i nz, __m256i sym)
+  const auto put_map_and_symbols = [&](size_t at, __m256i nz, __m256i sym)
       __attribute__((target("avx2,popcnt"), always_inline)) {
     const uint32_t m8 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(nz)));
-    mask_bytes[i / 8] = static_cast<uint8_t>(m8);
+    mask_bytes[at / 8] = static_cast<uint8_t>(m8);
     PutBytes8(sym, m8, syms + j);
     j += static_cast<size_t>(__builtin_popcount(m8));
     return m8;
   };
-  for (; i + 8 <= n; i += 8) {
-    const __m256i u = Load8(in + i);
+  // Elements at .. at + 7.
+  const auto step8 = [&](size_t at) __attribute__((target("avx2,bmi2,popcnt"), always_inline)) {
+    const __m256i u = Load8(in + at);
     Quantized8 r;
     if constexpr (P == SplitPath::kLossless) {
       r = QuantizeLossless8(u, v);
@@ -340,14 +437,14 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
         if constexpr (J == Join::kPext) {
           __m256i sym;
           const __m256i nz = PutOrdinaryBytes8<U>(u, e, v, w, &sym);
-          put_map_and_symbols(nz, sym);
-          continue;
+          put_map_and_symbols(at, nz, sym);
+          return;
         }
         r = QuantizeOrdinary8<U>(u, e, v);
         if constexpr (J == Join::kNarrowShifts) {  // no width test needed
-          put_map_and_symbols(r.nz, r.sym);
+          put_map_and_symbols(at, r.nz, r.sym);
           PutEights(JoinPairs(r.value, r.bits), w);
-          continue;
+          return;
         }
       } else {
         r = QuantizeGeneral8(u, v);
@@ -356,7 +453,7 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
       r = QuantizeGeneral8(u, v);
     }
     // Symbols first: sym is then dead before the fields' join, which needs the registers.
-    const uint32_t m8 = put_map_and_symbols(r.nz, r.sym);
+    const uint32_t m8 = put_map_and_symbols(at, r.nz, r.sym);
     if constexpr (kByteFields) {
       bytes = PutTriples8(r.value, m8, bytes);
     } else if (byte_fields16) {
@@ -365,7 +462,23 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
     } else {
       PutFields8(r.value, r.bits, w);
     }
+  };
+  if constexpr (J == Join::kNarrowShifts) {
+    // 32 elements a step where all of them are ordinary, else 8 at a time.
+    for (; i + 32 <= n; i += 32) {
+      const size_t j0 = j;
+      const Narrow16 ab = QuantizeNarrow16<U>(in + i, v, mask_bytes + i / 8, syms, &j);
+      const Narrow16 cd = QuantizeNarrow16<U>(in + i + 16, v, mask_bytes + i / 8 + 2, syms, &j);
+      const __m256i special = _mm256_or_si256(ab.special, cd.special);
+      if (__builtin_expect(!_mm256_testz_si256(special, special), 0)) {
+        j = j0;  // the zero-map bytes and symbols are written again
+        for (int g = 0; g < 4; ++g) step8(i + 8 * g);
+        continue;
+      }
+      PutNarrow32(ab, cd, v, w);
+    }
   }
+  for (; i + 8 <= n; i += 8) step8(i);
   if (i < n) {  // the last few elements of the block
     Group g;
     mask_bytes[i / 8] = static_cast<uint8_t>(QuantizeScalarTyped(in + i, n - i, q, &g));

@@ -64,7 +64,8 @@ TEST(Quantize, VectorSplitEqualsScalarSplit) {
       for (const Policy& p : Policies()) {
         for (size_t n :
              {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{15}, size_t{16},
-              size_t{17}, size_t{63}, size_t{64}, size_t{65}, size_t{1000}, total}) {
+              size_t{17}, size_t{31}, size_t{32}, size_t{33}, size_t{40}, size_t{63}, size_t{64},
+              size_t{65}, size_t{1000}, total}) {
           for (size_t lo : {size_t{0}, size_t{3}, total / 2}) {
             if (lo + n > total) continue;
             const uint8_t* in = values.data() + lo * DTypeBytes(dtype);
