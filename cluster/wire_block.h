@@ -29,7 +29,9 @@ absl::Status EncodeWireBlock(const DirectionCodec& codec, codec::DType dtype, co
                              size_t n, proto::CompressedBlock* out);
 
 // Fills the same fields from bytes already encoded elsewhere (the GPU codec, or raw
-// elements when dc.raw): one GComp block of n elements, or n raw elements.
+// elements when dc.raw): one GComp block of n elements, or n raw elements. A GComp block's
+// own checksum is verified first (Internal if it fails): receivers decode without it once
+// the wire checksum matches.
 absl::Status FillWireBlock(const DirectionCodec& codec, codec::DType dtype, size_t n,
                            std::string bytes, proto::CompressedBlock* out);
 
@@ -43,7 +45,8 @@ std::string WireDTypeName(proto::DType dtype);
 
 // Decodes `block` into out[0, n) as `dtype`. Errors: InvalidArgument (dtype, element count,
 // codec or size fields disagree with what is expected), DataLoss (checksum mismatch or a
-// corrupt codec block).
+// corrupt codec block). The codec block's own checksum is not recomputed: the wire checksum
+// covers the same bytes (CheckWireBlock verifies both).
 absl::Status DecodeWireBlock(const proto::CompressedBlock& block, codec::DType dtype, size_t n,
                              void* out);
 

@@ -524,7 +524,7 @@ absl::Status DecodeBlock(absl::Span<const uint8_t> block, DType expected_dtype, 
 
 absl::Status DecodeBlock(absl::Span<const uint8_t> block, DType expected_dtype, void* out, size_t n,
                          const BlockDecodeOptions& options) {
-  absl::StatusOr<BlockInfo> info = ParseBlock(block);
+  absl::StatusOr<BlockInfo> info = ParseBlock(block, options.verify_checksum);
   if (!info.ok()) return info.status();
   if (info->dtype != expected_dtype) {
     return absl::InvalidArgumentError(absl::StrCat("block holds ", DTypeName(info->dtype),

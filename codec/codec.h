@@ -146,6 +146,11 @@ struct BlockDecodeOptions {
   // Tables a block may refer to (borrowed, must outlive the call). A block that refers to a
   // table not found here fails with NotFound.
   const CodeTableStore* tables = nullptr;
+  // Whether to recompute the block's checksum (a pass over every byte, about 6% of a
+  // decode). Only a caller that has just verified a checksum of its own over exactly these
+  // bytes (the service's wire checksum) turns it off: the decoder never depends on it for
+  // safety (a forged block can carry a valid checksum), only for catching damage.
+  bool verify_checksum = true;
 };
 
 // Upper bound on the bytes EncodeBlock appends for n elements (a header plus the raw data:

@@ -73,8 +73,8 @@ TEST(Corruption, EverySingleBitFlipFails) {
 }
 
 // The checksum is the only check a flip in a mantissa byte meets: InspectBlock catches it,
-// InspectBlockSkippingChecksum (for callers that decode next) lets it through with the same
-// fields, and still refuses a damaged header.
+// InspectBlockSkippingChecksum (for callers that decode next) and DecodeBlock without
+// verify_checksum let it through, and still refuse a damaged header.
 TEST(Corruption, InspectingWithoutTheChecksumSkipsOnlyTheChecksum) {
   for (const Case& c : Cases()) {
     std::vector<uint8_t> in;
@@ -95,7 +95,12 @@ TEST(Corruption, InspectingWithoutTheChecksumSkipsOnlyTheChecksum) {
     std::vector<uint8_t> out(n * DTypeBytes(c.dtype));
     EXPECT_EQ(DecodeBlock(absl::MakeConstSpan(bad), c.dtype, out.data(), n).code(),
               absl::StatusCode::kDataLoss);
+    // A caller that verified its own checksum over these bytes decodes without this one.
+    BlockDecodeOptions unchecked;
+    unchecked.verify_checksum = false;
+    EXPECT_TRUE(DecodeBlock(absl::MakeConstSpan(bad), c.dtype, out.data(), n, unchecked).ok());
     bad[0] ^= 1;  // the magic
+    EXPECT_FALSE(DecodeBlock(absl::MakeConstSpan(bad), c.dtype, out.data(), n, unchecked).ok());
     EXPECT_FALSE(InspectBlockSkippingChecksum(absl::MakeConstSpan(bad)).ok());
   }
 }
