@@ -25,29 +25,49 @@ __attribute__((target("avx2"))) inline __m256i Load8(const U* p) {
   }
 }
 
+// The largest of mag_of(x) over in[0, n - n % 8), in four chains (the max's latency is not
+// the bound).
+template <typename U, typename MagOf>
+__attribute__((target("avx2"), always_inline)) inline uint32_t MaxOfAvx2(const U* in, size_t n,
+                                                                         MagOf mag_of) {
+  __m256i b0 = _mm256_setzero_si256(), b1 = b0, b2 = b0, b3 = b0;
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    b0 = _mm256_max_epu32(b0, mag_of(Load8(in + i)));
+    b1 = _mm256_max_epu32(b1, mag_of(Load8(in + i + 8)));
+    b2 = _mm256_max_epu32(b2, mag_of(Load8(in + i + 16)));
+    b3 = _mm256_max_epu32(b3, mag_of(Load8(in + i + 24)));
+  }
+  for (; i + 8 <= n; i += 8) b0 = _mm256_max_epu32(b0, mag_of(Load8(in + i)));
+  const __m256i best = _mm256_max_epu32(_mm256_max_epu32(b0, b1), _mm256_max_epu32(b2, b3));
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), best);
+  uint32_t result = 0;
+  for (uint32_t lane : lanes) result = lane > result ? lane : result;
+  return result;
+}
+
+// The largest magnitude below `inf` (all ones exponent) among in[0, n). One pass of plain
+// maxima first: nearly every block has no Inf or NaN, and then that maximum is the answer.
+// Only a block that holds one takes a second pass that masks them out.
 template <typename U>
 __attribute__((target("avx2"))) uint32_t MaxFiniteMagAvx2(const U* in, size_t n, uint32_t mag_mask,
                                                           uint32_t inf) {
   const __m256i mm = _mm256_set1_epi32(static_cast<int>(mag_mask));
   const __m256i limit = _mm256_set1_epi32(static_cast<int>(inf));
-  // mag < inf (both below 2^31, so the signed compare is exact)
-  const auto finite_mag = [&](__m256i x) __attribute__((target("avx2"))) {
-    const __m256i mag = _mm256_and_si256(x, mm);
-    return _mm256_and_si256(mag, _mm256_cmpgt_epi32(limit, mag));
-  };
-  __m256i best = _mm256_setzero_si256(), best2 = _mm256_setzero_si256();
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {  // two chains: the max's latency is not the bound
-    best = _mm256_max_epu32(best, finite_mag(Load8(in + i)));
-    best2 = _mm256_max_epu32(best2, finite_mag(Load8(in + i + 8)));
+  uint32_t result = MaxOfAvx2(
+      in, n, [mm](__m256i x) __attribute__((target("avx2"))) { return _mm256_and_si256(x, mm); });
+  if (result >= inf) {
+    // mag < inf (both below 2^31, so the signed compare is exact)
+    result = MaxOfAvx2(
+        in, n, [ mm, limit ](__m256i x) __attribute__((target("avx2"))) {
+          const __m256i mag = _mm256_and_si256(x, mm);
+          return _mm256_and_si256(mag, _mm256_cmpgt_epi32(limit, mag));
+        });
   }
-  for (; i + 8 <= n; i += 8) best = _mm256_max_epu32(best, finite_mag(Load8(in + i)));
-  best = _mm256_max_epu32(best, best2);
-  alignas(32) uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), best);
-  uint32_t result = MaxFiniteMagScalar(in + i, n - i, mag_mask, inf);
-  for (uint32_t lane : lanes) result = lane > result ? lane : result;
-  return result;
+  const size_t vector_part = n - n % 8;
+  const uint32_t tail = MaxFiniteMagScalar(in + vector_part, n - vector_part, mag_mask, inf);
+  return tail > result ? tail : result;
 }
 
 // kCompact.index[m]: pshufb indices moving the bytes whose bit is set in m to the front.

@@ -263,6 +263,20 @@ TEST(Quantize, MaxFiniteExponentSkipsNonFinite) {
   EXPECT_EQ(MaxFiniteExponentScalar(DType::kF32, v.data(), v.size()), 129);
   std::vector<float> only_inf(17, std::numeric_limits<float>::infinity());
   EXPECT_EQ(MaxFiniteExponent(DType::kF32, only_inf.data(), only_inf.size()), 0);
+  // One Inf or NaN anywhere in a longer block (the vector pass takes a second, masked pass
+  // only when its plain maximum is not finite), largest finite value before or after it.
+  for (float special : {std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::quiet_NaN()}) {
+    for (size_t n : {size_t{40}, size_t{100}}) {
+      for (size_t at = 0; at < n; ++at) {
+        std::vector<float> w(n);
+        for (size_t i = 0; i < n; ++i) w[i] = 0.001f * static_cast<float>(i % 7 + 1);
+        w[at] = special;
+        w[(at + n / 2) % n] = -6.0f;  // exponent field 129
+        EXPECT_EQ(MaxFiniteExponent(DType::kF32, w.data(), n), 129) << "n=" << n << " at " << at;
+      }
+    }
+  }
 }
 
 }  // namespace
