@@ -91,6 +91,20 @@ bool ValidAddress(absl::string_view a) {
   return absl::SimpleAtoi(digits, &port) && port >= 1 && port <= 65535;
 }
 
+// The form of a valid address under which two spellings of one endpoint compare equal:
+// host names are case-insensitive and may end in a dot, and localhost, 127.0.0.1 and ::1
+// name this machine alike (a shard listening on every interface answers all three).
+std::string EndpointKey(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  std::string host = absl::AsciiStrToLower(address.substr(0, colon));
+  if (host.size() > 1 && host.back() == '.') host.pop_back();
+  if (host == "localhost" || host == "127.0.0.1" || host == "[::1]" || host == "::1" ||
+      host == "ip6-localhost") {
+    host = "loopback";
+  }
+  return absl::StrCat(host, address.substr(colon));
+}
+
 }  // namespace
 
 proto::ClusterConfig DefaultClusterConfig() { return config_fields::Defaults(); }
@@ -116,13 +130,18 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
   if (c.shards_size() > kMaxShards) {
     return FieldError("shards", absl::StrCat("at most ", kMaxShards, " shards, got ", c.shards_size()));
   }
-  absl::flat_hash_map<absl::string_view, int> first_index;
+  absl::flat_hash_map<std::string, int> first_index;
   for (int i = 0; i < c.shards_size(); ++i) {
-    auto [it, inserted] = first_index.emplace(c.shards(i), i);
-    if (!inserted) {
+    auto [it, inserted] = first_index.emplace(EndpointKey(c.shards(i)), i);
+    if (inserted) continue;
+    const std::string& first = c.shards(it->second);
+    if (first == c.shards(i)) {
       return FieldError(absl::StrCat("shards[", i, "]"),
                         absl::StrCat("'", c.shards(i), "' is listed twice (also shards[", it->second, "])"));
     }
+    return FieldError(absl::StrCat("shards[", i, "]"),
+                      absl::StrCat("'", c.shards(i), "' names the same endpoint as shards[",
+                                   it->second, "] ('", first, "'): listed twice"));
   }
   if (c.shard_map_epoch() < 1) return FieldError("shard_map_epoch", "must be at least 1");
   if (c.chunk_bytes() < 4 || c.chunk_bytes() > (uint64_t{1} << 28)) {

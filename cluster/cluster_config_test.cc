@@ -289,6 +289,24 @@ TEST(ClusterConfig, DuplicateShardAddressIsNamed) {
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("listed twice"));
 }
 
+// Two spellings of one endpoint would make two shard indexes of one process.
+TEST(ClusterConfig, OneEndpointSpelledTwiceIsNamed) {
+  for (const char* shards :
+       {"shards=127.0.0.1:47101,b:2,localhost:47101", "shards=[::1]:47101,b:2,LocalHost.:47101",
+        "shards=Shard-0.ps:1,b:2,shard-0.ps.:1"}) {
+    absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood, {shards});
+    ASSERT_FALSE(c.ok()) << shards;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(c.status().message()),
+                HasSubstr("names the same endpoint as shards[0]"))
+        << shards;
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr("shards[2]")) << shards;
+  }
+  // Other loopback addresses and other ports are other endpoints.
+  EXPECT_TRUE(ParseClusterConfig(kGood, {"shards=127.0.0.1:47101,127.0.0.2:47101"}).ok());
+  EXPECT_TRUE(ParseClusterConfig(kGood, {"shards=localhost:47101,localhost:47102"}).ok());
+}
+
 TEST(ClusterConfig, ShardCountIsBounded) {
   proto::ClusterConfig c = *ParseClusterConfig(kGood);
   c.clear_shards();
