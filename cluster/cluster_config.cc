@@ -92,16 +92,13 @@ bool ValidAddress(absl::string_view a) {
 }
 
 // The form of a valid address under which two spellings of one endpoint compare equal:
-// host names are case-insensitive and may end in a dot, and localhost, 127.0.0.1 and ::1
-// name this machine alike (a shard listening on every interface answers all three).
+// host names are case-insensitive, and localhost is 127.0.0.1 (what the resolver gives it
+// first). IPv6 loopback stays apart (a shard may listen on ::1 beside another on
+// 127.0.0.1), and so does a name with a trailing dot (search domains may expand the other).
 std::string EndpointKey(absl::string_view address) {
   const size_t colon = address.rfind(':');
   std::string host = absl::AsciiStrToLower(address.substr(0, colon));
-  if (host.size() > 1 && host.back() == '.') host.pop_back();
-  if (host == "localhost" || host == "127.0.0.1" || host == "[::1]" || host == "::1" ||
-      host == "ip6-localhost") {
-    host = "loopback";
-  }
+  if (host == "localhost") host = "127.0.0.1";
   return absl::StrCat(host, address.substr(colon));
 }
 

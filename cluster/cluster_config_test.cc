@@ -292,8 +292,8 @@ TEST(ClusterConfig, DuplicateShardAddressIsNamed) {
 // Two spellings of one endpoint would make two shard indexes of one process.
 TEST(ClusterConfig, OneEndpointSpelledTwiceIsNamed) {
   for (const char* shards :
-       {"shards=127.0.0.1:47101,b:2,localhost:47101", "shards=[::1]:47101,b:2,LocalHost.:47101",
-        "shards=Shard-0.ps:1,b:2,shard-0.ps.:1"}) {
+       {"shards=127.0.0.1:47101,b:2,localhost:47101", "shards=LocalHost:47101,b:2,127.0.0.1:47101",
+        "shards=Shard-0.ps:1,b:2,shard-0.PS:1"}) {
     absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood, {shards});
     ASSERT_FALSE(c.ok()) << shards;
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
@@ -302,8 +302,11 @@ TEST(ClusterConfig, OneEndpointSpelledTwiceIsNamed) {
         << shards;
     EXPECT_THAT(std::string(c.status().message()), HasSubstr("shards[2]")) << shards;
   }
-  // Other loopback addresses and other ports are other endpoints.
+  // Other loopback addresses (IPv6 too), other ports and a trailing dot (a name that search
+  // domains do not expand) may be other endpoints.
   EXPECT_TRUE(ParseClusterConfig(kGood, {"shards=127.0.0.1:47101,127.0.0.2:47101"}).ok());
+  EXPECT_TRUE(ParseClusterConfig(kGood, {"shards=127.0.0.1:47101,[::1]:47101"}).ok());
+  EXPECT_TRUE(ParseClusterConfig(kGood, {"shards=ps-0:47101,ps-0.:47101"}).ok());
   EXPECT_TRUE(ParseClusterConfig(kGood, {"shards=localhost:47101,localhost:47102"}).ok());
 }
 

@@ -127,6 +127,13 @@ absl::StatusOr<uint64_t> WireChecksum(proto::ChecksumKind kind, WirePieces data)
 
 absl::Status UseXxh64(proto::CompressedBlock* header, WirePieces data) {
   if (header->checksum_kind() == proto::CHECKSUM_XXH64) return absl::OkStatus();
+  // The old seal is checked before the new one replaces it: a receiver decodes on the wire
+  // checksum alone, so a held block damaged since it was sealed must not get a valid one.
+  absl::StatusOr<uint64_t> held = WireChecksum(header->checksum_kind(), data);
+  if (!held.ok()) return held.status();
+  if (*held != header->checksum()) {
+    return absl::DataLossError("block checksum mismatch before re-checksumming by XXH64");
+  }
   absl::StatusOr<uint64_t> sum = WireChecksum(proto::CHECKSUM_XXH64, data);
   if (!sum.ok()) return sum.status();
   header->set_checksum(*sum);

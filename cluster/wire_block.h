@@ -72,6 +72,7 @@ inline constexpr proto::ChecksumKind kFastChecksum = proto::CHECKSUM_XXH3_64;
 
 // Re-checksums *header (the fields of a block whose payload is `data`) by XXH64, the one
 // kind peers of earlier versions read; a no-op for a block already checked by XXH64.
+// DataLoss if `data` no longer matches the checksum it carries.
 absl::Status UseXxh64(proto::CompressedBlock* header, WirePieces data);
 // The same for a block with its own payload.
 absl::Status UseXxh64(proto::CompressedBlock* block);

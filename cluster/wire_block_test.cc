@@ -53,8 +53,14 @@ TEST(WireBlock, CorruptionIsDataLoss) {
     const absl::string_view data = b.data();
     b.set_checksum(*WireChecksum(b.checksum_kind(), WirePieces(&data, 1)));
   }
+  std::vector<float> undamaged(100);
+  {
+    proto::CompressedBlock good;
+    ASSERT_TRUE(EncodeWireBlock({false, {}}, codec::DType::kF32, in.data(), 100, &good).ok());
+    ASSERT_TRUE(DecodeWireBlock(good, codec::DType::kF32, 100, undamaged.data()).ok());
+  }
   EXPECT_TRUE(DecodeWireBlock(b, codec::DType::kF32, 100, out.data()).ok());
-  EXPECT_NE(0, std::memcmp(in.data(), out.data(), 400)) << "the flip reached no element";
+  EXPECT_NE(0, std::memcmp(undamaged.data(), out.data(), 400)) << "the flip reached no element";
   const absl::Status checked = CheckWireBlock(b, codec::DType::kF32, 100);
   EXPECT_EQ(checked.code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(checked.message(), "corrupt codec block: block checksum mismatch");
@@ -172,6 +178,14 @@ TEST(WireChecksum, UseXxh64RechecksumsForPeersOfEarlierVersions) {
   EXPECT_EQ(b.checksum(), *WireChecksum(proto::CHECKSUM_XXH64, WirePieces(&data, 1)));
   ASSERT_TRUE(DecodeWireBlock(b, codec::DType::kF32, 200, out.data()).ok());
   EXPECT_EQ(in, out);
+  // A held block damaged since it was sealed gets no new seal.
+  ASSERT_TRUE(EncodeWireBlock({true, {}}, codec::DType::kF32, in.data(), 200, &b).ok());
+  (*b.mutable_data())[5] ^= 0x01;
+  const uint64_t sealed = b.checksum();
+  const absl::Status s = UseXxh64(&b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(b.checksum(), sealed);
+  EXPECT_EQ(b.checksum_kind(), proto::CHECKSUM_XXH3_64);
 }
 
 }  // namespace

@@ -277,6 +277,24 @@ TEST(Quantize, MaxFiniteExponentSkipsNonFinite) {
       }
     }
   }
+  // The same in 16-bit floats: bf16 -6.0 is 0xc0c0 (field 129), f16 -6.0 is 0xc600 (17).
+  struct Half {
+    DType dtype;
+    uint16_t inf, nan, small, largest;
+    int field;
+  };
+  for (const Half& h : {Half{DType::kBF16, 0x7f80, 0xffc1, 0x3a83, 0xc0c0, 129},
+                        Half{DType::kF16, 0x7c00, 0xfe01, 0x1419, 0xc600, 17}}) {
+    for (uint16_t special : {h.inf, h.nan}) {
+      for (size_t at = 0; at < 100; ++at) {
+        std::vector<uint16_t> w(100, h.small);
+        w[at] = special;
+        w[(at + 50) % 100] = h.largest;
+        EXPECT_EQ(MaxFiniteExponent(h.dtype, w.data(), w.size()), h.field)
+            << DTypeName(h.dtype) << " at " << at;
+      }
+    }
+  }
 }
 
 }  // namespace
