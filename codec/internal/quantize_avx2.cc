@@ -341,7 +341,8 @@ __attribute__((target("avx2,popcnt"), always_inline)) inline void PutBytes16(__m
                                          static_cast<long long>(kCompact.index[m_lo])));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(syms + *j), kept);
   *j += static_cast<size_t>(__builtin_popcount(m_lo));
-  _mm_storeh_pd(reinterpret_cast<double*>(syms + *j), _mm_castsi128_pd(kept));
+  // The high half through storel (unaligned-safe): storeh_pd is a double store.
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(syms + *j), _mm_unpackhi_epi64(kept, kept));
   *j += static_cast<size_t>(__builtin_popcount(m_hi));
 }
 
