@@ -132,13 +132,12 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
     auto [it, inserted] = first_index.emplace(EndpointKey(c.shards(i)), i);
     if (inserted) continue;
     const std::string& first = c.shards(it->second);
-    if (first == c.shards(i)) {
-      return FieldError(absl::StrCat("shards[", i, "]"),
-                        absl::StrCat("'", c.shards(i), "' is listed twice (also shards[", it->second, "])"));
-    }
-    return FieldError(absl::StrCat("shards[", i, "]"),
-                      absl::StrCat("'", c.shards(i), "' names the same endpoint as shards[",
-                                   it->second, "] ('", first, "'): listed twice"));
+    return FieldError(
+        absl::StrCat("shards[", i, "]"),
+        first == c.shards(i)
+            ? absl::StrCat("'", first, "' is listed twice (also shards[", it->second, "])")
+            : absl::StrCat("'", c.shards(i), "' names the same endpoint as shards[", it->second,
+                           "] ('", first, "'): listed twice"));
   }
   if (c.shard_map_epoch() < 1) return FieldError("shard_map_epoch", "must be at least 1");
   if (c.chunk_bytes() < 4 || c.chunk_bytes() > (uint64_t{1} << 28)) {

@@ -136,6 +136,12 @@ __attribute__((target("avx2"))) inline QuantVectors MakeQuantVectors(const Quant
   return v;
 }
 
+// The exponent fields of 8 elements.
+__attribute__((target("avx2"), always_inline)) inline __m256i Exponents8(__m256i u,
+                                                                         const QuantVectors& v) {
+  return _mm256_srl_epi32(_mm256_and_si256(u, v.mag_mask), v.W);
+}
+
 // The quantization of 8 elements: value (sign + mantissa field), bits (its width, 0 for a
 // zero), sym (the rounded exponent field) and nz (all ones for a nonzero element).
 struct Quantized8 {
@@ -198,7 +204,7 @@ __attribute__((target("avx2"))) inline Quantized8 QuantizeLossless8(__m256i u,
                                                                     const QuantVectors& v) {
   Quantized8 r;
   r.nz = _mm256_xor_si256(_mm256_cmpeq_epi32(u, _mm256_setzero_si256()), v.all);
-  r.sym = _mm256_srl_epi32(_mm256_and_si256(u, v.mag_mask), v.W);
+  r.sym = Exponents8(u, v);
   r.value = _mm256_or_si256(_mm256_and_si256(u, v.mant_mask),
                             _mm256_sll_epi32(_mm256_srl_epi32(u, v.top), v.W));
   r.bits = _mm256_and_si256(_mm256_add_epi32(v.full, v.one), r.nz);
@@ -361,8 +367,8 @@ template <typename U>
 __attribute__((target("avx2,popcnt"), always_inline)) inline Narrow16 QuantizeNarrow16(
     const U* in, const QuantVectors& v, uint8_t* map, uint8_t* syms, size_t* j) {
   const __m256i ua = Load8(in), ub = Load8(in + 8);
-  const __m256i ea = _mm256_srl_epi32(_mm256_and_si256(ua, v.mag_mask), v.W);
-  const __m256i eb = _mm256_srl_epi32(_mm256_and_si256(ub, v.mag_mask), v.W);
+  const __m256i ea = Exponents8(ua, v);
+  const __m256i eb = Exponents8(ub, v);
   const Quantized8 a = QuantizeOrdinary8<U>(ua, ea, v);
   const Quantized8 b = QuantizeOrdinary8<U>(ub, eb, v);
   // Bytes [a0-3 b0-3 a0-3 b0-3 | a4-7 b4-7 ...]; `order` brings a0-7 b0-7 to the front.
@@ -393,12 +399,11 @@ __attribute__((target("avx2,bmi2"), always_inline)) inline void PutNarrow32(cons
                                                                             const Narrow16& cd,
                                                                             const QuantVectors& v,
                                                                             WordWriter& w) {
-  const __m256i lo16 = v.lo16;
   const __m256i pairs = _mm256_packus_epi32(ab.pairs, cd.pairs);  // <= 65535: no saturation
   const __m256i pair_bits = _mm256_packus_epi32(ab.pair_bits, cd.pair_bits);
   const __m256i fours = _mm256_or_si256(
-      _mm256_and_si256(pairs, lo16),
-      _mm256_sllv_epi32(_mm256_srli_epi32(pairs, 16), _mm256_and_si256(pair_bits, lo16)));
+      _mm256_and_si256(pairs, v.lo16),
+      _mm256_sllv_epi32(_mm256_srli_epi32(pairs, 16), _mm256_and_si256(pair_bits, v.lo16)));
   const __m256i four_bits = _mm256_madd_epi16(pair_bits, v.one16);
   const Pairs4 eights = JoinPairs(_mm256_permutevar8x32_epi32(fours, v.order),
                                   _mm256_permutevar8x32_epi32(four_bits, v.order));
@@ -453,7 +458,7 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
     if constexpr (P == SplitPath::kLossless) {
       r = QuantizeLossless8(u, v);
     } else if constexpr (P == SplitPath::kNearLossless) {
-      const __m256i e = _mm256_srl_epi32(_mm256_and_si256(u, v.mag_mask), v.W);
+      const __m256i e = Exponents8(u, v);
       if (__builtin_expect(_mm256_movemask_epi8(_mm256_cmpgt_epi32(e, v.ordinary_limit)) == 0, 1)) {
         if constexpr (J == Join::kPext) {
           __m256i sym;
