@@ -114,8 +114,10 @@ ShardMetrics::ShardMetrics(const std::string& job, uint32_t shard)
                        .Add({}, LatencyBuckets());
   auto& phases = prometheus::BuildHistogram()
                      .Name("gcomp_shard_step_phase_seconds")
-                     .Help("Parts of a chunk-step: waiting for the last worker, decoding one "
-                           "push, summing and the optimizer, encoding the result.")
+                     .Help(
+                         "Parts of a chunk-step: waiting for the last worker, decoding one "
+                         "push, the sum's last additions and the optimizer, encoding the "
+                         "result.")
                      .Labels(labels)
                      .Register(r);
   phase_wait_ = &phases.Add({{"phase", "straggler_wait"}}, LatencyBuckets());

@@ -9,9 +9,8 @@
 namespace gcomp::server {
 namespace {
 
-// Tiles of the sum: a fixed trip count and unaliased pointers let the compiler vectorize
-// the loops at -O2, and a tile of the running sum stays in L1 while each worker's values
-// are added to it, so the sum is read and written once, not once per worker.
+// Tiles: a fixed trip count and unaliased pointers let the compiler vectorize the loops
+// at -O2.
 constexpr size_t kMeanTile = 2048;
 
 void AddTile(float* __restrict sum, const float* __restrict x) {
@@ -24,30 +23,31 @@ void DivTile(float* __restrict sum, float divisor) {
   for (size_t i = 0; i < kMeanTile; ++i) sum[i] /= divisor;
 }
 
-}  // namespace
+void AddInto(float* sum, const float* c, size_t n) {
+  size_t lo = 0;
+  for (; lo + kMeanTile <= n; lo += kMeanTile) AddTile(sum + lo, c + lo);
+  for (size_t i = lo; i < n; ++i) sum[i] += c[i];
+}
 
-void MeanInWorkerOrder(std::vector<std::vector<float>>& c, size_t n) {
+void DivideByWorkers(float* sum, size_t n, size_t workers) {
   // Dividing by a power of two equals multiplying by its exact reciprocal, bit for bit
   // (both round the same real number once), and multiplying is several times cheaper;
   // other worker counts divide, as the reference check does.
-  const size_t w = c.size();
-  float* sum = c[0].data();
-  const bool power_of_two = (w & (w - 1)) == 0;
-  const float inverse = 1.0f / static_cast<float>(w), workers = static_cast<float>(w);
+  if (workers == 1) return;
+  const bool power_of_two = (workers & (workers - 1)) == 0;
+  const float inverse = 1.0f / static_cast<float>(workers), divisor = static_cast<float>(workers);
   size_t lo = 0;
   for (; lo + kMeanTile <= n; lo += kMeanTile) {
-    for (size_t v = 1; v < w; ++v) AddTile(sum + lo, c[v].data() + lo);
-    if (!power_of_two) {
-      DivTile(sum + lo, workers);
-    } else if (w != 1) {
+    if (power_of_two) {
       MulTile(sum + lo, inverse);
+    } else {
+      DivTile(sum + lo, divisor);
     }
   }
-  for (size_t i = lo; i < n; ++i) {
-    for (size_t v = 1; v < w; ++v) sum[i] += c[v][i];
-    sum[i] = power_of_two ? sum[i] * inverse : sum[i] / workers;
-  }
+  for (size_t i = lo; i < n; ++i) sum[i] = power_of_two ? sum[i] * inverse : sum[i] / divisor;
 }
+
+}  // namespace
 
 StepAccumulator::StepAccumulator(StepAccumulatorOptions options, cluster::Optimizer optimizer,
                                  Finalizer finalize, WorkerNamer namer)
@@ -152,6 +152,20 @@ void StepAccumulator::ClearContributionsLocked() {
     if (!c.empty()) RecycleLocked(std::move(c));
     c = std::vector<float>();
   }
+  folded_ = 0;
+}
+
+void StepAccumulator::FoldArrivedLocked() {
+  const uint32_t w = options_.workers;
+  if (folded_ == 0 && arrived_[0]) folded_ = 1;
+  while (folded_ > 0 && folded_ < w && arrived_[folded_]) {
+    std::vector<float>& c = contributions_[folded_];
+    AddInto(contributions_[0].data(), c.data(), elements_);
+    // Back to free_ now: the next push's decode writes into a buffer that is still warm.
+    RecycleLocked(std::move(c));
+    c = std::vector<float>();
+    ++folded_;
+  }
 }
 
 void StepAccumulator::FailLocked(absl::Status status) {
@@ -174,8 +188,9 @@ void StepAccumulator::FailLocked(absl::Status status) {
 
 void StepAccumulator::FinishLocked() {
   const absl::Time last_push = absl::Now();
-  MeanInWorkerOrder(contributions_, elements_);
+  FoldArrivedLocked();  // every push is in: this folds them all
   std::vector<float>& sum = contributions_[0];
+  DivideByWorkers(sum.data(), elements_, options_.workers);
   optimizer_.Step(&sum);  // kNone: the sum becomes the value; its old buffer is recycled
   const absl::Time reduced = absl::Now();
   absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> reply =
@@ -252,6 +267,7 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
     contributions_[worker] = std::move(contribution);
     arrived_[worker] = true;
     ++arrived_count_;
+    FoldArrivedLocked();
     if (arrived_count_ == options_.workers) FinishLocked();
   }
   const uint64_t attempt = attempt_;

@@ -71,13 +71,6 @@ struct StepProgress {
   bool unreplicated = false;
 };
 
-// The mean of n elements over workers: sum[i] = ((c[0][i] + c[1][i]) + c[2][i]) + ..., in
-// worker order, then divided by the worker count (multiplied by its reciprocal when that is
-// a power of two: the same result bit for bit). Written into c[0]; every c[w] holds n.
-// The reference check and the replicas repeat exactly these operations, so their order is
-// part of the contract.
-void MeanInWorkerOrder(std::vector<std::vector<float>>& c, size_t n);
-
 struct StepAccumulatorOptions {
   uint32_t workers = 1;
   absl::Duration step_timeout = absl::Seconds(10);
@@ -103,6 +96,13 @@ struct StepAccumulatorOptions {
 // must be representable, and no training runs 2^62 steps).
 inline constexpr int64_t kMaxStep = int64_t{1} << 62;
 
+// One chunk's steps: collects each worker's decoded push of a step, and when all W are in,
+// takes their mean, applies the optimizer and encodes the reply every pusher gets.
+//
+// The mean of element i is ((c[0][i] + c[1][i]) + c[2][i]) + ..., in worker order whatever
+// order the pushes arrive in, then divided by W (multiplied by its reciprocal when W is a
+// power of two: the same result bit for bit). The reference check and the replicas repeat
+// exactly these operations, so their order is part of the contract.
 class StepAccumulator {
  public:
   // Encodes the chunk's value (mean gradient or parameters) after `step` into a reply.
@@ -179,6 +179,11 @@ class StepAccumulator {
   uint64_t buffer_bytes() const { return elements_ * sizeof(float); }
   // Moves every contribution back to free_.
   void ClearContributionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds each arrived contribution that continues the worker order (1, 2, ... after 0)
+  // into contributions_[0] and recycles its buffer, so the sum grows while pushes arrive
+  // instead of all at the last push, which adds only what arrived out of order. The same
+  // additions in the same order as summing after the last push, so the same bits.
+  void FoldArrivedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Until the state is replicated: replicates it (one caller at a time, the lock released
   // meanwhile) or waits for the caller that does. Its error, or Cancel's, or
   // DeadlineExceeded at `deadline`.
@@ -203,6 +208,8 @@ class StepAccumulator {
   uint64_t buffers_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);
   uint32_t arrived_count_ ABSL_GUARDED_BY(mu_) = 0;
+  // Workers 0 .. folded_ - 1 are summed into contributions_[0] (their buffers recycled).
+  uint32_t folded_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time step_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time step_started_ ABSL_GUARDED_BY(mu_);  // the step in progress's first push
   int64_t completed_step_ ABSL_GUARDED_BY(mu_) = -1;

@@ -61,47 +61,84 @@ TEST(StepAccumulator, AveragesInWorkerOrder) {
   EXPECT_EQ(acc->steps_completed(), 1u);
 }
 
-// The tiled, vectorized mean is the plain one: the same operations in the same order, so
-// the same bits, for any worker count and length (whole tiles and a tail), specials too.
-TEST(MeanInWorkerOrder, BitIdenticalToSummingOneWorkerAtATime) {
+// Pushes `c` (one vector per worker) as step `step`, worker order[0] first: each push goes
+// in only once the one before it has arrived. Returns the reply's values.
+std::vector<float> PushInOrder(StepAccumulator& acc, int64_t step,
+                               const std::vector<std::vector<float>>& c,
+                               const std::vector<uint32_t>& order) {
+  std::vector<std::thread> threads;
+  std::vector<std::vector<float>> got(c.size());
+  for (uint32_t w : order) {
+    threads.emplace_back([&, w] {
+      auto r = acc.Push(w, step, c[w], absl::InfiniteFuture());
+      ASSERT_TRUE(r.ok()) << r.status();
+      got[w] = Values(*r->reply);
+    });
+    for (;;) {  // in (a duplicate now), or the step completed
+      absl::StatusOr<bool> duplicate = acc.Admit(w, step);
+      if (!duplicate.ok() || *duplicate) break;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& g : got) EXPECT_EQ(g.size(), got[0].size());
+  return got[0];
+}
+
+// Whatever order the pushes arrive in, the mean is the plain loop's, bit for bit: the sum
+// in worker order, then the division (whole tiles and a tail, specials too, and several
+// steps on one accumulator, so a step starts its sum afresh).
+TEST(StepAccumulator, MeanBitIdenticalToSummingInWorkerOrder) {
   uint32_t seed = 12345;
   auto next = [&seed] {
     seed = seed * 1664525u + 1013904223u;
     return seed;
   };
-  for (size_t workers : {1, 2, 3, 4, 5, 8}) {
-    for (size_t n : {0, 1, 7, 2047, 2048, 2049, 6000}) {
-      std::vector<std::vector<float>> c(workers, std::vector<float>(n));
-      for (auto& v : c) {
-        for (float& x : v) {
-          const uint32_t bits = next();
-          // Mostly gradient-like values of mixed scale, some raw bit patterns (NaN, Inf,
-          // subnormals, -0).
-          if (bits % 16 == 0) {
-            std::memcpy(&x, &bits, 4);
-          } else {
-            x = std::ldexp(static_cast<float>(static_cast<int32_t>(next())) / 2147483648.0f,
-                           static_cast<int>(bits % 40) - 30);
+  for (uint32_t workers : {1, 2, 3, 4, 5, 8}) {
+    for (size_t n : {1, 7, 2047, 2048, 2049, 6000}) {
+      auto acc = Make(workers, n);
+      std::vector<uint32_t> order(workers);
+      for (uint32_t w = 0; w < workers; ++w) order[w] = w;
+      for (int64_t step = 0; step < 3; ++step) {
+        // Step 0 in worker order, step 1 reversed, step 2 shuffled.
+        if (step == 1) std::reverse(order.begin(), order.end());
+        if (step == 2) {
+          for (uint32_t i = workers; i > 1; --i) std::swap(order[i - 1], order[next() % i]);
+        }
+        std::vector<std::vector<float>> c(workers, std::vector<float>(n));
+        for (auto& v : c) {
+          for (float& x : v) {
+            const uint32_t bits = next();
+            // Mostly gradient-like values of mixed scale, some raw bit patterns (NaN, Inf,
+            // subnormals, -0).
+            if (bits % 16 == 0) {
+              std::memcpy(&x, &bits, 4);
+            } else {
+              x = std::ldexp(static_cast<float>(static_cast<int32_t>(next())) / 2147483648.0f,
+                             static_cast<int>(bits % 40) - 30);
+            }
           }
         }
-      }
-      std::vector<float> want = c[0];
-      for (size_t w = 1; w < workers; ++w) {
-        for (size_t i = 0; i < n; ++i) want[i] += c[w][i];
-      }
-      for (size_t i = 0; i < n; ++i) {
-        want[i] = (workers & (workers - 1)) == 0 ? want[i] * (1.0f / workers)
-                                                 : want[i] / static_cast<float>(workers);
-      }
-      MeanInWorkerOrder(c, n);
-      for (size_t i = 0; i < n; ++i) {
-        // Which NaN an add of two NaNs keeps is the compiler's choice of operand order.
-        if (std::isnan(want[i])) {
-          ASSERT_TRUE(std::isnan(c[0][i])) << "workers " << workers << " n " << n << " i " << i;
-        } else {
-          ASSERT_EQ(std::memcmp(&c[0][i], &want[i], 4), 0)
-              << "workers " << workers << " n " << n << " i " << i << ": " << c[0][i]
-              << " != " << want[i];
+        std::vector<float> want = c[0];
+        for (size_t w = 1; w < workers; ++w) {
+          for (size_t i = 0; i < n; ++i) want[i] += c[w][i];
+        }
+        for (size_t i = 0; i < n; ++i) {
+          want[i] = (workers & (workers - 1)) == 0 ? want[i] * (1.0f / workers)
+                                                   : want[i] / static_cast<float>(workers);
+        }
+        const std::vector<float> got = PushInOrder(*acc, step, c, order);
+        ASSERT_EQ(got.size(), n);
+        for (size_t i = 0; i < n; ++i) {
+          // Which NaN an add of two NaNs keeps is the compiler's choice of operand order.
+          if (std::isnan(want[i])) {
+            ASSERT_TRUE(std::isnan(got[i]))
+                << "workers " << workers << " n " << n << " step " << step << " i " << i;
+          } else {
+            ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0)
+                << "workers " << workers << " n " << n << " step " << step << " i " << i << ": "
+                << got[i] << " != " << want[i];
+          }
         }
       }
     }
