@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Parameter-server benchmark: aggregated raw-gradient GB/s and step time, --mode none vs
-# near-lossless, 4 workers and 2 shards, on loopback and on an emulated link (1 Gbit/s
-# unless RATE says otherwise, in tc's units: 1gbit, 10gbit, 500mbit).
+# near-lossless, 4 workers and 2 shards unless told otherwise, on loopback and on an
+# emulated link (1 Gbit/s unless RATE says otherwise, in tc's units: 1gbit, 10gbit, 500mbit).
 #
-#   bench/ps_bench.sh [GRADIENT.npy[,MORE.npy]] [STEPS] [RATE] [FIELD=VALUE[,...]]
+#   bench/ps_bench.sh [GRADIENT.npy[,MORE.npy]] [STEPS] [RATE] [FIELD=VALUE[,...]] [WxS]
 #
 # The fourth argument sets more config fields for both modes (the launcher's --set), e.g.
-# max_inflight_chunks=2.
+# max_inflight_chunks=2 ("" for none). The fifth is the worker and shard count, 4x2 by
+# default; 1x1 gives each process a core of a two-core machine.
 #
 # The emulated link: the shards run inside a network namespace created here
 # (gcomp_ps_bench), reached over a veth pair 10.77.0.2 <-> 10.77.0.1 whose both ends are
@@ -21,6 +22,10 @@ FILES="${1:-$GRADIENTS/text_gpt_step1.npy,$GRADIENTS/digits_cnn_step1.npy}"
 STEPS="${2:-5}"
 RATE="${3:-1gbit}"
 SET="${4:-}"
+SIZE="${5:-4x2}"
+[[ "$SIZE" =~ ^([1-9][0-9]*)x([1-9][0-9]*)$ ]] || { echo "ps_bench: '$SIZE' is not WORKERSxSHARDS, like 4x2" >&2; exit 2; }
+WORKERS="${BASH_REMATCH[1]}"
+SHARDS="${BASH_REMATCH[2]}"
 [[ "$RATE" =~ ^[0-9]+(\.[0-9]+)?[kmg]bit$ ]] || { echo "ps_bench: RATE '$RATE' is not like 1gbit, 10gbit, 500mbit" >&2; exit 2; }
 bazel build //deploy/local:cluster >&2 || exit 1
 CLUSTER=bazel-bin/deploy/local/cluster
@@ -29,7 +34,7 @@ NS=gcomp_ps_bench
 run() {  # link mode extra-args...
   local link="$1" mode="$2"; shift 2
   local out
-  out="$("$CLUSTER" --shards 2 --workers 4 --steps "$STEPS" --mode "$mode" \
+  out="$("$CLUSTER" --shards "$SHARDS" --workers "$WORKERS" --steps "$STEPS" --mode "$mode" \
          --gradients "$FILES" --label "$link" ${SET:+--set "$SET"} "$@" | tail -1)"
   echo "$out" >&2
   /usr/bin/python3 - "$link" "$mode" "$out" <<'PY'

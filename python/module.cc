@@ -3,6 +3,7 @@
 // releases the GIL.
 #include <pybind11/pybind11.h>
 
+#include "base/mutex_mode.h"
 #include "python/bindings.h"
 
 namespace gcomp::python {
@@ -26,6 +27,7 @@ ContiguousBuffer RequestContiguous(const pybind11::buffer& obj, bool writable) {
 
 PYBIND11_MODULE(_gcomp, m) {
   m.doc() = "GComp gradient codec and parameter-server client";
+  gcomp::DisableMutexDeadlockDetection();
   gcomp::python::BindCodec(m);
   gcomp::python::BindClient(m);
 }

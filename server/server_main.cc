@@ -24,6 +24,7 @@
 #include "base/logging.h"
 #include "base/malloc_tuning.h"
 #include "base/metrics_exposer.h"
+#include "base/mutex_mode.h"
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
 #include "cluster/reshard_coordinator.h"
@@ -141,6 +142,7 @@ void WatchConfig(const std::string& path, const std::vector<std::string>& overri
 
 int main(int argc, char** argv) {
   gcomp::TuneMallocForLargeBuffers();
+  gcomp::DisableMutexDeadlockDetection();
   const gcomp::PeriodicMallocTrim trim_heap(absl::Seconds(5));
   absl::SetProgramUsageMessage(
       "gcomp_server --config FILE --shard K [--set field=value,...] [--decode_threads N]\n"

@@ -39,6 +39,7 @@
 #include "base/large_buffer.h"
 #include "base/logging.h"
 #include "base/malloc_tuning.h"
+#include "base/mutex_mode.h"
 #include "base/npy.h"
 #include "base/progress.h"
 #include "cluster/cluster_config.h"
@@ -105,6 +106,7 @@ std::string JsonEscape(absl::string_view s) {
 
 int main(int argc, char** argv) {
   gcomp::TuneMallocForLargeBuffers();
+  gcomp::DisableMutexDeadlockDetection();
   const gcomp::PeriodicMallocTrim trim_heap(absl::Seconds(5));
   absl::SetProgramUsageMessage(
       "gcomp_worker --config FILE --worker W --gradients A.npy[,B.npy] --steps N\n"
