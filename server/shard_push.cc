@@ -108,6 +108,7 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request,
     return absl::InvalidArgumentError(absl::StrCat("worker ", a.worker(), " out of range: job has ",
                                                    config_.workers(), " workers"));
   }
+  if (absl::Status s = CheckSession(a.worker(), a.session()); !s.ok()) return s;
   if (a.step() < 0 || a.step() >= kMaxStep) {
     return absl::InvalidArgumentError(absl::StrCat("step ", a.step(), " out of range [0, 2^62)"));
   }

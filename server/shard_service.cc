@@ -70,7 +70,8 @@ ShardService::ShardService(proto::ClusterConfig config, const ShardOptions& opti
       replicas_(cluster::Replicas(config_)),
       down_(config_.shards_size(), false),
       joining_shards_(config_.shards_size(), false),
-      worker_names_(config_.workers()) {
+      worker_names_(config_.workers()),
+      worker_sessions_(config_.workers(), 0) {
   for (uint32_t k : config_.down_shards()) down_[k] = true;
   for (uint32_t k : config_.joining_shards()) joining_shards_[k] = true;
   for (uint32_t w = 0; w < config_.workers(); ++w) worker_names_[w] = absl::StrCat("worker-", w);
@@ -115,9 +116,13 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
                                                    " bytes exceeds limits.max_key_bytes = ",
                                                    config_.limits().max_key_bytes()));
   }
-  if (!r.name().empty()) {
+  {
     absl::MutexLock lock(&names_mu_);
-    worker_names_[r.worker()] = r.name();
+    if (!r.name().empty()) worker_names_[r.worker()] = r.name();
+    // The latest registration wins: a restarted worker takes its index over from the
+    // process that died, and a second live process with the index shows at the first one's
+    // next push.
+    if (r.session() != 0) worker_sessions_[r.worker()] = r.session();
   }
   static log::LineBudget* const registrations = new log::LineBudget(20, "registrations");
   if (registrations->Admit()) {
@@ -127,6 +132,19 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
   response->set_workers(config_.workers());
   response->add_checksums_read(cluster::kFastChecksum);
   return absl::OkStatus();
+}
+
+absl::Status ShardService::CheckSession(uint32_t worker, uint64_t session) const {
+  if (session == 0) return absl::OkStatus();
+  absl::MutexLock lock(&names_mu_);
+  if (worker >= worker_sessions_.size()) return absl::OkStatus();  // range checked by callers
+  const uint64_t registered = worker_sessions_[worker];
+  if (registered == 0 || registered == session) return absl::OkStatus();
+  return absl::AlreadyExistsError(absl::StrCat(
+      "another process registered as worker ", worker, " ('", worker_names_[worker],
+      "') after this one: two processes run with worker index ", worker,
+      " (each worker of the job needs its own index), or this one is an earlier instance "
+      "that should have stopped"));
 }
 
 absl::Status ShardService::CheckKey(const std::string& key) const {

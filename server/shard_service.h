@@ -312,6 +312,9 @@ class ShardService {
   std::string WorkerName(uint32_t worker) const;
   // The request's own checks that need no shard state (key length, job, epoch).
   absl::Status CheckKey(const std::string& key) const;
+  // AlreadyExists when another process registered as `worker` after the one whose
+  // `session` a push carries (session 0, from older clients, is not checked).
+  absl::Status CheckSession(uint32_t worker, uint64_t session) const;
   // Memory a declaration makes this shard keep: the owner table, then per owned chunk its
   // optimizer state, cached result (at the codec's bound) and bookkeeping.
   static uint64_t OwnerTableBytes(const std::string& key, const cluster::ChunkLayout& layout,
@@ -386,6 +389,8 @@ class ShardService {
   // Separate from mu_: accumulators ask for names while holding their own locks.
   mutable absl::Mutex names_mu_;
   std::vector<std::string> worker_names_ ABSL_GUARDED_BY(names_mu_);
+  // The session of the process that last registered as each worker (0: none yet).
+  std::vector<uint64_t> worker_sessions_ ABSL_GUARDED_BY(names_mu_);
 
   std::atomic<uint64_t> pushes_{0};
   std::atomic<uint64_t> duplicate_pushes_{0};

@@ -203,6 +203,42 @@ TEST_F(ShardServiceTest, BadWorkerIsInvalidArgument) {
   ExpectUnchanged();
 }
 
+// A second process registered with the same worker index takes it over: the first one's
+// pushes are refused, naming the index, and change nothing; pushes without a session
+// (clients before sessions) are not checked.
+TEST_F(ShardServiceTest, PushesOfAProcessWhoseWorkerIndexWasTakenOverAreAlreadyExists) {
+  auto register_as = [&](uint64_t session, const std::string& name) {
+    proto::RegisterWorkerRequest reg;
+    reg.set_job("j");
+    reg.set_shard_map_epoch(1);
+    reg.set_worker(0);
+    reg.set_name(name);
+    reg.set_session(session);
+    proto::RegisterWorkerResponse rr;
+    return shard_->RegisterWorker(reg, &rr);
+  };
+  auto block = [&](int64_t step, uint64_t session) {
+    proto::CompressedBlock b = Block(1, step, 3.0f);
+    b.mutable_address()->set_session(session);
+    return b;
+  };
+  ASSERT_TRUE(register_as(0x1111, "host-a").ok());
+  ASSERT_TRUE(Push(block(0, 0x1111)).ok());
+  ASSERT_TRUE(register_as(0x2222, "host-b").ok());
+  absl::Status s = Push(block(1, 0x1111));
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_THAT(s.message(), HasSubstr("another process registered as worker 0 ('host-b')"));
+  proto::StatsResponse stats;
+  shard_->Stats(&stats);
+  EXPECT_EQ(stats.steps_completed(), 1u);
+  EXPECT_TRUE(Push(block(1, 0x2222)).ok());
+  EXPECT_TRUE(Push(block(2, 0)).ok());
+  // Registering again (a map switch, a reconnect) keeps the latest process's index.
+  ASSERT_TRUE(register_as(0x2222, "host-b").ok());
+  EXPECT_TRUE(Push(block(3, 0x2222)).ok());
+  EXPECT_EQ(Push(block(4, 0x1111)).code(), absl::StatusCode::kAlreadyExists);
+}
+
 TEST_F(ShardServiceTest, OversizedBlockIsResourceExhausted) {
   auto b = Block(0, 0);
   b.mutable_data()->append(1 << 16, '\0');

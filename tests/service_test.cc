@@ -188,6 +188,37 @@ TEST(Aggregation, BusyRefusalsAreRetried) {
 
 TEST(Aggregation, NoneModeIsBitExact) { CheckAggregation(2, 3, 50000, "none"); }
 
+// Two processes started as worker 0 (told apart here by their sessions, which a process
+// picks at random): once the second has connected, the first one's pushes fail at once
+// with ALREADY_EXISTS instead of counting as retries of the second's, and the job goes on
+// with the second.
+TEST(Aggregation, TwoProcessesWithOneWorkerIndexAreRefused) {
+  auto cluster = StartCluster(2, 2, "near-lossless", 16384, 5000);
+  worker::ClientOptions first = Worker(0), second = Worker(0);
+  first.session = 0x1111;
+  first.name = "trainer-a";
+  second.session = 0x2222;
+  second.name = "trainer-b";
+  const size_t n = 4096 * 5;  // chunks on both shards
+  std::vector<std::unique_ptr<worker::Client>> clients;
+  for (const worker::ClientOptions& o : {first, Worker(1), second}) {
+    auto c = worker::Client::Connect(cluster->config, o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Declare("t", codec::DType::kF32, n).ok());
+    clients.push_back(*std::move(c));
+  }
+  std::vector<float> in = SyntheticGradient(n, 1), out(n);
+  const absl::Time start = absl::Now();
+  absl::Status refused = clients[0]->PushPull("t", 0, in.data(), out.data());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAlreadyExists) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("another process registered as worker 0 ('trainer-b')"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));  // not the 5 s step timeout
+  std::vector<float> out1(n);
+  std::future<absl::Status> other = clients[1]->PushPullAsync("t", 0, in.data(), out1.data());
+  EXPECT_TRUE(clients[2]->PushPull("t", 0, in.data(), out.data()).ok());
+  EXPECT_TRUE(other.get().ok());
+}
+
 proto::CompressedBlock RawBlock(const std::vector<float>& v, const std::string& key, int64_t step,
                                 uint32_t worker) {
   proto::CompressedBlock b;

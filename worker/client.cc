@@ -1,9 +1,10 @@
 #include "worker/client.h"
 
 #include <algorithm>
+#include <future>
 #include <limits>
 #include <optional>
-#include <future>
+#include <random>
 #include <tuple>
 #include <utility>
 
@@ -15,6 +16,20 @@
 #include "worker/device_chunks.h"
 
 namespace gcomp::worker {
+namespace {
+
+// One random, nonzero id per process: every Client of the process shares it, and a restarted
+// process gets a new one (ClientOptions::session).
+uint64_t ProcessSession() {
+  static const uint64_t session = [] {
+    std::random_device random;
+    const uint64_t id = (uint64_t{random()} << 32) ^ random();
+    return id == 0 ? 1 : id;
+  }();
+  return session;
+}
+
+}  // namespace
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
@@ -35,6 +50,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
   }
   impl->options = options;
   if (impl->options.name.empty()) impl->options.name = absl::StrCat("worker-", options.worker);
+  if (impl->options.session == 0) impl->options.session = ProcessSession();
   impl->uplink = cluster::UplinkCodec(config);
   // TLS or plaintext and the job token, as the config's `security` says.
   absl::StatusOr<cluster::ClientSecurity> security = cluster::MakeClientSecurity(config);
@@ -200,6 +216,7 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
     a->set_chunk(c);
     a->set_step(step);
     a->set_worker(options.worker);
+    a->set_session(options.session);
     raw_sent += n * esize;
     wire_sent += block.data().size();
     // The encoded payload moves into the message and is sent from where it lies.

@@ -50,6 +50,10 @@ struct ClientOptions {
   // Serve this worker's Prometheus metrics on http://ADDRESS/metrics ("host:port"; port 0
   // picks a free one, see Client::metrics_port()). Empty: no metrics endpoint.
   std::string metrics_address;
+  // Tells this worker process from another started with the same index: shards refuse
+  // the pushes of a process once another has registered as its worker (ALREADY_EXISTS).
+  // 0 (the default): one random id per process, shared by its clients.
+  uint64_t session = 0;
 };
 
 // Byte counters since Connect. raw_* count the tensor bytes a call carried (as if sent

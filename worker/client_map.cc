@@ -50,6 +50,7 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms, b
   proto::RegisterWorkerRequest req;
   req.set_job(config.job());
   req.set_worker(options.worker);
+  req.set_session(options.session);
   req.set_name(options.name);
   req.set_shard_map_epoch(m.epoch());
   for (int s = 0; s < m.config.shards_size(); ++s) {
