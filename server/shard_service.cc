@@ -71,7 +71,7 @@ ShardService::ShardService(proto::ClusterConfig config, const ShardOptions& opti
       down_(config_.shards_size(), false),
       joining_shards_(config_.shards_size(), false),
       worker_names_(config_.workers()),
-      worker_sessions_(config_.workers(), 0) {
+      worker_sessions_(new std::atomic<uint64_t>[config_.workers()]()) {
   for (uint32_t k : config_.down_shards()) down_[k] = true;
   for (uint32_t k : config_.joining_shards()) joining_shards_[k] = true;
   for (uint32_t w = 0; w < config_.workers(); ++w) worker_names_[w] = absl::StrCat("worker-", w);
@@ -122,7 +122,7 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
     // The latest registration wins: a restarted worker takes its index over from the
     // process that died, and a second live process with the index shows at the first one's
     // next push.
-    if (r.session() != 0) worker_sessions_[r.worker()] = r.session();
+    if (r.session() != 0) worker_sessions_[r.worker()].store(r.session());
   }
   static log::LineBudget* const registrations = new log::LineBudget(20, "registrations");
   if (registrations->Admit()) {
@@ -135,13 +135,11 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
 }
 
 absl::Status ShardService::CheckSession(uint32_t worker, uint64_t session) const {
-  if (session == 0) return absl::OkStatus();
-  absl::MutexLock lock(&names_mu_);
-  if (worker >= worker_sessions_.size()) return absl::OkStatus();  // range checked by callers
-  const uint64_t registered = worker_sessions_[worker];
+  if (session == 0 || worker >= config_.workers()) return absl::OkStatus();  // range: callers
+  const uint64_t registered = worker_sessions_[worker].load();
   if (registered == 0 || registered == session) return absl::OkStatus();
   return absl::AlreadyExistsError(absl::StrCat(
-      "another process registered as worker ", worker, " ('", worker_names_[worker],
+      "another process registered as worker ", worker, " ('", WorkerName(worker),
       "') after this one: two processes run with worker index ", worker,
       " (each worker of the job needs its own index), or this one is an earlier instance "
       "that should have stopped"));

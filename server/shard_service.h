@@ -389,8 +389,9 @@ class ShardService {
   // Separate from mu_: accumulators ask for names while holding their own locks.
   mutable absl::Mutex names_mu_;
   std::vector<std::string> worker_names_ ABSL_GUARDED_BY(names_mu_);
-  // The session of the process that last registered as each worker (0: none yet).
-  std::vector<uint64_t> worker_sessions_ ABSL_GUARDED_BY(names_mu_);
+  // The session of the process that last registered as each worker (0: none yet); atomic,
+  // since every push reads it.
+  const std::unique_ptr<std::atomic<uint64_t>[]> worker_sessions_;
 
   std::atomic<uint64_t> pushes_{0};
   std::atomic<uint64_t> duplicate_pushes_{0};

@@ -240,11 +240,10 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
   const bool duplicate = started_ && arrived_[worker];
   if (duplicate) RecycleLocked(std::move(contribution));
   if (!duplicate) {
-    if (contribution.size() != elements_) {
+    if (const size_t size = contribution.size(); size != elements_) {
       RecycleLocked(std::move(contribution));
-      return absl::InvalidArgumentError(absl::StrCat("contribution of ", contribution.size(),
-                                                     " elements to ", options_.label, " of ",
-                                                     elements_));
+      return absl::InvalidArgumentError(absl::StrCat("contribution of ", size, " elements to ",
+                                                     options_.label, " of ", elements_));
     }
     // Admission last: past it nothing can fail, so a refused push leaves no trace.
     if (options_.admission != nullptr) {
@@ -267,8 +266,12 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
     contributions_[worker] = std::move(contribution);
     arrived_[worker] = true;
     ++arrived_count_;
-    FoldArrivedLocked();
-    if (arrived_count_ == options_.workers) FinishLocked();
+    // The last push's additions belong to the step's end (FinishLocked times them).
+    if (arrived_count_ == options_.workers) {
+      FinishLocked();
+    } else {
+      FoldArrivedLocked();
+    }
   }
   const uint64_t attempt = attempt_;
   while (true) {
