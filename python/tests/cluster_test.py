@@ -234,3 +234,32 @@ def test_local_cluster_takes_further_config_fields(tmp_path):
                                max_inflight_chunks=0)
     with pytest.raises(RuntimeError, match="max_inflight_chunks"):
         bad.start()
+
+
+def test_a_second_process_with_the_same_worker_index_is_refused(tmp_path):
+    """Two processes connected as worker 0 (a repeated rank): the one that connected first
+    gets a RuntimeError naming the index at its next push, not a silent drop."""
+    needs_server()
+    needs_client()
+    import os
+    import subprocess
+    import sys
+    with cluster.LocalCluster(shards=1, workers=2, mode="lossless",
+                              workdir=str(tmp_path), step_timeout_ms=20000) as c:
+        first = cluster.connect(c.config_path, 0)
+        first.declare("g", 1000)
+        # Another process connects as worker 0 and stays connected until told to stop.
+        script = ("import sys\nfrom gcomp import cluster\n"
+                  "c = cluster.connect(sys.argv[1], 0)\nprint('connected', flush=True)\n"
+                  "sys.stdin.read()\nc.close()\n")
+        second = subprocess.Popen([sys.executable, "-c", script, c.config_path],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        try:
+            assert second.stdout.readline().strip() == "connected"
+            with pytest.raises(RuntimeError, match="another process registered as worker 0"):
+                first.push_pull("g", 0, np.ones(1000, dtype=np.float32))
+        finally:
+            second.stdin.close()
+            assert second.wait(timeout=30) == 0
+            first.close()
