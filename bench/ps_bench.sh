@@ -46,6 +46,7 @@ print(f"| {link} | {mode} | {r['step_ms_p50']:.1f} | {r['raw_gb_per_s']:.3f} | "
 PY
 }
 
+echo "$WORKERS workers, $SHARDS shards, $STEPS steps, $(nproc) cores"
 echo "| link | mode | step ms (p50) | raw GB/s aggregated | wire ratio | max abs error | bound ok |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
 run loopback none
