@@ -135,7 +135,8 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
 }
 
 absl::Status ShardService::CheckSession(uint32_t worker, uint64_t session) const {
-  if (session == 0 || worker >= config_.workers()) return absl::OkStatus();  // range: callers
+  // Callers refuse a worker out of range; the bound here only keeps the read inside.
+  if (session == 0 || worker >= config_.workers()) return absl::OkStatus();
   const uint64_t registered = worker_sessions_[worker].load();
   if (registered == 0 || registered == session) return absl::OkStatus();
   return absl::AlreadyExistsError(absl::StrCat(

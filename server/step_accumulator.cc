@@ -156,9 +156,11 @@ void StepAccumulator::ClearContributionsLocked() {
 }
 
 void StepAccumulator::FoldArrivedLocked() {
-  const uint32_t w = options_.workers;
-  if (folded_ == 0 && arrived_[0]) folded_ = 1;
-  while (folded_ > 0 && folded_ < w && arrived_[folded_]) {
+  if (folded_ == 0) {
+    if (!arrived_[0]) return;
+    folded_ = 1;  // worker 0's contribution is the sum's start
+  }
+  while (folded_ < options_.workers && arrived_[folded_]) {
     std::vector<float>& c = contributions_[folded_];
     AddInto(contributions_[0].data(), c.data(), elements_);
     // Back to free_ now: the next push's decode writes into a buffer that is still warm.

@@ -16,9 +16,6 @@
 // before they are allocated, and a push that starts or adds to a pending step is counted
 // against the pending limits; a push refused there gets ResourceExhausted and leaves the
 // chunk exactly as it was.
-//
-// Summation order: contributions are summed in worker-id order in f32, then divided by W,
-// independent of arrival order (so lossless aggregation is reproducible bit for bit).
 #ifndef GCOMP_SERVER_STEP_ACCUMULATOR_H_
 #define GCOMP_SERVER_STEP_ACCUMULATOR_H_
 
@@ -101,8 +98,9 @@ inline constexpr int64_t kMaxStep = int64_t{1} << 62;
 //
 // The mean of element i is ((c[0][i] + c[1][i]) + c[2][i]) + ..., in worker order whatever
 // order the pushes arrive in, then divided by W (multiplied by its reciprocal when W is a
-// power of two: the same result bit for bit). The reference check and the replicas repeat
-// exactly these operations, so their order is part of the contract.
+// power of two: the same result bit for bit), so lossless aggregation is reproducible bit
+// for bit. The reference check and the replicas repeat exactly these operations, so their
+// order is part of the contract.
 class StepAccumulator {
  public:
   // Encodes the chunk's value (mean gradient or parameters) after `step` into a reply.
