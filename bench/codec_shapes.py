@@ -7,7 +7,7 @@ Near-lossless, one thread, best of --repeats. Two tables, each relative to its f
 - block size: the gradient (default: a seeded normal one of 4 M elements) encoded in blocks
   of 1 MiB down to 1 KiB, as a small `chunk_bytes` or small tensors make them;
 - value shapes at 1 MiB blocks: the normal gradient, a constant, values within one binade,
-  alternating signs, subnormals, 1% NaN.
+  alternating signs, subnormals, NaN (1 in 10^5, 1%, half) and 1% Inf.
 Each frame is checked to decode to the bound (a miss stops the run).
 """
 import argparse
@@ -82,7 +82,11 @@ def main():
         ("one binade [1, 2)", (1 + rng.uniform(0, 0.99, m)).astype(np.float32)),
         ("alternating +-1.7", np.where(np.arange(m) % 2 == 0, 1.7, -1.7).astype(np.float32)),
         ("subnormals", (rng.standard_normal(m) * 1e-40).astype(np.float32)),
+        ("one NaN per 100,000", np.where(rng.uniform(size=m) < 1e-5, np.nan, grad)
+         .astype(np.float32)),
         ("1% NaN", np.where(rng.uniform(size=m) < 0.01, np.nan, grad).astype(np.float32)),
+        ("half NaN", np.where(rng.uniform(size=m) < 0.5, np.nan, grad).astype(np.float32)),
+        ("1% Inf", np.where(rng.uniform(size=m) < 0.01, np.inf, grad).astype(np.float32)),
     ]
     table("Value shapes (1 MiB blocks)", [(s, x, 1 << 20) for s, x in shapes], args.repeats)
 

@@ -149,28 +149,37 @@ void EncodeStreamsScalar(const uint8_t* syms, size_t n, const HuffmanCode& code,
   JoinStreams(plan, out, sizes);
 }
 
+SymbolWindows CoverSymbols(const HuffmanCode& code, int width, int max_windows) {
+  SymbolWindows w;
+  int end = 0;  // symbols below it are covered
+  for (int s = 0; s < code.alphabet; ++s) {
+    if ((code.len[s] == 0 && s != code.single_symbol) || s < end) continue;
+    if (w.count == max_windows) return SymbolWindows();
+    w.base[w.count++] = s;
+    end = s + width;
+  }
+  return w;
+}
+
 void EncodeStreamsAt(VectorLevel level, const uint8_t* syms, size_t n, const HuffmanCode& code,
                      uint8_t* out, uint32_t sizes[kNumStreams]) {
   const StreamPlan plan = PlanStreams(syms, n, out);
 #if defined(__x86_64__)
-  // The vector paths look codes up in tables indexed by symbol - lo: 128 entries with
-  // AVX-512, 16 * NT with AVX2 (near-lossless blocks span about 2 - A symbols, lossless
-  // gradient blocks some 30 to 60).
-  int lo = 256, hi = -1;
-  for (int s = 0; s < code.alphabet; ++s) {
-    if (code.len[s] != 0 || s == code.single_symbol) {
-      lo = std::min(lo, s);
-      hi = std::max(hi, s);
+  // The vector paths look codes up in tables of the symbols' windows: two of 64 with
+  // AVX-512, up to four of 16 with AVX2 (near-lossless blocks span about 2 - A symbols, and
+  // one more far above for Inf/NaN; lossless gradient blocks some 30 to 60).
+  if (level > MaxVectorLevel()) level = MaxVectorLevel();
+  if (level == VectorLevel::kAvx512) {
+    if (const SymbolWindows w = CoverSymbols(code, 64, 2); w.count > 0) {
+      EncodePlanAvx512(plan, w, code, sizes);
+      return JoinStreams(plan, out, sizes);
     }
   }
-  if (level > MaxVectorLevel()) level = MaxVectorLevel();
-  if (level == VectorLevel::kAvx512 && hi >= lo && hi - lo < 128) {
-    EncodePlanAvx512(plan, lo, code, sizes);
-    return JoinStreams(plan, out, sizes);
-  }
-  if (level >= VectorLevel::kAvx2 && hi >= lo && hi - lo < 64 && n >= 4 * 32) {
-    EncodePlanAvx2(plan, lo, hi, code, sizes);
-    return JoinStreams(plan, out, sizes);
+  if (level >= VectorLevel::kAvx2 && n >= 4 * 32) {
+    if (const SymbolWindows w = CoverSymbols(code, 16, 4); w.count > 0) {
+      EncodePlanAvx2(plan, w, code, sizes);
+      return JoinStreams(plan, out, sizes);
+    }
   }
 #endif
   EncodePlanScalar(plan, code, sizes);

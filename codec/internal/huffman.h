@@ -53,6 +53,19 @@ void CountSymbols(const uint8_t* syms, size_t n, uint64_t freq[256]);
 void CountSymbolsAt(VectorLevel level, const uint8_t* syms, size_t n, uint64_t freq[256]);
 void CountSymbolsScalar(const uint8_t* syms, size_t n, uint64_t freq[256]);
 
+// Where the vector encoders look codes up: every symbol of the code lies in one of `count`
+// windows of `width` symbols, [base[k], base[k] + width), which do not overlap and ascend.
+// A block whose finite exponents span a few binades and that holds a NaN or an Inf (symbol
+// 255, or 31 for f16) needs two windows where one run from the smallest would need 100+.
+struct SymbolWindows {
+  static constexpr int kMax = 4;
+  int base[kMax] = {};
+  int count = 0;  // 0: the code has no symbol, or needs more than the windows allowed
+};
+// The fewest windows of `width` (taken from the smallest symbol up, which is optimal) that
+// cover the code's symbols, if there are at most max_windows (<= SymbolWindows::kMax).
+SymbolWindows CoverSymbols(const HuffmanCode& code, int width, int max_windows);
+
 // Codes syms[0, n) as 4 streams, written back to back at `out` (which needs
 // MaxStreamBytes(n) + 8 writable bytes). Returns each stream's byte size.
 void EncodeStreams(const uint8_t* syms, size_t n, const HuffmanCode& code, uint8_t* out,

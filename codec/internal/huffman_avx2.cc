@@ -17,16 +17,19 @@
 namespace gcomp::codec::internal {
 namespace {
 
-// Byte lookup in a table of 16 * NT entries held as NT 16-byte tables (each repeated in
-// both 128-bit lanes). pshufb yields 0 for an index byte with its top bit set; adding 0x70
-// with unsigned saturation sets it for every index outside the current 16 entries.
+// Byte lookup of symbols x in NT 16-byte tables, table k holding the entries of symbols
+// base[k] .. base[k] + 15 (repeated in both 128-bit lanes). pshufb yields 0 for an index
+// byte with its top bit set; adding 0x70 with unsigned saturation sets it for every index
+// outside the 16 entries (x - base[k] wraps to 16 or more below base[k]). The windows do not
+// overlap, so at most one table gives a symbol's entry.
 template <int NT>
-__attribute__((target("avx2"))) inline __m256i LookupBytes(__m256i idx, const __m256i* table) {
+__attribute__((target("avx2"))) inline __m256i LookupBytes(__m256i x, const __m256i* base,
+                                                           const __m256i* table) {
   const __m256i bias = _mm256_set1_epi8(0x70);
-  __m256i r = _mm256_shuffle_epi8(table[0], _mm256_adds_epu8(idx, bias));
+  __m256i r = _mm256_shuffle_epi8(table[0], _mm256_adds_epu8(_mm256_sub_epi8(x, base[0]), bias));
   for (int k = 1; k < NT; ++k) {
-    idx = _mm256_sub_epi8(idx, _mm256_set1_epi8(16));
-    r = _mm256_or_si256(r, _mm256_shuffle_epi8(table[k], _mm256_adds_epu8(idx, bias)));
+    r = _mm256_or_si256(
+        r, _mm256_shuffle_epi8(table[k], _mm256_adds_epu8(_mm256_sub_epi8(x, base[k]), bias)));
   }
   return r;
 }
@@ -70,13 +73,12 @@ __attribute__((target("avx2"))) inline void JoinFours(__m256i four, __m256i* cod
 }
 
 template <int NT>
-__attribute__((target("avx2"))) inline void PiecesOf32(const uint8_t* in, __m256i min_sym,
+__attribute__((target("avx2"))) inline void PiecesOf32(const uint8_t* in, const __m256i* base,
                                                        const __m256i* lo_table,
                                                        const __m256i* hi_table, Pieces<4>* p) {
-  const __m256i idx =
-      _mm256_sub_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)), min_sym);
-  const __m256i lo = LookupBytes<NT>(idx, lo_table);
-  const __m256i hi = LookupBytes<NT>(idx, hi_table);
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in));
+  const __m256i lo = LookupBytes<NT>(x, base, lo_table);
+  const __m256i hi = LookupBytes<NT>(x, base, hi_table);
   // unpack works within 128-bit lanes: a holds codes 0-7 of each lane's 16, b codes 8-15.
   const __m256i a = ConcatCodes(_mm256_unpacklo_epi8(lo, hi));
   const __m256i b = ConcatCodes(_mm256_unpackhi_epi8(lo, hi));
@@ -98,12 +100,11 @@ __attribute__((target("avx2"))) inline void PiecesOf32(const uint8_t* in, __m256
 // them straight from registers and returns true; otherwise puts nothing and returns false.
 template <int NT>
 __attribute__((target("avx2,bmi2"), always_inline)) inline bool PutSixteens32(
-    const uint8_t* in, __m256i min_sym, const __m256i* lo_table, const __m256i* hi_table,
+    const uint8_t* in, const __m256i* base, const __m256i* lo_table, const __m256i* hi_table,
     WordWriter& w) {
-  const __m256i idx =
-      _mm256_sub_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)), min_sym);
-  const __m256i lo = LookupBytes<NT>(idx, lo_table);
-  const __m256i hi = LookupBytes<NT>(idx, hi_table);
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in));
+  const __m256i lo = LookupBytes<NT>(x, base, lo_table);
+  const __m256i hi = LookupBytes<NT>(x, base, hi_table);
   __m256i code4, len4, ca, la, cb, lb;
   ConcatFours(_mm256_unpacklo_epi8(lo, hi), &code4, &len4);
   JoinFours(code4, len4, &ca, &la);
@@ -125,24 +126,25 @@ __attribute__((target("avx2,bmi2"), always_inline)) inline bool PutSixteens32(
 }
 
 template <int NT>
-__attribute__((target("avx2,bmi2"))) void EncodeWithTables(const StreamPlan& plan, int min_sym,
+__attribute__((target("avx2,bmi2"))) void EncodeWithTables(const StreamPlan& plan,
+                                                           const SymbolWindows& windows,
                                                            const HuffmanCode& code,
                                                            uint32_t sizes[kNumStreams]) {
-  // Per symbol - min_sym: the code's low byte, and its top 3 bits | length << 4.
+  // Per symbol of window k: the code's low byte, and its top 3 bits | length << 4.
   alignas(32) uint8_t lo_bytes[4][16] = {}, hi_bytes[4][16] = {};
-  for (int i = 0; i < 16 * NT && min_sym + i < 256; ++i) {
-    const int s = min_sym + i;
-    lo_bytes[i / 16][i % 16] = static_cast<uint8_t>(code.code[s]);
-    hi_bytes[i / 16][i % 16] = static_cast<uint8_t>((code.code[s] >> 8) | (code.len[s] << 4));
-  }
-  __m256i lo_table[NT], hi_table[NT];
+  __m256i lo_table[NT], hi_table[NT], base[NT];
   for (int k = 0; k < NT; ++k) {
+    for (int i = 0; i < 16 && windows.base[k] + i < 256; ++i) {
+      const int s = windows.base[k] + i;
+      lo_bytes[k][i] = static_cast<uint8_t>(code.code[s]);
+      hi_bytes[k][i] = static_cast<uint8_t>((code.code[s] >> 8) | (code.len[s] << 4));
+    }
     lo_table[k] =
         _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(lo_bytes[k])));
     hi_table[k] =
         _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(hi_bytes[k])));
+    base[k] = _mm256_set1_epi8(static_cast<char>(windows.base[k]));
   }
-  const __m256i min_vec = _mm256_set1_epi8(static_cast<char>(min_sym));
   // No pointer to a writer escapes, so each stays in registers.
   WordWriter w0(plan.base[0]), w1(plan.base[1]), w2(plan.base[2]), w3(plan.base[3]);
   const size_t q = plan.count[kNumStreams - 1];  // the shortest stream
@@ -153,8 +155,8 @@ __attribute__((target("avx2,bmi2"))) void EncodeWithTables(const StreamPlan& pla
 #pragma GCC unroll 4
     for (int s = 0; s < kNumStreams; ++s) {
       if (__builtin_expect(
-              !PutSixteens32<NT>(plan.in[s] + i, min_vec, lo_table, hi_table, *writers[s]), 0)) {
-        PiecesOf32<NT>(plan.in[s] + i, min_vec, lo_table, hi_table, &p);
+              !PutSixteens32<NT>(plan.in[s] + i, base, lo_table, hi_table, *writers[s]), 0)) {
+        PiecesOf32<NT>(plan.in[s] + i, base, lo_table, hi_table, &p);
         PutPieces(*writers[s], p);
       }
     }
@@ -204,23 +206,28 @@ __attribute__((target("avx2"))) void CountPassAvx2(const uint8_t* syms, size_t b
   for (int k = 0; k < K; ++k) freq[first + k] += total[k];
 }
 
-// Smallest and largest of syms[0, 32 * blocks).
+// Smallest and largest of syms[0, 32 * blocks), and the largest below 255 (0 if none):
+// Inf and NaN of f32 and bf16 have symbol 255, far above the finite exponents of a block.
 __attribute__((target("avx2"))) void SymbolRangeAvx2(const uint8_t* syms, size_t blocks, int* lo,
-                                                     int* hi) {
-  __m256i mn = _mm256_set1_epi8(-1), mx = _mm256_setzero_si256();
+                                                     int* hi, int* hi_finite) {
+  const __m256i all = _mm256_set1_epi8(-1);
+  __m256i mn = all, mx = _mm256_setzero_si256(), mx_finite = mx;
   for (size_t b = 0; b < blocks; ++b) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(syms + 32 * b));
     mn = _mm256_min_epu8(mn, x);
     mx = _mm256_max_epu8(mx, x);
+    mx_finite = _mm256_max_epu8(mx_finite, _mm256_andnot_si256(_mm256_cmpeq_epi8(x, all), x));
   }
-  alignas(32) uint8_t a[32], b[32];
+  alignas(32) uint8_t a[32], b[32], c[32];
   _mm256_store_si256(reinterpret_cast<__m256i*>(a), mn);
   _mm256_store_si256(reinterpret_cast<__m256i*>(b), mx);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(c), mx_finite);
   *lo = 255;
-  *hi = 0;
+  *hi = *hi_finite = 0;
   for (int i = 0; i < 32; ++i) {
     *lo = std::min<int>(*lo, a[i]);
     *hi = std::max<int>(*hi, b[i]);
+    *hi_finite = std::max<int>(*hi_finite, c[i]);
   }
 }
 
@@ -229,30 +236,34 @@ constexpr int kMaxVectorCountSpan = 24;
 
 }  // namespace
 
-void EncodePlanAvx2(const StreamPlan& plan, int min_sym, int max_sym, const HuffmanCode& code,
+void EncodePlanAvx2(const StreamPlan& plan, const SymbolWindows& windows, const HuffmanCode& code,
                     uint32_t sizes[kNumStreams]) {
-  // 16 symbols per lookup table: NT = 1 to 4 tables.
-  using Encode = void (*)(const StreamPlan&, int, const HuffmanCode&, uint32_t*);
+  using Encode = void (*)(const StreamPlan&, const SymbolWindows&, const HuffmanCode&, uint32_t*);
   static constexpr Encode kEncode[4] = {EncodeWithTables<1>, EncodeWithTables<2>,
                                         EncodeWithTables<3>, EncodeWithTables<4>};
-  kEncode[(max_sym - min_sym) / 16](plan, min_sym, code, sizes);
+  kEncode[windows.count - 1](plan, windows, code, sizes);
 }
 
 void CountSymbolsAvx2(const uint8_t* syms, size_t n, uint64_t freq[256]) {
   const size_t blocks = n / 32;
   if (blocks > 0) {
-    int lo, hi;
-    SymbolRangeAvx2(syms, blocks, &lo, &hi);
-    if (hi - lo < kMaxVectorCountSpan) {
+    int lo, hi, hi_finite;
+    SymbolRangeAvx2(syms, blocks, &lo, &hi, &hi_finite);
+    // A span too wide only because of symbol 255 is counted as [lo, hi_finite] and 255 alone.
+    const bool apart = hi == 255 && lo < 255 && hi - lo >= kMaxVectorCountSpan &&
+                       hi_finite - lo < kMaxVectorCountSpan;
+    if (hi - lo < kMaxVectorCountSpan || apart) {
       CountSymbolsScalar(syms + 32 * blocks, n - 32 * blocks, freq);
       // Passes of 8 symbol values, then one of the 0-7 left.
       using Pass = void (*)(const uint8_t*, size_t, int, uint64_t*);
       static constexpr Pass kPass[8] = {nullptr,          CountPassAvx2<1>, CountPassAvx2<2>,
                                         CountPassAvx2<3>, CountPassAvx2<4>, CountPassAvx2<5>,
                                         CountPassAvx2<6>, CountPassAvx2<7>};
+      const int last = apart ? hi_finite : hi;
       int first = lo;
-      for (; first + 8 <= hi + 1; first += 8) CountPassAvx2<8>(syms, blocks, first, freq);
-      if (first <= hi) kPass[hi + 1 - first](syms, blocks, first, freq);
+      for (; first + 8 <= last + 1; first += 8) CountPassAvx2<8>(syms, blocks, first, freq);
+      if (first <= last) kPass[last + 1 - first](syms, blocks, first, freq);
+      if (apart) CountPassAvx2<1>(syms, blocks, 255, freq);
       return;
     }
   }

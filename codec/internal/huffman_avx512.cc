@@ -63,12 +63,24 @@ __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline void JoinFour
                _mm512_srli_epi64(four, 56), code, len);
 }
 
+// Table indices of 64 symbols x for two windows of 64 at a and b: x - a where that is below
+// 64, else x - b + 64 (b_less_64 holds b - 64). With one window (kTwo false) just x - a.
+template <bool kTwo>
+__attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline __m512i WindowIndex(
+    __m512i x, __m512i a, __m512i b_less_64) {
+  const __m512i idx = _mm512_sub_epi8(x, a);
+  if constexpr (!kTwo) return idx;
+  const __mmask64 second = _mm512_cmpge_epu8_mask(idx, _mm512_set1_epi8(64));
+  return _mm512_mask_sub_epi8(idx, second, x, b_less_64);
+}
+
 // The usual case of PiecesOf64 + PutPieces: when all four runs of 16 codes fit in 64 bits,
 // puts them and returns true; otherwise puts nothing and returns false.
+template <bool kTwo>
 __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline bool PutSixteens64(
-    const uint8_t* in, __m512i min_sym, __m512i lo0, __m512i lo1, __m512i hi0, __m512i hi1,
-    WordWriter& w) {
-  const __m512i idx = _mm512_sub_epi8(_mm512_loadu_si512(in), min_sym);
+    const uint8_t* in, __m512i a, __m512i b_less_64, __m512i lo0, __m512i lo1, __m512i hi0,
+    __m512i hi1, WordWriter& w) {
+  const __m512i idx = WindowIndex<kTwo>(_mm512_loadu_si512(in), a, b_less_64);
   const __m512i lo = _mm512_permutex2var_epi8(lo0, idx, lo1);
   const __m512i hi = _mm512_permutex2var_epi8(hi0, idx, hi1);
   // Fours joined in pairs within each 128-bit lane: codes 0-7 (a) and 8-15 (b) of its 16.
@@ -86,11 +98,13 @@ __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline bool PutSixte
   return true;
 }
 
+template <bool kTwo>
 __attribute__((target(GCOMP_TARGET_AVX512))) inline void PiecesOf64(const uint8_t* in,
-                                                                    __m512i min_sym, __m512i lo0,
+                                                                    __m512i first_base,
+                                                                    __m512i b_less_64, __m512i lo0,
                                                                     __m512i lo1, __m512i hi0,
                                                                     __m512i hi1, Pieces<8>* p) {
-  const __m512i idx = _mm512_sub_epi8(_mm512_loadu_si512(in), min_sym);
+  const __m512i idx = WindowIndex<kTwo>(_mm512_loadu_si512(in), first_base, b_less_64);
   const __m512i lo = _mm512_permutex2var_epi8(lo0, idx, lo1);
   const __m512i hi = _mm512_permutex2var_epi8(hi0, idx, hi1);
   // unpack works within 128-bit lanes: a holds codes 0-7 of each lane's 16, b codes 8-15.
@@ -109,22 +123,26 @@ __attribute__((target(GCOMP_TARGET_AVX512))) inline void PiecesOf64(const uint8_
   _mm512_store_si512(p->sixteen_len, _mm512_add_epi64(la, lb));
 }
 
-}  // namespace
-
-__attribute__((target(GCOMP_TARGET_AVX512))) void EncodePlanAvx512(const StreamPlan& plan,
-                                                                   int min_sym,
+// Codes of window 0's symbols at table entries 0-63, window 1's (where kTwo) at 64-127.
+template <bool kTwo>
+__attribute__((target(GCOMP_TARGET_AVX512))) void EncodeWindows512(const StreamPlan& plan,
+                                                                   const SymbolWindows& windows,
                                                                    const HuffmanCode& code,
                                                                    uint32_t sizes[kNumStreams]) {
-  // Per symbol - min_sym (< 128): the code's low byte, and its top 3 bits | length << 4.
+  // Per table entry: the code's low byte, and its top 3 bits | length << 4. With one window
+  // the second half of the table continues it (its symbols are past the code's last).
+  const int a = windows.base[0], b = kTwo ? windows.base[1] : a + 64;
   alignas(64) uint8_t lo_bytes[128] = {}, hi_bytes[128] = {};
-  for (int i = 0; i < 128 && min_sym + i < 256; ++i) {
-    const int s = min_sym + i;
+  for (int i = 0; i < 128; ++i) {
+    const int s = i < 64 ? a + i : b + i - 64;
+    if (s >= 256) continue;
     lo_bytes[i] = static_cast<uint8_t>(code.code[s]);
     hi_bytes[i] = static_cast<uint8_t>((code.code[s] >> 8) | (code.len[s] << 4));
   }
   const __m512i lo0 = _mm512_load_si512(lo_bytes), lo1 = _mm512_load_si512(lo_bytes + 64);
   const __m512i hi0 = _mm512_load_si512(hi_bytes), hi1 = _mm512_load_si512(hi_bytes + 64);
-  const __m512i min_vec = _mm512_set1_epi8(static_cast<char>(min_sym));
+  const __m512i a_vec = _mm512_set1_epi8(static_cast<char>(a));
+  const __m512i b_less_64 = _mm512_set1_epi8(static_cast<char>(b - 64));
   WordWriter w0(plan.base[0]), w1(plan.base[1]), w2(plan.base[2]), w3(plan.base[3]);
   const size_t q = plan.count[kNumStreams - 1];  // the shortest stream
   Pieces<8> p;
@@ -133,9 +151,10 @@ __attribute__((target(GCOMP_TARGET_AVX512))) void EncodePlanAvx512(const StreamP
   for (; i + 64 <= q; i += 64) {
 #pragma GCC unroll 4
     for (int s = 0; s < kNumStreams; ++s) {
-      if (__builtin_expect(!PutSixteens64(plan.in[s] + i, min_vec, lo0, lo1, hi0, hi1, *writers[s]),
+      if (__builtin_expect(!PutSixteens64<kTwo>(plan.in[s] + i, a_vec, b_less_64, lo0, lo1, hi0,
+                                                hi1, *writers[s]),
                            0)) {
-        PiecesOf64(plan.in[s] + i, min_vec, lo0, lo1, hi0, hi1, &p);
+        PiecesOf64<kTwo>(plan.in[s] + i, a_vec, b_less_64, lo0, lo1, hi0, hi1, &p);
         PutPieces(*writers[s], p);
       }
     }
@@ -146,6 +165,17 @@ __attribute__((target(GCOMP_TARGET_AVX512))) void EncodePlanAvx512(const StreamP
   sizes[1] = FinishStream(w1, plan.in[1], i, plan.count[1], word);
   sizes[2] = FinishStream(w2, plan.in[2], i, plan.count[2], word);
   sizes[3] = FinishStream(w3, plan.in[3], i, plan.count[3], word);
+}
+
+}  // namespace
+
+void EncodePlanAvx512(const StreamPlan& plan, const SymbolWindows& windows, const HuffmanCode& code,
+                      uint32_t sizes[kNumStreams]) {
+  // Two windows that touch are one run of 128, as one window is: no index select needed.
+  if (windows.count == 1 || windows.base[1] == windows.base[0] + 64) {
+    return EncodeWindows512<false>(plan, windows, code, sizes);
+  }
+  EncodeWindows512<true>(plan, windows, code, sizes);
 }
 
 }  // namespace gcomp::codec::internal

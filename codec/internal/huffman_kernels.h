@@ -80,13 +80,12 @@ __attribute__((always_inline)) inline void PutPieces(WordWriter& w, const Pieces
 // stream s's byte size.
 void EncodePlanScalar(const StreamPlan& plan, const HuffmanCode& code, uint32_t sizes[kNumStreams]);
 #if defined(__x86_64__)
-// The vector versions look codes up in tables indexed by symbol - min_sym; every symbol of
-// the code lies in [min_sym, max_sym]. Call them only at a level MaxVectorLevel() allows.
-// Requires max_sym - min_sym < 64.
-void EncodePlanAvx2(const StreamPlan& plan, int min_sym, int max_sym, const HuffmanCode& code,
+// The vector versions look codes up in tables of the windows' symbols. Call them only at a
+// level MaxVectorLevel() allows. AVX2: 1 to 4 windows of 16.
+void EncodePlanAvx2(const StreamPlan& plan, const SymbolWindows& windows, const HuffmanCode& code,
                     uint32_t sizes[kNumStreams]);
-// Requires max_sym - min_sym < 128.
-void EncodePlanAvx512(const StreamPlan& plan, int min_sym, const HuffmanCode& code,
+// 1 or 2 windows of 64.
+void EncodePlanAvx512(const StreamPlan& plan, const SymbolWindows& windows, const HuffmanCode& code,
                       uint32_t sizes[kNumStreams]);
 // CountSymbols by byte compares when the symbols span few values, else the scalar counts.
 void CountSymbolsAvx2(const uint8_t* syms, size_t n, uint64_t freq[256]);

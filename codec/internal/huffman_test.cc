@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace gcomp::codec::internal {
@@ -152,6 +153,84 @@ TEST(Huffman, VectorStreamsEqualScalarStreamsOnLongCodes) {
       ASSERT_EQ(0, std::memcmp(fast.data(), slow.data(), total)) << "spread " << spread;
     }
   }
+}
+
+// Symbols in clusters far apart (finite exponents and the Inf/NaN symbol 255, or clusters a
+// window's width apart): the vector paths cover them with windows, or fall back where too
+// many windows would be needed, and write the same bytes as the scalar path.
+TEST(Huffman, VectorStreamsEqualScalarStreamsForSymbolClusters) {
+  std::mt19937 rng(13);
+  struct Case {
+    std::vector<int> starts;  // each cluster's first symbol
+    int width;                // symbols per cluster
+  };
+  const std::vector<Case> cases = {{{100, 255}, 18},
+                                   {{0, 255}, 1},
+                                   {{110, 254}, 2},
+                                   {{10, 100, 200}, 16},
+                                   {{10, 100, 200}, 17},
+                                   {{0, 64, 128, 192}, 16},
+                                   {{0, 64, 128, 192, 240}, 8},
+                                   {{60, 124}, 64},
+                                   {{60, 125}, 64},
+                                   {{200, 255}, 1}};
+  for (const Case& c : cases) {
+    std::vector<int> alphabet;
+    for (int start : c.starts) {
+      for (int d = 0; d < c.width && start + d < 256; ++d) alphabet.push_back(start + d);
+    }
+    for (size_t n : {size_t{128}, size_t{1000}, size_t{65536}}) {
+      std::vector<uint8_t> syms(n + 32);
+      uint64_t freq[256] = {};
+      for (size_t i = 0; i < n; ++i) {
+        // Skewed towards the first symbols, so code lengths vary.
+        const size_t pick = std::min<size_t>(
+            alphabet.size() - 1, __builtin_ctz(rng() | 1u << 30) + rng() % alphabet.size() / 4);
+        syms[i] = static_cast<uint8_t>(alphabet[pick]);
+        ++freq[syms[i]];
+      }
+      HuffmanCode code;
+      BuildLengths(freq, 256, &code);
+      AssignCodes(&code);
+      std::vector<uint8_t> fast(MaxStreamBytes(n) + 8), slow(MaxStreamBytes(n) + 8);
+      uint32_t fast_sizes[4], slow_sizes[4];
+      EncodeStreamsScalar(syms.data(), n, code, slow.data(), slow_sizes);
+      for (VectorLevel level : {VectorLevel::kAvx2, VectorLevel::kAvx512}) {
+        if (level > MaxVectorLevel()) continue;
+        const std::string where =
+            absl::StrCat(level == VectorLevel::kAvx2 ? "AVX2" : "AVX-512", " clusters from ",
+                         c.starts[0], " of ", c.width, " (", c.starts.size(), ") n ", n);
+        EncodeStreamsAt(level, syms.data(), n, code, fast.data(), fast_sizes);
+        size_t total = 0;
+        for (int s = 0; s < 4; ++s) {
+          ASSERT_EQ(fast_sizes[s], slow_sizes[s]) << where;
+          total += slow_sizes[s];
+        }
+        ASSERT_EQ(0, std::memcmp(fast.data(), slow.data(), total)) << where;
+      }
+      uint64_t counted[256];
+      CountSymbols(syms.data(), n, counted);
+      for (int s = 0; s < 256; ++s) ASSERT_EQ(counted[s], freq[s]) << "symbol " << s;
+    }
+  }
+}
+
+TEST(Huffman, CoverSymbolsTakesTheFewestWindows) {
+  HuffmanCode code;
+  uint64_t freq[256] = {};
+  for (int s : {100, 101, 115, 116, 131, 255}) freq[s] = 1 + s % 3;
+  BuildLengths(freq, 256, &code);
+  AssignCodes(&code);
+  const SymbolWindows w16 = CoverSymbols(code, 16, 4);
+  ASSERT_EQ(w16.count, 3);
+  EXPECT_EQ(w16.base[0], 100);
+  EXPECT_EQ(w16.base[1], 116);
+  EXPECT_EQ(w16.base[2], 255);
+  EXPECT_EQ(CoverSymbols(code, 16, 2).count, 0);  // needs three
+  const SymbolWindows w64 = CoverSymbols(code, 64, 2);
+  ASSERT_EQ(w64.count, 2);
+  EXPECT_EQ(w64.base[0], 100);
+  EXPECT_EQ(w64.base[1], 255);
 }
 
 TEST(Huffman, VectorCountsEqualScalarCounts) {

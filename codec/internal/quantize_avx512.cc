@@ -1,8 +1,8 @@
 // The encoder's element pass with AVX-512 (F, BW, VL, VBMI, VBMI2), 16 elements a step,
-// for lossless blocks and near-lossless blocks without special elements (quantize.cc sends
-// other policies to the AVX2 pass): mask registers replace the zero lanes' blends,
-// vpcompressb packs the symbols, and with fields of <= 8 bits (R <= 7) eight of them go to
-// the plane in one 64-bit put, joined by PEXT where it is fast (cpu.h FastPext). Each
+// for lossless and near-lossless blocks (quantize.cc sends other policies to the AVX2 pass;
+// groups holding Inf, NaN or the top binade take QuantizeGeneral16): mask registers replace the
+// zero lanes' blends, vpcompressb packs the symbols, and with fields of <= 8 bits (R <= 7) eight of
+// them go to the plane in one 64-bit put, joined by PEXT where it is fast (cpu.h FastPext). Each
 // function carries its target attribute, so this file builds for any x86-64 CPU and its code
 // runs only where cpu.cc found AVX-512.
 #include <cstddef>
@@ -94,6 +94,51 @@ __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline void PutMaske
         static_cast<unsigned>(__builtin_popcountll(k1)));
 }
 
+// The quantization of 16 elements of any kind by the closed form with both special cases
+// (QuantizeGeneral8 in quantize_avx2.cc). Kept out of line: the groups that need it are
+// rare, and its constants would crowd the registers of the common loop.
+struct General16 {
+  __m512i value, bits, sym;
+  __mmask16 nz;
+};
+__attribute__((noinline, target(GCOMP_TARGET_AVX512))) General16 QuantizeGeneral16(
+    __m512i u, const QuantParams& q) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i full = _mm512_set1_epi32(q.mant_bits);
+  const __m512i offset = _mm512_set1_epi32(q.width_offset);
+  const __m512i cap = _mm512_set1_epi32(q.width_cap);
+  const __m512i special_above = _mm512_set1_epi32(q.special_above);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m128i W = _mm_cvtsi32_si128(q.mant_bits);
+  // k(s) of WidthOf: W bits for s = 0 and s > special_above.
+  const auto width_of = [&](__m512i s) __attribute__((target(GCOMP_TARGET_AVX512))) {
+    const __m512i k = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(s, offset), zero), cap);
+    const __mmask16 special =
+        _mm512_cmpeq_epi32_mask(s, zero) | _mm512_cmpgt_epi32_mask(s, special_above);
+    return _mm512_mask_mov_epi32(k, special, full);
+  };
+  const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(static_cast<int>(q.mag_mask)));
+  const __m512i e = _mm512_srl_epi32(mag, W);
+  General16 r;
+  // nz = e >= zero_below && (u & zero_test) != 0
+  r.nz = _mm512_mask_cmpgt_epi32_mask(
+      _mm512_test_epi32_mask(u, _mm512_set1_epi32(static_cast<int>(q.zero_test))), e,
+      _mm512_set1_epi32(q.zero_below - 1));
+  const __m512i drop = _mm512_sub_epi32(full, width_of(e));
+  const __m512i rounded =
+      _mm512_and_si512(_mm512_add_epi32(mag, _mm512_srli_epi32(_mm512_sllv_epi32(one, drop), 1)),
+                       _mm512_sllv_epi32(_mm512_set1_epi32(-1), drop));
+  r.sym = _mm512_srl_epi32(rounded, W);
+  const __m512i k2 = width_of(r.sym);
+  const __m512i mant =
+      _mm512_srlv_epi32(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(q.mant_mask))),
+                        _mm512_sub_epi32(full, k2));
+  const __m512i sign = _mm512_sllv_epi32(_mm512_srl_epi32(u, _mm_cvtsi32_si128(q.top)), k2);
+  r.value = _mm512_maskz_or_epi32(r.nz, mant, sign);
+  r.bits = _mm512_maskz_add_epi32(r.nz, k2, one);
+  return r;
+}
+
 template <typename U, SplitPath P, bool kPext = false>
 __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, size_t n,
                                                                   const QuantParams& q,
@@ -141,38 +186,37 @@ __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, s
       bits = _mm512_maskz_add_epi32(nz, full, one);
     } else {
       if (__builtin_expect(_mm512_cmpgt_epi32_mask(e, ordinary_limit) != 0, 0)) {
-        // Inf/NaN or the top binade among these 16: the scalar definition.
-        const uint64_t m = QuantizeScalarTyped(in + i, 16, q, &g);
-        const uint16_t m16 = static_cast<uint16_t>(m);
-        std::memcpy(bitmap_bytes + i / 8, &m16, 2);
-        PackTail(g, 16, /*byte_fields=*/false, &bytes, syms, &w, &j);
-        continue;
+        // Inf/NaN or the top binade among these 16: fields of up to W + 1 bits.
+        const General16 r = QuantizeGeneral16(u, q);
+        value = r.value, bits = r.bits, sym = r.sym, nz = r.nz;
+      } else {
+        // As QuantizeOrdinary8: zero_below >= 1, so e >= zero_below implies a nonzero.
+        nz = _mm512_cmpgt_epi32_mask(e, zero_floor);
+        const __m512i k =
+            _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(e, offset), zero), cap);
+        const __m512i drop = _mm512_sub_epi32(full, k);
+        const __m512i rounded = _mm512_add_epi32(mag, _mm512_srlv_epi32(half_w, k));
+        sym = _mm512_srl_epi32(rounded, W);
+        const __m512i k2 =
+            _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(sym, offset), zero), cap);
+        if constexpr (kPext) {
+          // The sign at bit W, above the mantissa; then (16-bit floats) up to bit 23.
+          __m512i y = _mm512_or_si512(_mm512_and_si512(rounded, mant_mask),
+                                      _mm512_sll_epi32(_mm512_srl_epi32(u, top), W));
+          if constexpr (sizeof(U) == 2) y = _mm512_sll_epi32(y, to_bit23);
+          PutMaskedBytes16(_mm512_or_si512(y, _mm512_maskz_srav_epi32(nz, sign32, k2)), w);
+          const uint16_t m16 = static_cast<uint16_t>(nz);
+          std::memcpy(bitmap_bytes + i / 8, &m16, 2);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(syms + j),
+                           _mm_maskz_compress_epi8(nz, _mm512_cvtepi32_epi8(sym)));
+          j += static_cast<size_t>(__builtin_popcount(m16));
+          continue;
+        }
+        const __m512i mant = _mm512_srlv_epi32(_mm512_and_si512(rounded, mant_mask), drop);
+        const __m512i sign = _mm512_sllv_epi32(_mm512_srl_epi32(u, top), k2);
+        value = _mm512_maskz_or_epi32(nz, mant, sign);
+        bits = _mm512_maskz_add_epi32(nz, k2, one);
       }
-      // As QuantizeOrdinary8: zero_below >= 1, so e >= zero_below implies a nonzero.
-      nz = _mm512_cmpgt_epi32_mask(e, zero_floor);
-      const __m512i k = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(e, offset), zero), cap);
-      const __m512i drop = _mm512_sub_epi32(full, k);
-      const __m512i rounded = _mm512_add_epi32(mag, _mm512_srlv_epi32(half_w, k));
-      sym = _mm512_srl_epi32(rounded, W);
-      const __m512i k2 =
-          _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(sym, offset), zero), cap);
-      if constexpr (kPext) {
-        // The sign at bit W, above the mantissa; then (16-bit floats) up to bit 23.
-        __m512i y = _mm512_or_si512(_mm512_and_si512(rounded, mant_mask),
-                                    _mm512_sll_epi32(_mm512_srl_epi32(u, top), W));
-        if constexpr (sizeof(U) == 2) y = _mm512_sll_epi32(y, to_bit23);
-        PutMaskedBytes16(_mm512_or_si512(y, _mm512_maskz_srav_epi32(nz, sign32, k2)), w);
-        const uint16_t m16 = static_cast<uint16_t>(nz);
-        std::memcpy(bitmap_bytes + i / 8, &m16, 2);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(syms + j),
-                         _mm_maskz_compress_epi8(nz, _mm512_cvtepi32_epi8(sym)));
-        j += static_cast<size_t>(__builtin_popcount(m16));
-        continue;
-      }
-      const __m512i mant = _mm512_srlv_epi32(_mm512_and_si512(rounded, mant_mask), drop);
-      const __m512i sign = _mm512_sllv_epi32(_mm512_srl_epi32(u, top), k2);
-      value = _mm512_maskz_or_epi32(nz, mant, sign);
-      bits = _mm512_maskz_add_epi32(nz, k2, one);
     }
     const uint16_t m16 = static_cast<uint16_t>(nz);
     std::memcpy(bitmap_bytes + i / 8, &m16, 2);
