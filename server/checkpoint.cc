@@ -153,6 +153,7 @@ struct Manifest {
   std::string file;
   uint64_t file_bytes = 0;
   uint64_t file_xxh64 = 0;
+  std::vector<uint32_t> idle_shards;  // written only when there are some
 };
 
 std::string SerializeManifest(const Manifest& m) {
@@ -160,6 +161,9 @@ std::string SerializeManifest(const Manifest& m) {
                                   m.step, "\nshard ", m.shard, "\nshards ", m.shards, "\nepoch ",
                                   m.epoch, "\nfile ", m.file, " ", m.file_bytes, " ",
                                   Hex(m.file_xxh64), "\n");
+  // Optional, so that sets without idle shards read as before (and in older versions).
+  if (!m.idle_shards.empty())
+    absl::StrAppend(&body, "idle_shards ", absl::StrJoin(m.idle_shards, " "), "\n");
   return absl::StrCat(body, "end ", Hex(XXH64(body.data(), body.size(), 0)), "\n");
 }
 
@@ -173,7 +177,9 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text, const std::string
   absl::string_view sum = absl::StripSuffix(text.substr(end + 4), "\n");
   if (sum != Hex(XXH64(body.data(), body.size(), 0))) return bad("checksum mismatch");
   std::vector<std::string> lines = absl::StrSplit(body, '\n', absl::SkipEmpty());
-  if (lines.size() != 8 || lines[0] != kManifestHeader) return bad("unexpected header or line count");
+  if ((lines.size() != 8 && lines.size() != 9) || lines[0] != kManifestHeader) {
+    return bad("unexpected header or line count");
+  }
   Manifest m;
   std::map<std::string, std::string> kv;
   for (size_t i = 1; i < lines.size(); ++i) {
@@ -193,6 +199,18 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text, const std::string
   if (m.shards == 0 || m.shard >= m.shards || m.file.find('/') != std::string::npos ||
       m.file.empty() || m.file[0] == '.') {
     return bad("shard index, shard count or file name out of range");
+  }
+  if (lines.size() == 9) {
+    auto idle = kv.find("idle_shards");
+    if (idle == kv.end()) return bad("unexpected line");
+    for (absl::string_view part : absl::StrSplit(idle->second, ' ')) {
+      uint32_t k = 0;
+      if (!absl::SimpleAtoi(part, &k) || k >= m.shards || k == m.shard ||
+          (!m.idle_shards.empty() && k <= m.idle_shards.back())) {
+        return bad("idle_shards must list other shards of the set, ascending");
+      }
+      m.idle_shards.push_back(k);
+    }
   }
   return m;
 }
@@ -234,17 +252,14 @@ std::vector<SetInfo> ListSets(const std::string& dir) {
     s.path = absl::StrCat(dir, "/", name);
     if (!ParseSetName(name, &s.final, &s.step, &s.shards)) continue;
     int64_t latest = -1;
+    std::vector<uint32_t> missing;
     for (uint32_t k = 0; k < s.shards && s.problem.empty(); ++k) {
       const std::string mname = absl::StrCat(ShardPrefix(k, s.shards), ".manifest");
       const std::string mpath = absl::StrCat(s.path, "/", mname);
       absl::StatusOr<std::string> text = ReadFile(mpath);
       if (!text.ok()) {
-        s.problem = absl::StrCat("incomplete: ", mpath, " is missing");
-        const std::vector<std::string> names = ListDir(s.path);
-        s.never_written = std::none_of(names.begin(), names.end(), [](const std::string& n) {
-          return absl::EndsWith(n, ".manifest");
-        });
-        break;
+        missing.push_back(k);
+        continue;
       }
       absl::StatusOr<Manifest> m = ParseManifest(*text, mpath);
       if (!m.ok()) {
@@ -259,11 +274,24 @@ std::vector<SetInfo> ListSets(const std::string& dir) {
         break;
       }
       if (!s.manifests.empty() && (m->job != s.manifests[0].job || m->epoch != s.manifests[0].epoch)) {
-        s.problem = absl::StrCat("checkpoint manifest ", mpath, ": job or epoch differs from shard 0's");
+        s.problem = absl::StrCat("checkpoint manifest ", mpath,
+                                 ": job or epoch differs from shard ", s.manifests[0].shard, "'s");
         break;
       }
       latest = std::max(latest, m->step);
       s.manifests.push_back(*std::move(m));
+    }
+    // A missing manifest is no gap when a shard that wrote one names its shard idle (it
+    // owned no chunk, so it completed no step). LoadSet still checks every chunk is there.
+    for (uint32_t k : missing) {
+      if (!s.problem.empty()) break;
+      const bool idle = std::any_of(s.manifests.begin(), s.manifests.end(), [k](const Manifest& m) {
+        return std::binary_search(m.idle_shards.begin(), m.idle_shards.end(), k);
+      });
+      if (idle) continue;
+      s.problem = absl::StrCat("incomplete: ", s.path, "/", ShardPrefix(k, s.shards),
+                               ".manifest is missing");
+      s.never_written = s.manifests.empty();
     }
     if (s.final) s.step = latest;
     sets.push_back(std::move(s));
@@ -497,6 +525,7 @@ absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheck
   m.file = file;
   m.file_bytes = bytes.size();
   m.file_xxh64 = XXH64(bytes.data(), bytes.size(), 0);
+  m.idle_shards = std::move(c.idle_shards);
   s = WriteDurably(set_path, absl::StrCat(prefix, ".manifest"), SerializeManifest(m));
   if (!s.ok()) return s;
   // This shard's older data files in the set (a rewritten final set).

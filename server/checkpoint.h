@@ -31,6 +31,9 @@ struct ShardCheckpoint {
   uint64_t shard_map_epoch = 1;
   std::vector<proto::TensorDeclaration> declarations;
   std::vector<proto::ChunkState> chunks;
+  // Shards of the set's map that own no chunk (ascending): a shard without chunks completes
+  // no step, so it writes no periodic manifest; the set is complete without theirs.
+  std::vector<uint32_t> idle_shards;
 };
 
 // The set directory's name, e.g. "step-000000000010-of-2" or "final-of-3".

@@ -127,6 +127,68 @@ TEST(Checkpoint, HalfWrittenSetIsSkipped) {
   EXPECT_NE(c->skipped[0].find("shard-1-of-2.manifest is missing"), std::string::npos) << c->skipped[0];
 }
 
+// A shard that owns no chunk completes no step and writes no periodic manifest: a set is
+// complete without it when a shard that wrote one names it idle, and is pruned as complete.
+TEST(Checkpoint, SetWithoutTheManifestOfAnIdleShardIsComplete) {
+  const std::string dir = TempDir();
+  // Every chunk on shard 1 of 2 (shard 0 owns none).
+  auto all_on_one = [](int64_t step, std::vector<uint32_t> idle) {
+    ShardCheckpoint c = Shard(0, 1, step);
+    c.shard = 1;
+    c.shards = 2;
+    c.idle_shards = std::move(idle);
+    return c;
+  };
+  for (int64_t step : {2, 5, 8})
+    ASSERT_TRUE(WriteShardCheckpoint(dir, all_on_one(step, {0}), 2).ok());
+  absl::StatusOr<LoadedCheckpoint> c = LoadLatestCheckpoint(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->step, 8);
+  EXPECT_TRUE(c->skipped.empty());
+  EXPECT_EQ(c->chunks.size(), 10u);
+  struct stat st;
+  EXPECT_NE(::stat(absl::StrCat(dir, "/", CheckpointSetName(false, 2, 2)).c_str(), &st), 0)
+      << "keep: 2 prunes sets of idle shards too";
+  for (const CheckpointSetSummary& set : ListCheckpointSets(dir))
+    EXPECT_EQ(set.problem, "") << set.path;
+
+  // Without the note the same set is incomplete, and the older one is used.
+  ASSERT_TRUE(WriteShardCheckpoint(dir, all_on_one(11, {}), 10).ok());
+  c = LoadLatestCheckpoint(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->step, 8);
+  ASSERT_EQ(c->skipped.size(), 1u);
+  EXPECT_NE(c->skipped[0].find("shard-0-of-2.manifest is missing"), std::string::npos)
+      << c->skipped[0];
+
+  // A shard named idle that did own chunks: the gap is found by the chunk count.
+  ShardCheckpoint half = Shard(1, 2, 14);
+  half.idle_shards = {0};
+  ASSERT_TRUE(WriteShardCheckpoint(dir, half, 10).ok());
+  c = LoadLatestCheckpoint(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->step, 8);
+  ASSERT_EQ(c->skipped.size(), 2u);
+  EXPECT_NE(c->skipped[0].find("'w' has 5 of its 10 chunks"), std::string::npos) << c->skipped[0];
+}
+
+TEST(Checkpoint, ManifestWithBadIdleShardsIsDamage) {
+  for (std::vector<uint32_t> idle : std::vector<std::vector<uint32_t>>{{1}, {2}, {0, 0}}) {
+    const std::string dir = TempDir();
+    WriteSet(dir, 2, 5);
+    ShardCheckpoint c = Shard(1, 2, 8);
+    c.idle_shards = idle;  // its own index, out of range, repeated
+    ASSERT_TRUE(WriteShardCheckpoint(dir, c, 10).ok());
+    ASSERT_TRUE(WriteShardCheckpoint(dir, Shard(0, 2, 8), 10).ok());
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->step, 5);
+    ASSERT_EQ(loaded->skipped.size(), 1u);
+    EXPECT_NE(loaded->skipped[0].find("idle_shards must list other shards"), std::string::npos)
+        << loaded->skipped[0];
+  }
+}
+
 enum class Damage { kTruncate, kFlipByte, kDeleteManifest, kDeleteData, kFlipManifest };
 
 class DamagedCheckpoint : public ::testing::TestWithParam<Damage> {};

@@ -96,8 +96,19 @@ absl::Status ShardService::WriteCheckpoint(
   absl::flat_hash_map<std::string, size_t> chunk_elements;
   {
     absl::MutexLock lock(&mu_);
+    std::vector<bool> owns(shards, false);
     for (const auto& [key, t] : tensors_) {
       c.declarations.push_back(t->Declaration(config_));
+      for (uint32_t owner : t->owner) {
+        if (owner < shards) owns[owner] = true;
+      }
+    }
+    // Owners follow the map now in force: only for the set's own map do they say which
+    // shards write no manifest.
+    if (epoch_.load() == epoch) {
+      for (uint32_t k = 0; k < shards; ++k) {
+        if (!owns[k] && k != shard) c.idle_shards.push_back(k);
+      }
     }
     for (auto& [id, snap] : chunks) {
       auto it = tensors_.find(id.first);

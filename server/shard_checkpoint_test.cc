@@ -200,6 +200,31 @@ TEST_P(ShardCheckpoint, PeriodicCheckpointOfTwoShardsResumesInThreeBitIdentical)
   EXPECT_EQ(job.Values(), ref.at9);
 }
 
+// 10 chunks on 16 shards: at least 6 shards own none, complete no step and write no
+// periodic manifest. The sets are complete all the same (the others name them idle).
+TEST_P(ShardCheckpoint, PeriodicCheckpointWithShardsThatOwnNoChunkResumesBitIdentical) {
+  const Reference ref = Uninterrupted(GetParam());
+  const std::string dir = TempDir();
+  {
+    Job job(Config(16, dir, 6, GetParam()));
+    ASSERT_TRUE(job.status().ok()) << job.status();
+    job.Declare();
+    for (int64_t s = 0; s < 8; ++s) job.Step(s);
+    for (int k = 0; k < 16; ++k) job.shard(k)->FlushCheckpoints();
+  }
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 5);
+  EXPECT_TRUE(loaded->skipped.empty()) << loaded->skipped[0];
+  Job job(Config(3, dir, 0, GetParam()));
+  ASSERT_TRUE(job.status().ok()) << job.status();
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(job.shard(k)->restored_step(), 5);
+  job.Declare();
+  EXPECT_EQ(job.Values(), ref.at5);
+  for (int64_t s = 6; s < 10; ++s) job.Step(s);
+  EXPECT_EQ(job.Values(), ref.at9);
+}
+
 TEST_P(ShardCheckpoint, FinalCheckpointAtShutdownResumesInOneShardBitIdentical) {
   const Reference ref = Uninterrupted(GetParam());
   const std::string dir = TempDir();
