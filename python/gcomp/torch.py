@@ -37,6 +37,7 @@ class PSHookState:
         """`prefix` starts every key this state pushes ("<prefix>/bucket<i>/<elements>"
         under ps_hook). Each model synced through one transport needs its own: two models
         whose buckets have the same size would otherwise share keys on the shards."""
+        _check_transport(transport, "PSHookState")
         self.transport = transport
         self.error_feedback = error_feedback
         self.prefix = prefix
@@ -107,6 +108,24 @@ class PSHookState:
         _release_keys(self.transport, self)
 
 
+def _check_transport(transport, who):
+    """Refuses what cannot carry the mean gradient: a worker Client not wrapped in a
+    transport, or shards configured to answer with updated parameters instead."""
+    if not callable(getattr(transport, "push_pull", None)) or hasattr(transport, "declare"):
+        raise TypeError(
+            "%s takes a transport, got %s: wrap a worker Client as "
+            "gcomp.comm.ClientTransport(client) (e.g. PSHookState(ClientTransport("
+            "gcomp.cluster.connect(config_path, rank))))" % (who, type(transport).__name__))
+    config = getattr(getattr(transport, "client", None), "config", None)
+    optimizer = (config or {}).get("optimizer", {}).get("name", "none")
+    if optimizer != "none":
+        raise ValueError(
+            "%s: the cluster config sets optimizer %r, so the shards answer each push with "
+            "updated parameters, not the mean gradient this hands to your optimizer (training "
+            "would silently go wrong); set optimizer: none in the config (LocalCluster's "
+            "default) and keep the optimizer in the training script" % (who, optimizer))
+
+
 # Which PSHookState pushes each key, per key space (Transport.key_space): a second state
 # pushing the same key (a second model of the same shape) would get the first one's
 # results from the shards.
@@ -154,6 +173,11 @@ def ps_hook(state, bucket):
     The key is the bucket's index and size: DDP may rebuild its buckets after the first
     iteration, and a rebuilt bucket is a new tensor for the shards.
     """
+    if not isinstance(state, PSHookState):
+        raise TypeError(
+            "ps_hook's state must be a gcomp.torch.PSHookState, got %s: "
+            "model.register_comm_hook(PSHookState(ClientTransport(client)), ps_hook)"
+            % type(state).__name__)
     buf = bucket.buffer()
     check_tensor(buf, "ps_hook", state.transport)
     key = "%s/bucket%d/%d" % (state.prefix, bucket.index(), buf.numel())

@@ -102,6 +102,35 @@ def test_two_clients_of_one_worker_share_its_keys():
         s.close()
 
 
+def test_what_cannot_carry_the_mean_gradient_is_refused_naming_the_fix():
+    # A Client where a transport belongs, and anything else as the hook's state.
+    for wrong in (FakeClient(0), object()):
+        with pytest.raises(TypeError, match=r"takes a transport, got .*ClientTransport\(client\)"):
+            gtorch.PSHookState(wrong)
+        with pytest.raises(TypeError, match=r"takes a transport"):
+            gtorch.GradientSync(nn.Linear(2, 2), wrong)
+
+    class Bucket:
+        def buffer(self):
+            return torch.ones(4)
+
+        def index(self):
+            return 0
+
+    for state in (FakeClient(0), comm.ClientTransport(FakeClient(0))):
+        with pytest.raises(TypeError, match=r"state must be a gcomp.torch.PSHookState, got "
+                                            r".*register_comm_hook\(PSHookState\("):
+            gtorch.ps_hook(state, Bucket())
+    # Shards that run an optimizer answer with parameters, not the mean gradient.
+    client = FakeClient(0)
+    client.config["optimizer"] = {"name": "sgd", "learning_rate": 0.1}
+    for make in (lambda t: gtorch.PSHookState(t), lambda t: gtorch.GradientSync(nn.Linear(2, 2), t)):
+        with pytest.raises(ValueError, match=r"optimizer 'sgd'.* set optimizer: none"):
+            make(comm.ClientTransport(client))
+    client.config["optimizer"] = {"name": "none"}
+    gtorch.PSHookState(comm.ClientTransport(client)).close()
+
+
 def test_two_gradient_syncs_of_one_shape_are_refused():
     transport = TwoWorkers()
     m1, m2 = nn.Linear(3, 2), nn.Linear(3, 2)
