@@ -176,8 +176,14 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request,
   bytes_in_ += data_size;
   raw_bytes_in_ += n * codec::DTypeBytes(t->dtype);
   metrics_->AddIn(n * codec::DTypeBytes(t->dtype), data_size);
+  // A push waiting for the other workers ends when another process registers with its
+  // worker index: of two processes run with one index, the first learns it while it waits.
+  const uint32_t worker = a.worker();
+  const uint64_t session = a.session();
+  StepAccumulator::CallCheck check;
+  if (session != 0) check = [this, worker, session] { return CheckSession(worker, session); };
   absl::StatusOr<StepAccumulator::Outcome> outcome =
-      acc->Push(a.worker(), a.step(), std::move(contribution), deadline);
+      acc->Push(worker, a.step(), std::move(contribution), deadline, check);
   if (!outcome.ok()) return outcome.status();
   if (outcome->duplicate) {
     ++duplicate_pushes_;

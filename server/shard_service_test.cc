@@ -239,6 +239,70 @@ TEST_F(ShardServiceTest, PushesOfAProcessWhoseWorkerIndexWasTakenOverAreAlreadyE
   EXPECT_EQ(Push(block(4, 0x1111)).code(), absl::StatusCode::kAlreadyExists);
 }
 
+// Two processes with one worker index, the first already waiting for the step's other
+// worker when the second registers: its wait ends with the same error, long before the
+// step would time out, and its contribution stays in the step.
+TEST(ShardServiceSessions, AWaitingPushEndsWhenAnotherProcessTakesItsWorkerIndex) {
+  auto created = ShardService::Create(
+      Config(2, 1, {"chunk_bytes=64", "step_timeout_ms=20000", "rpc_timeout_ms=30000"}),
+      ShardOptions{});
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<ShardService> shard = *std::move(created);
+  proto::DeclareTensorResponse declared;
+  ASSERT_TRUE(shard->DeclareTensor(Declaration("w", 16), &declared).ok());
+  auto register_as = [&](uint32_t worker, uint64_t session) {
+    proto::RegisterWorkerRequest reg;
+    reg.set_job("j");
+    reg.set_shard_map_epoch(1);
+    reg.set_worker(worker);
+    reg.set_name(absl::StrCat("host-", session));
+    reg.set_session(session);
+    proto::RegisterWorkerResponse rr;
+    return shard->RegisterWorker(reg, &rr);
+  };
+  auto push = [&](uint32_t worker, uint64_t session, float value) {
+    std::vector<float> v(16, value);
+    proto::CompressedBlock b, out;
+    EXPECT_TRUE(cluster::EncodeWireBlock(cluster::UplinkCodec(shard->config()), codec::DType::kF32,
+                                         v.data(), v.size(), &b)
+                    .ok());
+    proto::BlockAddress* a = b.mutable_address();
+    a->set_job("j");
+    a->set_key("w");
+    a->set_step(0);
+    a->set_worker(worker);
+    a->set_session(session);
+    a->set_shard_map_epoch(1);
+    absl::Status st = shard->PushPull(b, absl::Now() + absl::Seconds(20), &out);
+    std::vector<float> mean(16);
+    if (st.ok()) {
+      EXPECT_TRUE(cluster::DecodeWireBlock(out, codec::DType::kF32, 16, mean.data()).ok());
+    }
+    return std::make_pair(st, mean[0]);
+  };
+  ASSERT_TRUE(register_as(0, 0xa).ok());
+  absl::Status first;
+  absl::Duration waited;
+  std::thread waiting([&] {
+    const absl::Time start = absl::Now();
+    first = push(0, 0xa, 2.0f).first;
+    waited = absl::Now() - start;
+  });
+  absl::SleepFor(absl::Milliseconds(200));  // the push is waiting for worker 1
+  ASSERT_TRUE(register_as(0, 0xb).ok());
+  waiting.join();
+  EXPECT_EQ(first.code(), absl::StatusCode::kAlreadyExists) << first;
+  EXPECT_THAT(first.message(), HasSubstr("another process registered as worker 0 ('host-11')"));
+  EXPECT_LT(waited, absl::Seconds(5));
+  // The step goes on: worker 0's contribution is there; the new process's push of step 0
+  // is a duplicate and gets the mean once worker 1 pushes.
+  std::thread again([&] { EXPECT_TRUE(push(0, 0xb, 100.0f).first.ok()); });
+  auto [done, mean] = push(1, 0, 4.0f);
+  again.join();
+  EXPECT_TRUE(done.ok()) << done;
+  EXPECT_EQ(mean, 3.0f);
+}
+
 TEST_F(ShardServiceTest, OversizedBlockIsResourceExhausted) {
   auto b = Block(0, 0);
   b.mutable_data()->append(1 << 16, '\0');

@@ -226,7 +226,8 @@ void StepAccumulator::FinishLocked() {
 
 absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, int64_t step,
                                                                std::vector<float> contribution,
-                                                               absl::Time deadline) {
+                                                               absl::Time deadline,
+                                                               const CallCheck& check) {
   absl::MutexLock lock(&mu_);
   absl::Status s = CheckStepLocked(step);
   if (!s.ok()) {
@@ -299,7 +300,12 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
           "call deadline passed waiting for step ", step, " of ", options_.label,
           "; missing workers: ", MissingLocked()));
     }
-    cv_.WaitWithDeadline(&mu_, std::min(deadline, step_deadline_));
+    absl::Time wake = std::min(deadline, step_deadline_);
+    if (check) {
+      if (absl::Status c = check(); !c.ok()) return c;
+      wake = std::min(wake, now + kCallCheckEvery);
+    }
+    cv_.WaitWithDeadline(&mu_, wake);
   }
 }
 

@@ -133,11 +133,19 @@ class StepAccumulator {
   // Returns a buffer from TakeBuffer that will not be pushed (e.g. its block was corrupt).
   void GiveBack(std::vector<float> buffer);
 
+  // Whether the call that pushed may go on waiting; an error ends its wait with that error
+  // (the contribution stays, as when the call's deadline passes). Cheap, and called under
+  // the accumulator's lock: it must take no lock that is held while taking that one.
+  using CallCheck = std::function<absl::Status()>;
+  // How often a waiting push with a CallCheck wakes to call it.
+  static constexpr absl::Duration kCallCheckEvery = absl::Milliseconds(500);
+
   // Contributes (contribution.size() == elements(), or empty for a duplicate) and waits
-  // until the step completes, fails, or `deadline` passes. The contribution's buffer is
-  // kept for reuse whatever the outcome.
+  // until the step completes, fails, or `deadline` passes; with `check`, also until it
+  // returns an error (called every kCallCheckEvery). The contribution's buffer is kept for
+  // reuse whatever the outcome.
   absl::StatusOr<Outcome> Push(uint32_t worker, int64_t step, std::vector<float> contribution,
-                               absl::Time deadline);
+                               absl::Time deadline, const CallCheck& check = nullptr);
 
   // The current value encoded (before any step: the initial value) and its step (-1 if none).
   absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> Current();

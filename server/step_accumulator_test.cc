@@ -266,6 +266,32 @@ TEST(StepAccumulator, CallerDeadlineKeepsTheContribution) {
   EXPECT_EQ(Values(*r->reply)[0], 3.0f);
 }
 
+// A call check that turns to an error ends the wait within kCallCheckEvery, with that
+// error, and the contribution stays: the step completes with it.
+TEST(StepAccumulator, ACallCheckEndsTheWaitAndKeepsTheContribution) {
+  auto acc = Make(2, 1);
+  std::atomic<bool> valid{true};
+  StepAccumulator::CallCheck check = [&]() -> absl::Status {
+    if (valid.load()) return absl::OkStatus();
+    return absl::AlreadyExistsError("superseded");
+  };
+  absl::StatusOr<StepAccumulator::Outcome> first;
+  absl::Duration waited;
+  std::thread t([&] {
+    const absl::Time start = absl::Now();
+    first = acc->Push(0, 0, {2.0f}, absl::InfiniteFuture(), check);
+    waited = absl::Now() - start;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  valid = false;
+  t.join();
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kAlreadyExists) << first.status();
+  EXPECT_LT(waited, absl::Seconds(10));  // without the check: forever
+  auto r = acc->Push(1, 0, {4.0f}, absl::InfiniteFuture());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Values(*r->reply), std::vector<float>{3.0f});
+}
+
 TEST(StepAccumulator, InitialValueAndCancel) {
   StepAccumulatorOptions o;
   o.label = "x";

@@ -263,3 +263,51 @@ def test_a_second_process_with_the_same_worker_index_is_refused(tmp_path):
             second.stdin.close()
             assert second.wait(timeout=30) == 0
             first.close()
+
+
+def test_a_push_waiting_when_a_second_process_takes_its_index_is_refused(tmp_path):
+    """The same, with the first process already waiting in push_pull for worker 1 when the
+    second connects: its push_pull raises at once, not after the step timeout."""
+    needs_server()
+    needs_client()
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+    with cluster.LocalCluster(shards=1, workers=2, mode="lossless",
+                              workdir=str(tmp_path), step_timeout_ms=60000) as c:
+        first = cluster.connect(c.config_path, 0)
+        first.declare("g", 1000)
+        outcome = {}
+
+        def push():
+            start = time.monotonic()
+            try:
+                first.push_pull("g", 0, np.ones(1000, dtype=np.float32))
+                outcome["error"] = None
+            except RuntimeError as e:
+                outcome["error"] = str(e)
+            outcome["seconds"] = time.monotonic() - start
+
+        waiting = threading.Thread(target=push)
+        waiting.start()
+        time.sleep(0.5)
+        assert waiting.is_alive()  # waiting for worker 1
+        script = ("import sys\nfrom gcomp import cluster\n"
+                  "c = cluster.connect(sys.argv[1], 0)\nprint('connected', flush=True)\n"
+                  "sys.stdin.read()\nc.close()\n")
+        second = subprocess.Popen([sys.executable, "-c", script, c.config_path],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        try:
+            assert second.stdout.readline().strip() == "connected"
+            waiting.join(timeout=30)
+            assert not waiting.is_alive()
+            assert outcome["error"] is not None
+            assert "another process registered as worker 0" in outcome["error"]
+            assert outcome["seconds"] < 30  # the step timeout is 60 s
+        finally:
+            second.stdin.close()
+            assert second.wait(timeout=30) == 0
+            first.close()
