@@ -15,6 +15,7 @@ ClientTransport, whose worker Client then encodes and decodes them with the GPU 
 was pushed stays on the worker and is added to the next step's gradient.
 """
 import concurrent.futures
+import contextlib
 import threading
 import weakref
 
@@ -303,3 +304,45 @@ class GradientSync:
 def _named_parameters(model):
     named = getattr(model, "named_parameters", None)
     return list(named()) if callable(named) else []
+
+
+@contextlib.contextmanager
+def broadcast_in_float32():
+    """DDP's start-up broadcast of rank 0's parameters and buffers, done in float32 while
+    this is active:
+
+        with gcomp.torch.broadcast_in_float32():
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+
+    DDP broadcasts once, when it wraps the model, and gloo in torch 1.13 cannot move
+    bfloat16 ("RuntimeError: Invalid scalar type"); the hook itself never needs gloo for
+    gradients. bfloat16 and float16 widen to float32 exactly, so every rank ends with rank
+    0's values as they were. It replaces torch's private
+    `torch.nn.parallel.distributed._sync_module_states` for the duration, and says so if this
+    torch has no such function."""
+    import torch.distributed as dist
+    import torch.nn.parallel.distributed as ddp_module
+    original = getattr(ddp_module, "_sync_module_states", None)
+    if original is None:
+        raise RuntimeError(
+            "broadcast_in_float32: this torch (%s) has no "
+            "torch.nn.parallel.distributed._sync_module_states to replace; wrap the model "
+            "in float32 and convert it after DDP is made" % torch.__version__)
+
+    def sync(module, process_group, broadcast_bucket_size, src, params_and_buffers_to_ignore,
+             *unused_args, **unused_kwargs):
+        ignore = set(params_and_buffers_to_ignore or ())
+        named = list(module.named_parameters()) + list(module.named_buffers())
+        for name, t in named:
+            if name in ignore:
+                continue
+            wide = t.detach().float()  # the tensor itself when it is float32 already
+            dist.broadcast(wide, src, group=process_group)
+            if wide.data_ptr() != t.data_ptr():
+                t.detach().copy_(wide)
+
+    ddp_module._sync_module_states = sync
+    try:
+        yield
+    finally:
+        ddp_module._sync_module_states = original

@@ -67,6 +67,7 @@ def test_hook_gives_the_exact_mean(mode, tmp_path):
     needs_codec(mode)
     results = run_ranks(mode, tmp_path)
     for r in results:
+        assert r["start_equal"]  # rank 1 started apart: DDP's broadcast brought rank 0's values
         assert r["ddp_max_err"] == [0.0, 0.0, 0.0]
         assert r["sync_max_err"] == [0.0, 0.0]
         assert r["ddp_keys"] and all(k.startswith("ddp/bucket") for k in r["ddp_keys"])
@@ -160,6 +161,7 @@ def test_half_precision_gradients(where, mode, dtype, tmp_path):
         results = run_ranks(mode, tmp_path, dtype=dtype)
     for r in results:
         if dtype == "bf16":
+            assert r["start_equal"]  # gcomp.torch.broadcast_in_float32
             assert len(r["ddp_max_err"]) == 3 and r["ddp_keys"]
             for err, m in zip(r["ddp_max_err"], r["ref_max_abs"]):
                 assert err <= half_precision_bound(dtype, mode, m, mode == "near-lossless")

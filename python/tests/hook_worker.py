@@ -44,17 +44,6 @@ def reference_mean(model, x, y, world):
     return total / world
 
 
-def broadcast_module_states_in_f32(module, process_group, broadcast_bucket_size, src,
-                                   params_and_buffers_to_ignore):
-    """DDP's start-up broadcast of rank 0's parameters, done in float32: gloo in torch 1.13
-    cannot broadcast bfloat16 ("Invalid scalar type"). Same values: bfloat16 widens to
-    float32 exactly and back."""
-    for t in list(module.parameters()) + list(module.buffers()):
-        wide = t.detach().float()
-        dist.broadcast(wide, src, group=process_group)
-        t.detach().copy_(wide)
-
-
 def f16_sync_errors(rank, world, make_transport):
     """GradientSync of float16 gradients (set by hand: torch 1.13 has no float16 matmul on
     the CPU to compute them): max |got - mean| per step, the mean's max |x|, buckets."""
@@ -113,12 +102,17 @@ def main():
         finish(result, args.out)
 
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    if dtype == torch.bfloat16:
-        import torch.nn.parallel.distributed as ddp_module
-        ddp_module._sync_module_states = broadcast_module_states_in_f32
     # DDP with small buckets, so several keys and DDP's bucket rebuild are exercised.
     model, plain = make_model().to(dtype), make_model().to(dtype)
-    ddp = DDP(model, bucket_cap_mb=0.05)
+    if args.rank != 0:  # DDP's start-up broadcast must bring rank 0's values (plain's)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    # gloo cannot broadcast bfloat16: DDP's start-up broadcast goes in float32.
+    with gtorch.broadcast_in_float32():
+        ddp = DDP(model, bucket_cap_mb=0.05)
+    result["start_equal"] = all(torch.equal(a, b)
+                                for a, b in zip(model.parameters(), plain.parameters()))
 
     transport = make_transport()
     state = gtorch.PSHookState(transport, error_feedback=(args.mode == "near-lossless"))
