@@ -56,7 +56,7 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
     }
   }
 
-  absl::StatusOr<std::optional<Placement>> placed = PlaceUnlocked(r, layout);
+  absl::StatusOr<std::optional<Placement>> placed = PlaceUnlocked(r, layout, *dtype, *opt);
   if (!placed.ok()) return placed.status();
   std::optional<Placement>& placement = *placed;
   // The placement's memory was reserved for it; once declared, the owner table's own
@@ -95,8 +95,26 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
   return absl::OkStatus();
 }
 
+absl::Status ShardService::CheckShareFits(const proto::DeclareTensorRequest& r,
+                                          const cluster::ChunkLayout& layout, codec::DType dtype,
+                                          const cluster::OptimizerOptions& opt,
+                                          uint32_t shards) const {
+  // A tensor far too large for this shard is refused before its chunks are assigned:
+  // assigning millions of chunks takes a fraction of a second and memory of its own. With
+  // many chunks a shard, its share of the state is close to the fair one (replicas / shards
+  // of the whole), so half of that must fit now.
+  if (layout.num_chunks < uint64_t{1024} * shards) return absl::OkStatus();
+  const uint64_t share =
+      OwnedChunkBytes(layout, dtype, opt, 0) / 2 * layout.num_chunks / shards * replicas_;
+  return admission_->CheckMemory(
+      share,
+      absl::StrCat("declaring '", r.key(), "' (", codec::DTypeName(dtype), " x ", r.elements(),
+                   ", half this shard's expected share of ", layout.num_chunks, " chunks)"));
+}
+
 absl::StatusOr<std::optional<ShardService::Placement>> ShardService::PlaceUnlocked(
-    const proto::DeclareTensorRequest& r, const cluster::ChunkLayout& layout) {
+    const proto::DeclareTensorRequest& r, const cluster::ChunkLayout& layout, codec::DType dtype,
+    const cluster::OptimizerOptions& opt) {
   // Below this many chunks the placement takes under a few milliseconds.
   constexpr uint64_t kPlaceUnlockedChunks = 1 << 16;
   if (layout.num_chunks < kPlaceUnlockedChunks) return std::nullopt;
@@ -111,9 +129,14 @@ absl::StatusOr<std::optional<ShardService::Placement>> ShardService::PlaceUnlock
     p.joining = joining_shards_;
     p.self = shard_index_.load();
   }
-  // The placement is as large as the owner table: reserved like it before it is made, so
-  // that concurrent declarations cannot allocate past the budget.
-  const uint64_t bytes = uint64_t{layout.num_chunks} * replicas_ * sizeof(uint32_t);
+  // A tensor that cannot fit is refused before anything is placed (DeclareLocked checks
+  // again under the map it declares in).
+  if (absl::Status fits = CheckShareFits(r, layout, dtype, opt, p.map.num_shards()); !fits.ok()) {
+    return fits;
+  }
+  // Reserved before it is made, so that concurrent declarations cannot allocate past the
+  // budget: the placement and, while it is made, the map's assignment of every chunk.
+  const uint64_t bytes = uint64_t{layout.num_chunks} * (replicas_ + 1) * sizeof(uint32_t);
   if (absl::Status s = admission_->ReserveMemory(
           bytes, absl::StrCat("placing '", r.key(), "' (", layout.num_chunks, " chunks)"));
       !s.ok()) {
@@ -148,19 +171,9 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
         " tensors (limits.max_tensors = ", config_.limits().max_tensors(), "); '", r.key(),
         "' refused"));
   }
-  // A tensor far too large for this shard is refused before its chunks are assigned:
-  // assigning millions of chunks takes a fraction of a second under the shard's lock, which
-  // every other call waits for. With many chunks a shard, its share of the state is close
-  // to the fair one (replicas / shards of the whole), so half of that must fit now.
-  const uint32_t shards = shard_map_.num_shards();
-  if (layout.num_chunks >= uint64_t{1024} * shards) {
-    const uint64_t share =
-        OwnedChunkBytes(layout, dtype, opt, 0) / 2 * layout.num_chunks / shards * replicas_;
-    absl::Status fits = admission_->CheckMemory(
-        share,
-        absl::StrCat("declaring '", r.key(), "' (", codec::DTypeName(dtype), " x ", r.elements(),
-                     ", half this shard's expected share of ", layout.num_chunks, " chunks)"));
-    if (!fits.ok()) return fits;
+  if (absl::Status fits = CheckShareFits(r, layout, dtype, opt, shard_map_.num_shards());
+      !fits.ok()) {
+    return fits;
   }
   // The owner table first (it is what Assign allocates), then the owned chunks' state:
   // both reserved before anything is allocated.

@@ -256,8 +256,15 @@ class ShardService {
   // wait for, even when the declaration is then refused); nullopt when not worth it;
   // ResourceExhausted when its memory does not fit the budget.
   absl::StatusOr<std::optional<Placement>> PlaceUnlocked(const proto::DeclareTensorRequest& r,
-                                                         const cluster::ChunkLayout& layout)
+                                                         const cluster::ChunkLayout& layout,
+                                                         codec::DType dtype,
+                                                         const cluster::OptimizerOptions& opt)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // ResourceExhausted when a tensor of many chunks (1024 a shard or more) cannot fit:
+  // half this shard's expected share of its state must fit in the memory budget now.
+  absl::Status CheckShareFits(const proto::DeclareTensorRequest& r,
+                              const cluster::ChunkLayout& layout, codec::DType dtype,
+                              const cluster::OptimizerOptions& opt, uint32_t shards) const;
   // Old-map pushes while a re-shard is prepared or committed: waits while `step` is past
   // the frozen step; Aborted once it is at or past the switch step or the map changed.
   absl::Status WaitWhileFrozen(uint64_t epoch, int64_t step, absl::Time deadline) const;

@@ -1,14 +1,15 @@
 #include "server/shard_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 #include <vector>
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "base/process_usage.h"
 #include "cluster/shard_map.h"
 #include "cluster/wire_block.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 
 namespace gcomp::server {
 namespace {
@@ -546,6 +547,45 @@ TEST(ShardServiceLimits, HugeDeclarationIsRefusedBeforeAllocating) {
   EXPECT_EQ(stats.memory_used_bytes(), 0u);  // no trace
   EXPECT_EQ(stats.refused_by_limits(), 1u);
   EXPECT_LT(Rss(), rss + (64u << 20));
+}
+
+// Concurrent declarations of tensors far past the budget (a hostile peer's burst): each is
+// refused before its chunks are placed, so the shard's memory does not go past the budget
+// meanwhile (placing 4 M chunks took 32 MiB per call, half of it unreserved).
+TEST(ShardServiceLimits, ConcurrentHugeDeclarationsAllocateNothing) {
+  proto::ClusterConfig config = Config(2, 1, {"chunk_bytes=65536"});
+  config.mutable_limits()->set_memory_budget_bytes(256ull << 20);
+  auto shard = *ShardService::Create(config, ShardOptions{});
+  const uint64_t rss = Rss();
+  std::atomic<uint64_t> peak{rss};
+  std::atomic<bool> done{false};
+  std::thread sampler([&] {
+    while (!done.load()) {
+      const uint64_t now = Rss();
+      if (now > peak.load()) peak = now;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  std::vector<std::thread> callers;
+  std::atomic<int> refused{0};
+  for (int t = 0; t < 16; ++t) {
+    callers.emplace_back([&, t] {
+      for (int i = 0; i < 8; ++i) {
+        proto::DeclareTensorResponse r;
+        const absl::Status s = shard->DeclareTensor(
+            Declaration(absl::StrCat("huge-", t, "-", i), uint64_t{1} << 36), &r);
+        if (s.code() == absl::StatusCode::kResourceExhausted) ++refused;
+      }
+    });
+  }
+  for (auto& c : callers) c.join();
+  done = true;
+  sampler.join();
+  EXPECT_EQ(refused.load(), 16 * 8);
+  EXPECT_LT(peak.load(), rss + (64u << 20)) << "peak RSS grew by " << (peak.load() - rss);
+  proto::StatsResponse stats;
+  shard->Stats(&stats);
+  EXPECT_EQ(stats.memory_used_bytes(), 0u);
 }
 
 TEST(ShardServiceLimits, ManyLargeDeclarationsStopAtTheBudget) {
