@@ -91,8 +91,25 @@ absl::Status StepAccumulator::StaleLocked(int64_t step) const {
       "shards, restarted shards or other tensor keys)"));
 }
 
-absl::StatusOr<bool> StepAccumulator::Admit(uint32_t worker, int64_t step) const {
-  absl::ReaderMutexLock lock(&mu_);
+void StepAccumulator::ExpireLocked() {
+  // A step times out when a waiting push notices; a push whose call ended before that (a
+  // short deadline, a client gone) leaves nobody waiting, and the step would stay pending
+  // for good, refusing every other step as stale or future. The next push to arrive
+  // notices instead.
+  if (arrived_count_ > 0 && absl::Now() >= step_deadline_) FailLocked(TimedOutLocked());
+}
+
+absl::Status StepAccumulator::TimedOutLocked() const {
+  return absl::DeadlineExceededError(absl::StrCat(
+      "step ", current_step_, " of ", options_.label, " timed out after ",
+      absl::ToInt64Milliseconds(options_.step_timeout), " ms; missing workers: ", MissingLocked(),
+      " (every worker must push every key each step: check that they run, and that "
+      "they train the same model, since one of another shape pushes other keys)"));
+}
+
+absl::StatusOr<bool> StepAccumulator::Admit(uint32_t worker, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked();
   absl::Status s = CheckStepLocked(step);
   if (!s.ok()) return s;
   if (!started_) return false;
@@ -229,6 +246,7 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
                                                                absl::Time deadline,
                                                                const CallCheck& check) {
   absl::MutexLock lock(&mu_);
+  ExpireLocked();
   absl::Status s = CheckStepLocked(step);
   if (!s.ok()) {
     RecycleLocked(std::move(contribution));
@@ -287,12 +305,7 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
     if (attempt_ != attempt) return last_failure_;
     const absl::Time now = absl::Now();
     if (now >= step_deadline_) {
-      FailLocked(absl::DeadlineExceededError(absl::StrCat(
-          "step ", step, " of ", options_.label, " timed out after ",
-          absl::ToInt64Milliseconds(options_.step_timeout),
-          " ms; missing workers: ", MissingLocked(),
-          " (every worker must push every key each step: check that they run, and that "
-          "they train the same model, since one of another shape pushes other keys)")));
+      FailLocked(TimedOutLocked());
       return last_failure_;
     }
     if (now >= deadline) {

@@ -9,8 +9,9 @@
 //
 // Deadlines: the step times out step_timeout after its first contribution; every waiter
 // then gets DeadlineExceeded naming the missing workers and the contributions are dropped
-// (the step may be pushed again). A caller whose own deadline passes first gets
-// DeadlineExceeded, but its contribution stays (a retry is a duplicate).
+// (the step may be pushed again). With no push waiting, the next push to arrive ends it. A
+// caller whose own deadline passes first gets DeadlineExceeded, but its contribution stays
+// (a retry is a duplicate).
 //
 // Admission (optional, shard-wide): step buffers are reserved against the memory budget
 // before they are allocated, and a push that starts or adds to a pending step is counted
@@ -122,7 +123,7 @@ class StepAccumulator {
 
   // Whether a push of (worker, step) would be accepted: true when it is a duplicate (the
   // caller need not decode it), false when new; FailedPrecondition if stale or future.
-  absl::StatusOr<bool> Admit(uint32_t worker, int64_t step) const;
+  absl::StatusOr<bool> Admit(uint32_t worker, int64_t step);
 
   // A buffer of elements() floats to decode a contribution into. Buffers are recycled
   // across steps (after warm-up a push allocates and zero-fills nothing), so the contents
@@ -178,6 +179,9 @@ class StepAccumulator {
   void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ChunkSnapshot SnapshotLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails the pending step if its timeout has passed (whether or not a push waits on it).
+  void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status TimedOutLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::string MissingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void RecycleLocked(std::vector<float> buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the pending step's admission count (arrived_count_ pushes).

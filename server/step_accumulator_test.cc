@@ -292,6 +292,44 @@ TEST(StepAccumulator, ACallCheckEndsTheWaitAndKeepsTheContribution) {
   EXPECT_EQ(Values(*r->reply), std::vector<float>{3.0f});
 }
 
+// A step nobody waits on (its pushers' calls ended early) still times out: the next push
+// ends it. A stray first push far ahead then no longer pins a fresh chunk.
+TEST(StepAccumulator, AStepNobodyWaitsOnTimesOutAtTheNextPush) {
+  // The step timeout leaves the pushes that complete a step time to meet under load.
+  auto acc = Make(2, 1, absl::Milliseconds(500));
+  auto stray = acc->Push(1, 1000000, {9.0f}, absl::Now() + absl::Milliseconds(1));
+  EXPECT_EQ(stray.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(acc->Admit(0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  absl::SleepFor(absl::Milliseconds(600));
+  ASSERT_TRUE(acc->Admit(0, 0).ok());  // the stray step timed out: step 0 may start
+  EXPECT_EQ(acc->steps_failed(), 1u);
+  std::thread other([&] {
+    auto r = acc->Push(1, 0, {4.0f}, absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(Values(*r->reply), std::vector<float>{3.0f});
+  });
+  auto r = acc->Push(0, 0, {2.0f}, absl::Now() + absl::Seconds(10));
+  other.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Values(*r->reply), std::vector<float>{3.0f});  // the stray 9 is gone
+
+  // The same within a started chunk: worker 0's push of step 1 left behind, then worker 1
+  // comes after the timeout: the old contribution is dropped, both push again.
+  EXPECT_EQ(acc->Push(0, 1, {100.0f}, absl::Now() + absl::Milliseconds(1)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  absl::SleepFor(absl::Milliseconds(600));
+  std::thread late([&] {
+    auto again = acc->Push(1, 1, {6.0f}, absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(Values(*again->reply), std::vector<float>{5.0f});
+  });
+  absl::SleepFor(absl::Milliseconds(20));
+  auto mine = acc->Push(0, 1, {4.0f}, absl::Now() + absl::Seconds(10));
+  late.join();
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(acc->steps_failed(), 2u);
+}
+
 TEST(StepAccumulator, InitialValueAndCancel) {
   StepAccumulatorOptions o;
   o.label = "x";
