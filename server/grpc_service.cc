@@ -407,6 +407,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   absl::StatusOr<std::shared_ptr<PeerTransport>> peers = PeerTransport::Create(config);
   if (!peers.ok()) return peers.status();
   ShardOptions with_peers = options;
+  // Half the request threads for calls that wait for an epoch; the rest stay free for
+  // pushes of the current map, stats, admin calls and the re-shard's own messages.
+  with_peers.max_waiting_for_epoch =
+      static_cast<uint32_t>(TransportLimitsFor(config).max_threads / 2);
   with_peers.peers.send_transfer = [peers = *peers](const std::string& address,
                                               const proto::TransferRequest& request) {
     return peers->Send(address, request);

@@ -190,7 +190,11 @@ absl::Status ShardService::CheckEpochLocked(uint64_t epoch, absl::Time deadline)
     auto installed = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return shutting_down_ || epoch_.load() >= epoch || phase_ != Phase::kServing;
     };
-    AwaitLocked(installed, std::min(deadline, absl::Now() + absl::Seconds(2)));
+    if (absl::Status s =
+            AwaitEpochLocked(installed, std::min(deadline, absl::Now() + absl::Seconds(2)), epoch);
+        !s.ok()) {
+      return s;
+    }
     if (epoch_.load() < epoch && !shutting_down_ && phase_ == Phase::kServing) {
       return NotInstalledError(epoch);
     }
@@ -217,7 +221,7 @@ absl::Status ShardService::CheckEpochLocked(uint64_t epoch, absl::Time deadline)
     if (epoch_.load() == epoch) return phase_ != Phase::kFilling && !joining_;
     return phase_ == Phase::kServing;  // the re-shard was dropped
   };
-  AwaitLocked(ready, deadline);
+  if (absl::Status s = AwaitEpochLocked(ready, deadline, epoch); !s.ok()) return s;
   if (shutting_down_) return absl::UnavailableError("shard shutting down");
   if (epoch_.load() != epoch) {
     if (phase_ == Phase::kServing) {
@@ -252,6 +256,21 @@ bool ShardService::AwaitLocked(const std::function<bool()>& ready, absl::Time de
     if (absl::Now() >= deadline) return ready();
   }
   return true;
+}
+
+absl::Status ShardService::AwaitEpochLocked(const std::function<bool()>& ready, absl::Time deadline,
+                                            uint64_t epoch) const {
+  if (ready()) return absl::OkStatus();
+  if (waiting_for_epoch_ >= options_.max_waiting_for_epoch) {
+    // Worded as the call limiter's refusals, which clients retry after a backoff.
+    return absl::ResourceExhaustedError(
+        absl::StrCat(waiting_for_epoch_, " calls in flight on this shard wait for shard-map epoch ",
+                     epoch, " (at most ", options_.max_waiting_for_epoch, "); retry"));
+  }
+  ++waiting_for_epoch_;
+  AwaitLocked(ready, deadline);
+  --waiting_for_epoch_;
+  return absl::OkStatus();
 }
 
 void ShardService::Stats(proto::StatsResponse* r) const {

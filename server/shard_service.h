@@ -87,6 +87,11 @@ struct ShardOptions {
   // Threads that decode and convert pushed blocks: 1 to kMaxDecodeThreads.
   int decode_threads = 4;
   ShardPeers peers;
+  // Calls that may wait at once for this shard to reach a shard-map epoch (calls of a
+  // re-shard's new map before the switch, transfers, a failover's map): past it such a call
+  // is refused as busy (ResourceExhausted, retried by clients), so that calls of a prepared
+  // epoch cannot hold every request thread. gcomp_server gives half its request threads.
+  uint32_t max_waiting_for_epoch = 128;
 };
 
 class ShardService {
@@ -271,6 +276,10 @@ class ShardService {
   // Waits on mu_ until `ready` or `deadline`; whether `ready`.
   bool AwaitLocked(const std::function<bool()>& ready, absl::Time deadline) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AwaitLocked for a call waiting until this shard reaches `epoch`, counted against
+  // options_.max_waiting_for_epoch: ResourceExhausted (a busy refusal) when that many wait.
+  absl::Status AwaitEpochLocked(const std::function<bool()>& ready, absl::Time deadline,
+                                uint64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a prepared re-shard whose Commit did not come in time.
   void ExpirePrepareLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The committed re-shard: waits for the switch step, switches, sends moved chunks.
@@ -356,6 +365,7 @@ class ShardService {
   mutable int64_t freeze_after_ ABSL_GUARDED_BY(mu_) = kMaxStep;  // old-map pushes past it wait
   int64_t switch_step_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Time prepare_deadline_ ABSL_GUARDED_BY(mu_);
+  mutable uint32_t waiting_for_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // see AwaitEpochLocked
   uint64_t left_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // the newest epoch a re-shard replaced
   mutable bool joining_ ABSL_GUARDED_BY(mu_) = false;  // prepared, only in the new map
   uint32_t joining_old_shards_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,8 +1,8 @@
 // Live re-sharding over real gRPC on loopback: in-process shards (ShardServer), Clients
 // training in threads, and the coordinator (cluster/reshard_coordinator.h) moving the job
 // between maps while they run.
-#include <sys/socket.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,14 +13,15 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "cluster/cluster_config.h"
+#include "cluster/reshard_coordinator.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "cluster/cluster_config.h"
-#include "cluster/reshard_coordinator.h"
 #include "proto/reshard.grpc.pb.h"
 #include "server/grpc_service.h"
 #include "tests/free_port.h"
@@ -389,6 +390,70 @@ TEST(ReshardErrors, PrepareCountsAChunksNextStepAsStarted) {
   grpc::ClientContext ctx3;
   proto::AbortReshardResponse aborted;
   ASSERT_TRUE(stub->Abort(&ctx3, abort, &aborted).ok());
+}
+
+// Calls of a prepared epoch wait for the switch; past half the request threads they are
+// refused as busy, so a peer that sends hundreds of them (the Prepare freezing no step that
+// runs) cannot take every thread: the shard goes on answering its admin calls and the
+// current map's pushes. Before the bound, 300 waiting transfers left Stats, Abort and the
+// workers "Server Threadpool Exhausted" until the prepare expired.
+TEST(ReshardErrors, CallsWaitingForAPreparedEpochLeaveThreadsFree) {
+  const std::string a = absl::StrCat("127.0.0.1:", FreePort());
+  const proto::ClusterConfig one = Config({a}, 1, "none");
+  auto s0 = StartShard(one, 0);
+  auto stub =
+      proto::Resharding::NewStub(grpc::CreateChannel(a, grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    proto::PrepareReshardResponse resp;
+    ASSERT_TRUE(stub->Prepare(&ctx, PrepareOneToTwo(a, 1000000, 60000), &resp).ok());
+  }
+  constexpr int kCalls = 300;
+  std::atomic<int> busy{0}, ended{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCalls; ++i) {
+    callers.emplace_back([&] {
+      // A connection per call, as from many peers (the per-connection bound does not apply).
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      auto peer = proto::Resharding::NewStub(
+          grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args));
+      proto::TransferRequest t;
+      t.set_job("reshard");
+      t.set_next_epoch(2);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+      proto::TransferResponse r;
+      const grpc::Status st = peer->Transfer(&ctx, t, &r);
+      if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+          absl::StrContains(st.error_message(),
+                            "calls in flight on this shard wait for "
+                            "shard-map epoch 2")) {
+        ++busy;
+      }
+      ++ended;
+    });
+  }
+  // The calls past the bound are refused at once; the others wait.
+  for (int i = 0; i < 300 && busy.load() < kCalls - 128; ++i)
+    absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_GE(busy.load(), kCalls - 128);
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    proto::ReshardStatusResponse st;
+    const grpc::Status answered = stub->ReshardStatus(&ctx, proto::ReshardStatusRequest(), &st);
+    EXPECT_TRUE(answered.ok()) << answered.error_message();
+    EXPECT_EQ(st.state(), "prepared");
+  }
+  PushOnes(one, 10, 1);  // the current map's steps go on
+  proto::AbortReshardRequest abort;
+  abort.set_next_epoch(2);
+  grpc::ClientContext ctx;
+  proto::AbortReshardResponse aborted;
+  ASSERT_TRUE(stub->Abort(&ctx, abort, &aborted).ok());
+  for (auto& c : callers) c.join();
+  EXPECT_EQ(ended.load(), kCalls);
 }
 
 // What a peer can make a shard do through Resharding: a Prepare naming 100,000 shards is
