@@ -51,6 +51,10 @@ absl::StatusOr<proto::PrepareReshardResponse> ShardService::PrepareReshard(
     return absl::InvalidArgumentError(absl::StrCat("re-shard of job '", next.job(),
                                                    "' sent to a shard of job '", config_.job(), "'"));
   }
+  if (r.at_step() < 0 || r.at_step() >= kMaxStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("re-shard at_step ", r.at_step(), " out of range [0, 2^62)"));
+  }
   const bool in_new = IndexOf(next, self_address_) >= 0;
   proto::PrepareReshardResponse response;
   response.set_in_new_map(in_new);

@@ -475,6 +475,16 @@ TEST(ReshardErrors, HostileReshardRequestsAreRefusedCheaply) {
   proto::PrepareReshardResponse r0;
   grpc::Status st = stub->Prepare(&c0, huge, &r0);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  for (int64_t at_step : {int64_t{-1}, INT64_MIN, int64_t{1} << 62}) {
+    proto::PrepareReshardRequest bad;
+    *bad.mutable_next() = joining;
+    bad.mutable_next()->set_shard_map_epoch(3);
+    bad.set_at_step(at_step);
+    grpc::ClientContext c;
+    st = stub->Prepare(&c, bad, &r0);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << at_step;
+    EXPECT_THAT(st.error_message(), HasSubstr("at_step")) << at_step;
+  }
 
   proto::PrepareReshardRequest prepare;
   *prepare.mutable_next() = joining;
