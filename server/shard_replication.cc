@@ -144,12 +144,12 @@ absl::Status ShardService::ReplicateChunk(const std::string& key, uint32_t chunk
 absl::Status ShardService::AcceptReplica(const proto::ReplicateRequest& r) {
   if (absl::Status s = CheckJob(r.job(), /*name_ours=*/false); !s.ok()) return s;
   const proto::ChunkState& part = r.part();
-  if (absl::Status s = CheckKey(part.key()); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  if (shutting_down_) return absl::UnavailableError("shard shutting down");
   if (replicas_ < 2) {
     return absl::FailedPreconditionError("this job keeps no replicas (config replicas: 1)");
   }
+  if (absl::Status s = CheckKey(part.key()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("shard shutting down");
   if (absl::Status s = CheckPeerEpochLocked(r.shard_map_epoch()); !s.ok()) return s;
   // Any phase will do: while a re-shard is prepared or committed the old map (this epoch)
   // still runs its steps, and they are replicated as always.

@@ -304,6 +304,15 @@ TEST(ShardServiceSessions, AWaitingPushEndsWhenAnotherProcessTakesItsWorkerIndex
   EXPECT_EQ(mean, 3.0f);
 }
 
+// A replica sent to a job that keeps none says so, whatever else the message holds.
+TEST_F(ShardServiceTest, AReplicaForAJobWithoutReplicasIsRefusedNamingThat) {
+  proto::ReplicateRequest r;
+  r.set_job("j");
+  const absl::Status s = shard_->AcceptReplica(r);  // an empty key, too
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("keeps no replicas"));
+}
+
 TEST_F(ShardServiceTest, OversizedBlockIsResourceExhausted) {
   auto b = Block(0, 0);
   b.mutable_data()->append(1 << 16, '\0');
