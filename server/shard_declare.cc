@@ -15,7 +15,7 @@ namespace {
 
 // Bookkeeping per tensor and per owned chunk beyond the float arrays (the accumulator, map
 // entries, per-worker vectors): an estimate on the high side, so the budget errs safe.
-constexpr uint64_t kTensorOverheadBytes = 512;
+constexpr uint64_t kTensorOverheadBytes = 768;
 constexpr uint64_t kChunkOverheadBytes = 1024;
 
 bool SameOptimizer(const cluster::OptimizerOptions& a, const cluster::OptimizerOptions& b) {
@@ -238,7 +238,8 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
 
 uint64_t ShardService::OwnerTableBytes(const std::string& key, const cluster::ChunkLayout& layout,
                                        uint32_t replicas) {
-  return kTensorOverheadBytes + key.size() +
+  // The key is kept three times: the tensor map's key, the tensor's own, its chunks' labels.
+  return kTensorOverheadBytes + 3 * key.size() +
          uint64_t{layout.num_chunks} * sizeof(uint32_t) * (1 + replicas);
 }
 

@@ -597,6 +597,31 @@ TEST(ShardServiceLimits, ConcurrentHugeDeclarationsAllocateNothing) {
   EXPECT_EQ(stats.memory_used_bytes(), 0u);
 }
 
+// What a declared tensor costs (its key is kept several times over: the map's key, the
+// tensor's, its chunks' labels) is what the budget counts, or more: 8192 small tensors with
+// 8-byte and 1 KiB keys. RSS is only a fair measure without a sanitizer's own memory.
+TEST(ShardServiceLimits, TheBudgetCountsWhatADeclaredTensorTakes) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "RSS under a sanitizer holds its shadow memory too";
+#endif
+  for (size_t key_bytes : {size_t{8}, size_t{1024}}) {
+    proto::ClusterConfig config = Config(
+        2, 1, {"chunk_bytes=65536", "limits.max_tensors=100000", "limits.max_key_bytes=2048"});
+    auto shard = *ShardService::Create(config, ShardOptions{});
+    const uint64_t rss = Rss();
+    const int n = 8192;
+    for (int i = 0; i < n; ++i) {
+      proto::DeclareTensorResponse r;
+      std::string key = absl::StrCat(i, "-");
+      key.resize(key_bytes, 'k');
+      ASSERT_TRUE(shard->DeclareTensor(Declaration(key, 16), &r).ok());
+    }
+    proto::StatsResponse stats;
+    shard->Stats(&stats);
+    EXPECT_GE(stats.memory_used_bytes(), Rss() - rss) << "keys of " << key_bytes << " bytes";
+  }
+}
+
 TEST(ShardServiceLimits, ManyLargeDeclarationsStopAtTheBudget) {
   proto::ClusterConfig config = Config(2, 1, {"chunk_bytes=1048576"});
   config.mutable_limits()->set_memory_budget_bytes(1ull << 30);
