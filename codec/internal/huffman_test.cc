@@ -83,6 +83,30 @@ TEST(Huffman, SerializeParseRoundTripAndStreams) {
   }
 }
 
+// Codes syms[0, n) with the code built from `freq`, by the scalar path and by each vector
+// level this CPU has: the same stream sizes and bytes. `where` names the case in failures.
+void ExpectVectorStreamsEqualScalar(const std::vector<uint8_t>& syms, size_t n,
+                                    const uint64_t* freq, const std::string& where) {
+  HuffmanCode code;
+  BuildLengths(freq, 256, &code);
+  AssignCodes(&code);
+  std::vector<uint8_t> fast(MaxStreamBytes(n) + 8), slow(MaxStreamBytes(n) + 8);
+  uint32_t fast_sizes[4], slow_sizes[4];
+  EncodeStreamsScalar(syms.data(), n, code, slow.data(), slow_sizes);
+  for (VectorLevel level : {VectorLevel::kAvx2, VectorLevel::kAvx512}) {
+    if (level > MaxVectorLevel()) continue;
+    const std::string name =
+        absl::StrCat(level == VectorLevel::kAvx2 ? "AVX2 " : "AVX-512 ", where);
+    EncodeStreamsAt(level, syms.data(), n, code, fast.data(), fast_sizes);
+    size_t total = 0;
+    for (int s = 0; s < 4; ++s) {
+      ASSERT_EQ(fast_sizes[s], slow_sizes[s]) << name;
+      total += slow_sizes[s];
+    }
+    ASSERT_EQ(0, std::memcmp(fast.data(), slow.data(), total)) << name;
+  }
+}
+
 // The vector path (symbol spans up to 64, when the CPU has AVX2) writes the same bytes as
 // the scalar one, for every span, length and stream tail.
 TEST(Huffman, VectorStreamsEqualScalarStreams) {
@@ -102,24 +126,8 @@ TEST(Huffman, VectorStreamsEqualScalarStreams) {
         syms[i] = static_cast<uint8_t>(base + d);
         ++freq[syms[i]];
       }
-      HuffmanCode code;
-      BuildLengths(freq, 256, &code);
-      AssignCodes(&code);
-      std::vector<uint8_t> fast(MaxStreamBytes(n) + 8), slow(MaxStreamBytes(n) + 8);
-      uint32_t fast_sizes[4], slow_sizes[4];
-      EncodeStreamsScalar(syms.data(), n, code, slow.data(), slow_sizes);
-      for (VectorLevel level : {VectorLevel::kAvx2, VectorLevel::kAvx512}) {
-        if (level > MaxVectorLevel()) continue;
-        const char* name = level == VectorLevel::kAvx2 ? "AVX2" : "AVX-512";
-        EncodeStreamsAt(level, syms.data(), n, code, fast.data(), fast_sizes);
-        size_t total = 0;
-        for (int s = 0; s < 4; ++s) {
-          ASSERT_EQ(fast_sizes[s], slow_sizes[s]) << name << " spread " << spread << " n " << n;
-          total += slow_sizes[s];
-        }
-        ASSERT_EQ(0, std::memcmp(fast.data(), slow.data(), total))
-            << name << " spread " << spread << " n " << n;
-      }
+      ExpectVectorStreamsEqualScalar(syms, n, freq, absl::StrCat("spread ", spread, " n ", n));
+      if (HasFatalFailure()) return;
     }
   }
 }
@@ -131,27 +139,13 @@ TEST(Huffman, VectorStreamsEqualScalarStreamsOnLongCodes) {
     uint64_t freq[256] = {};
     // A geometric head, so that the rest of the symbols get codes at the 11-bit cap.
     for (int s = 0; s < spread; ++s) freq[40 + s] = s < 12 ? uint64_t{1} << (40 - 2 * s) : 1;
-    HuffmanCode code;
-    BuildLengths(freq, 256, &code);
-    AssignCodes(&code);
     const size_t n = 20000;
     std::vector<uint8_t> syms(n + 32);
     for (size_t i = 0; i < n; ++i) {
       syms[i] = static_cast<uint8_t>(40 + (rng() % 8 == 0 ? 0 : 1 + rng() % (spread - 1)));
     }
-    std::vector<uint8_t> fast(MaxStreamBytes(n) + 8), slow(MaxStreamBytes(n) + 8);
-    uint32_t fast_sizes[4], slow_sizes[4];
-    EncodeStreamsScalar(syms.data(), n, code, slow.data(), slow_sizes);
-    for (VectorLevel level : {VectorLevel::kAvx2, VectorLevel::kAvx512}) {
-      if (level > MaxVectorLevel()) continue;
-      EncodeStreamsAt(level, syms.data(), n, code, fast.data(), fast_sizes);
-      size_t total = 0;
-      for (int s = 0; s < 4; ++s) {
-        ASSERT_EQ(fast_sizes[s], slow_sizes[s]) << "spread " << spread;
-        total += slow_sizes[s];
-      }
-      ASSERT_EQ(0, std::memcmp(fast.data(), slow.data(), total)) << "spread " << spread;
-    }
+    ExpectVectorStreamsEqualScalar(syms, n, freq, absl::StrCat("spread ", spread));
+    if (HasFatalFailure()) return;
   }
 }
 
@@ -189,25 +183,11 @@ TEST(Huffman, VectorStreamsEqualScalarStreamsForSymbolClusters) {
         syms[i] = static_cast<uint8_t>(alphabet[pick]);
         ++freq[syms[i]];
       }
-      HuffmanCode code;
-      BuildLengths(freq, 256, &code);
-      AssignCodes(&code);
-      std::vector<uint8_t> fast(MaxStreamBytes(n) + 8), slow(MaxStreamBytes(n) + 8);
-      uint32_t fast_sizes[4], slow_sizes[4];
-      EncodeStreamsScalar(syms.data(), n, code, slow.data(), slow_sizes);
-      for (VectorLevel level : {VectorLevel::kAvx2, VectorLevel::kAvx512}) {
-        if (level > MaxVectorLevel()) continue;
-        const std::string where =
-            absl::StrCat(level == VectorLevel::kAvx2 ? "AVX2" : "AVX-512", " clusters from ",
-                         c.starts[0], " of ", c.width, " (", c.starts.size(), ") n ", n);
-        EncodeStreamsAt(level, syms.data(), n, code, fast.data(), fast_sizes);
-        size_t total = 0;
-        for (int s = 0; s < 4; ++s) {
-          ASSERT_EQ(fast_sizes[s], slow_sizes[s]) << where;
-          total += slow_sizes[s];
-        }
-        ASSERT_EQ(0, std::memcmp(fast.data(), slow.data(), total)) << where;
-      }
+      ExpectVectorStreamsEqualScalar(
+          syms, n, freq,
+          absl::StrCat("clusters from ", c.starts[0], " of ", c.width, " (", c.starts.size(),
+                       ") n ", n));
+      if (HasFatalFailure()) return;
       uint64_t counted[256];
       CountSymbols(syms.data(), n, counted);
       for (int s = 0; s < 256; ++s) ASSERT_EQ(counted[s], freq[s]) << "symbol " << s;

@@ -236,25 +236,31 @@ def test_local_cluster_takes_further_config_fields(tmp_path):
         bad.start()
 
 
+def start_second_worker0(config_path):
+    """Another process that connects as worker 0 and stays connected until its stdin
+    closes; returns it once it says it connected."""
+    import os
+    import subprocess
+    import sys
+    script = ("import sys\nfrom gcomp import cluster\n"
+              "c = cluster.connect(sys.argv[1], 0)\nprint('connected', flush=True)\n"
+              "sys.stdin.read()\nc.close()\n")
+    second = subprocess.Popen([sys.executable, "-c", script, config_path],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    return second
+
+
 def test_a_second_process_with_the_same_worker_index_is_refused(tmp_path):
     """Two processes connected as worker 0 (a repeated rank): the one that connected first
     gets a RuntimeError naming the index at its next push, not a silent drop."""
     needs_server()
     needs_client()
-    import os
-    import subprocess
-    import sys
     with cluster.LocalCluster(shards=1, workers=2, mode="lossless",
                               workdir=str(tmp_path), step_timeout_ms=20000) as c:
         first = cluster.connect(c.config_path, 0)
         first.declare("g", 1000)
-        # Another process connects as worker 0 and stays connected until told to stop.
-        script = ("import sys\nfrom gcomp import cluster\n"
-                  "c = cluster.connect(sys.argv[1], 0)\nprint('connected', flush=True)\n"
-                  "sys.stdin.read()\nc.close()\n")
-        second = subprocess.Popen([sys.executable, "-c", script, c.config_path],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        second = start_second_worker0(c.config_path)
         try:
             assert second.stdout.readline().strip() == "connected"
             with pytest.raises(RuntimeError, match="another process registered as worker 0"):
@@ -270,9 +276,6 @@ def test_a_push_waiting_when_a_second_process_takes_its_index_is_refused(tmp_pat
     second connects: its push_pull raises at once, not after the step timeout."""
     needs_server()
     needs_client()
-    import os
-    import subprocess
-    import sys
     import threading
     import time
     with cluster.LocalCluster(shards=1, workers=2, mode="lossless",
@@ -294,12 +297,7 @@ def test_a_push_waiting_when_a_second_process_takes_its_index_is_refused(tmp_pat
         waiting.start()
         time.sleep(0.5)
         assert waiting.is_alive()  # waiting for worker 1
-        script = ("import sys\nfrom gcomp import cluster\n"
-                  "c = cluster.connect(sys.argv[1], 0)\nprint('connected', flush=True)\n"
-                  "sys.stdin.read()\nc.close()\n")
-        second = subprocess.Popen([sys.executable, "-c", script, c.config_path],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        second = start_second_worker0(c.config_path)
         try:
             assert second.stdout.readline().strip() == "connected"
             waiting.join(timeout=30)
