@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace gcomp::cluster {
@@ -16,6 +17,13 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view context) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       context.empty() ? status.error_message()
                                       : absl::StrCat(context, ": ", status.error_message()));
+}
+
+bool IsBusyRefusal(const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) return false;
+  const std::string& m = status.error_message();
+  return absl::StrContains(m, "calls in flight on this shard") ||
+         absl::StrContains(m, "Threadpool Exhausted");
 }
 
 }  // namespace gcomp::cluster

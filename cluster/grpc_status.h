@@ -17,6 +17,12 @@ grpc::Status ToGrpc(const absl::Status& status);
 // is put before the message: "PushPull to shard 1 (10.0.0.2:7070): ...".
 absl::Status FromGrpc(const grpc::Status& status, absl::string_view context = "");
 
+// Whether a RESOURCE_EXHAUSTED refusal is the shard being busy rather than full: one of its
+// bounds on calls in flight (per connection, per worker id, calls waiting for an epoch) or
+// gRPC's own when every request thread is taken. Those pass as calls end, so callers retry
+// them after a backoff; a memory budget or tensor count does not pass.
+bool IsBusyRefusal(const grpc::Status& status);
+
 }  // namespace gcomp::cluster
 
 #endif  // GCOMP_CLUSTER_GRPC_STATUS_H_

@@ -256,8 +256,10 @@ class PeerTransport {
       proto::TransferResponse response;
       grpc::Status st = stub->Transfer(&ctx, request, &response);
       if (st.ok()) return absl::OkStatus();
+      // A busy refusal: the receiver's bound on calls waiting for the new map was full.
       const bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                         st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+                         st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                         cluster::IsBusyRefusal(st);
       if (!retry || absl::Now() + backoff >= give_up) {
         return cluster::FromGrpc(st, absl::StrCat("sending moved chunks to ", address));
       }

@@ -124,15 +124,16 @@ absl::StatusOr<std::optional<ShardService::Placement>> ShardService::PlaceUnlock
     if (tensors_.count(r.key()) != 0 || tensors_.size() >= config_.limits().max_tensors()) {
       return std::nullopt;  // answered at once under the lock
     }
+    // A tensor that cannot fit is refused before anything is placed, under the lock as in
+    // DeclareLocked (which checks again under the map it declares in).
+    if (absl::Status fits = CheckShareFits(r, layout, dtype, opt, shard_map_.num_shards());
+        !fits.ok()) {
+      return fits;
+    }
     p.map = shard_map_;
     p.down = down_;
     p.joining = joining_shards_;
     p.self = shard_index_.load();
-  }
-  // A tensor that cannot fit is refused before anything is placed (DeclareLocked checks
-  // again under the map it declares in).
-  if (absl::Status fits = CheckShareFits(r, layout, dtype, opt, p.map.num_shards()); !fits.ok()) {
-    return fits;
   }
   // Reserved before it is made, so that concurrent declarations cannot allocate past the
   // budget: the placement and, while it is made, the map's assignment of every chunk.

@@ -419,7 +419,10 @@ absl::Status ShardService::AcceptTransfer(const proto::TransferRequest& r, absl:
                               next_config_.shard_map_epoch() == epoch;
       return shutting_down_ || !on_the_way;
     };
-    if (absl::Status s = AwaitEpochLocked(switched, deadline, epoch); !s.ok()) return s;
+    if (absl::Status s = AwaitEpochLocked(switched, deadline, epoch, EpochWaiter::kTransfer);
+        !s.ok()) {
+      return s;
+    }
     if (shutting_down_) return absl::UnavailableError("shard shutting down");
     if (epoch_.load() != epoch || (phase_ != Phase::kFilling && phase_ != Phase::kServing)) {
       return (phase_ == Phase::kPrepared || phase_ == Phase::kCommitted)

@@ -259,17 +259,22 @@ bool ShardService::AwaitLocked(const std::function<bool()>& ready, absl::Time de
 }
 
 absl::Status ShardService::AwaitEpochLocked(const std::function<bool()>& ready, absl::Time deadline,
-                                            uint64_t epoch) const {
+                                            uint64_t epoch, EpochWaiter who) const {
   if (ready()) return absl::OkStatus();
-  if (waiting_for_epoch_ >= options_.max_waiting_for_epoch) {
-    // Worded as the call limiter's refusals, which clients retry after a backoff.
+  const bool transfer = who == EpochWaiter::kTransfer;
+  uint32_t& waiting = waiting_for_epoch_[transfer ? 1 : 0];
+  const uint32_t most = std::max<uint32_t>(
+      1, transfer ? options_.max_waiting_for_epoch / 2 : options_.max_waiting_for_epoch);
+  if (waiting >= most) {
+    // Worded as the call limiter's refusals, which clients and peers retry after a backoff.
     return absl::ResourceExhaustedError(
-        absl::StrCat(waiting_for_epoch_, " calls in flight on this shard wait for shard-map epoch ",
-                     epoch, " (at most ", options_.max_waiting_for_epoch, "); retry"));
+        absl::StrCat(waiting, transfer ? " transfer calls" : " calls",
+                     " in flight on this shard wait for shard-map epoch ", epoch, " (at most ",
+                     most, "); retry"));
   }
-  ++waiting_for_epoch_;
+  ++waiting;
   AwaitLocked(ready, deadline);
-  --waiting_for_epoch_;
+  --waiting;
   return absl::OkStatus();
 }
 

@@ -278,8 +278,12 @@ class ShardService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // AwaitLocked for a call waiting until this shard reaches `epoch`, counted against
   // options_.max_waiting_for_epoch: ResourceExhausted (a busy refusal) when that many wait.
+  // Peers' transfers of moved state are counted apart (against half as many), so that
+  // workers' calls cannot crowd out the state the switch waits for.
+  enum class EpochWaiter { kCall, kTransfer };
   absl::Status AwaitEpochLocked(const std::function<bool()>& ready, absl::Time deadline,
-                                uint64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                uint64_t epoch, EpochWaiter who = EpochWaiter::kCall) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a prepared re-shard whose Commit did not come in time.
   void ExpirePrepareLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The committed re-shard: waits for the switch step, switches, sends moved chunks.
@@ -365,7 +369,8 @@ class ShardService {
   mutable int64_t freeze_after_ ABSL_GUARDED_BY(mu_) = kMaxStep;  // old-map pushes past it wait
   int64_t switch_step_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Time prepare_deadline_ ABSL_GUARDED_BY(mu_);
-  mutable uint32_t waiting_for_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // see AwaitEpochLocked
+  // Calls and transfers waiting in AwaitEpochLocked.
+  mutable uint32_t waiting_for_epoch_[2] ABSL_GUARDED_BY(mu_) = {0, 0};
   uint64_t left_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // the newest epoch a re-shard replaced
   mutable bool joining_ ABSL_GUARDED_BY(mu_) = false;  // prepared, only in the new map
   uint32_t joining_old_shards_ ABSL_GUARDED_BY(mu_) = 0;

@@ -260,6 +260,11 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
   }
   const bool duplicate = started_ && arrived_[worker];
   if (duplicate) RecycleLocked(std::move(contribution));
+  if (!duplicate && contribution.empty() && !last_failure_.ok()) {
+    // Admitted as a duplicate (so not decoded), but the step failed in between (it timed
+    // out): the caller resends, as a waiter of the step would after that failure.
+    return last_failure_;
+  }
   if (!duplicate) {
     if (const size_t size = contribution.size(); size != elements_) {
       RecycleLocked(std::move(contribution));

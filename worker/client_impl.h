@@ -232,18 +232,8 @@ struct Client::Impl {
     return it->second;
   }
 
-  // Whether a RESOURCE_EXHAUSTED refusal is the shard being busy rather than full: one of
-  // its bounds on calls in flight (per connection, per worker id) or gRPC's own when every
-  // request thread is taken. Those pass as calls end; a memory budget or tensor count does
-  // not.
-  static bool IsBusyRefusal(const grpc::Status& s) {
-    if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) return false;
-    const std::string& m = s.error_message();
-    return absl::StrContains(m, "calls in flight on this shard") ||
-           absl::StrContains(m, "Threadpool Exhausted");
-  }
-
-  // One unary call, retried on UNAVAILABLE, CANCELLED and busy refusals (IsBusyRefusal);
+  // One unary call, retried on UNAVAILABLE, CANCELLED and busy refusals
+  // (cluster::IsBusyRefusal);
   // with `map`, not once this client has moved past it (the shard may be one a re-shard
   // removed and stopped).
   template <typename Call>
@@ -256,7 +246,8 @@ struct Client::Impl {
       // (e.g. while draining for shutdown); this client never cancels its own calls. Both
       // are safe to retry, since pushes are idempotent on the shard.
       const bool retryable = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                             s.error_code() == grpc::StatusCode::CANCELLED || IsBusyRefusal(s);
+                             s.error_code() == grpc::StatusCode::CANCELLED ||
+                             cluster::IsBusyRefusal(s);
       if (!retryable || attempt >= config.max_retries()) return s;
       ++retries;
       const int64_t backoff_ms =

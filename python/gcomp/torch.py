@@ -109,10 +109,20 @@ class PSHookState:
         _release_keys(self.transport, self)
 
 
+def _is_worker_client(x):
+    """A worker Client (the extension's, or gcomp.cluster's wrapper of it)."""
+    from gcomp import cluster
+    import gcomp
+    if isinstance(x, cluster.WorkerClient):
+        return True
+    client_class = getattr(gcomp.extension(), "Client", None) if gcomp.have_extension() else None
+    return client_class is not None and isinstance(x, client_class)
+
+
 def _check_transport(transport, who):
     """Refuses what cannot carry the mean gradient: a worker Client not wrapped in a
     transport, or shards configured to answer with updated parameters instead."""
-    if not callable(getattr(transport, "push_pull", None)) or hasattr(transport, "declare"):
+    if not callable(getattr(transport, "push_pull", None)) or _is_worker_client(transport):
         raise TypeError(
             "%s takes a transport, got %s: wrap a worker Client as "
             "gcomp.comm.ClientTransport(client) (e.g. PSHookState(ClientTransport("
@@ -308,8 +318,8 @@ def _named_parameters(model):
 
 @contextlib.contextmanager
 def broadcast_in_float32():
-    """DDP's start-up broadcast of rank 0's parameters and buffers, done in float32 while
-    this is active:
+    """DDP's start-up broadcast of rank 0's parameters and buffers, with bfloat16 and
+    float16 tensors moved as float32 (other dtypes as they are), while this is active:
 
         with gcomp.torch.broadcast_in_float32():
             ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -330,16 +340,29 @@ def broadcast_in_float32():
             "in float32 and convert it after DDP is made" % torch.__version__)
 
     def sync(module, process_group, broadcast_bucket_size, src, params_and_buffers_to_ignore,
-             *unused_args, **unused_kwargs):
+             *unused_args, broadcast_buffers=True, **unused_kwargs):
         ignore = set(params_and_buffers_to_ignore or ())
-        named = list(module.named_parameters()) + list(module.named_buffers())
+        named = list(module.named_parameters())
+        if broadcast_buffers:
+            named += list(module.named_buffers())
+        # DDP names `src` within its process group; broadcast takes a global rank.
+        if process_group is not None:
+            global_rank = getattr(dist, "get_global_rank", None) or \
+                dist.distributed_c10d._get_global_rank
+            src = global_rank(process_group, src)  # the identity for the default group
         for name, t in named:
             if name in ignore:
                 continue
-            wide = t.detach().float()  # the tensor itself when it is float32 already
-            dist.broadcast(wide, src, group=process_group)
-            if wide.data_ptr() != t.data_ptr():
+            if t.dtype in (torch.bfloat16, torch.float16):
+                wide = t.detach().float()  # exact; gloo moves float32
+                dist.broadcast(wide, src, group=process_group)
                 t.detach().copy_(wide)
+            else:
+                # Other dtypes as they are (float64 and integers would lose bits in float32).
+                whole = t.detach().contiguous()
+                dist.broadcast(whole, src, group=process_group)
+                if whole.data_ptr() != t.data_ptr():
+                    t.detach().copy_(whole)
 
     ddp_module._sync_module_states = sync
     try:

@@ -104,7 +104,8 @@ def test_two_clients_of_one_worker_share_its_keys():
 
 def test_what_cannot_carry_the_mean_gradient_is_refused_naming_the_fix():
     # A Client where a transport belongs, and anything else as the hook's state.
-    for wrong in (FakeClient(0), object()):
+    from gcomp import cluster
+    for wrong in (cluster.WorkerClient(FakeClient(0), FakeClient(0).config, 0), object()):
         with pytest.raises(TypeError, match=r"takes a transport, got .*ClientTransport\(client\)"):
             gtorch.PSHookState(wrong)
         with pytest.raises(TypeError, match=r"takes a transport"):
