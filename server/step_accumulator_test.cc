@@ -330,6 +330,19 @@ TEST(StepAccumulator, AStepNobodyWaitsOnTimesOutAtTheNextPush) {
   EXPECT_EQ(acc->steps_failed(), 2u);
 }
 
+// A retry admitted as a duplicate (so not decoded) whose step times out before it reaches
+// Push gets the timeout, as a waiter of that step would, and resends.
+TEST(StepAccumulator, ADuplicateWhoseStepTimedOutMeanwhileGetsTheTimeout) {
+  auto acc = Make(2, 1, absl::Milliseconds(100));
+  EXPECT_EQ(acc->Push(0, 0, {1.0f}, absl::Now() + absl::Milliseconds(1)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(*acc->Admit(0, 0));  // a duplicate: the caller skips decoding
+  absl::SleepFor(absl::Milliseconds(200));
+  auto r = acc->Push(0, 0, {}, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("timed out"));
+}
+
 TEST(StepAccumulator, InitialValueAndCancel) {
   StepAccumulatorOptions o;
   o.label = "x";
