@@ -8,6 +8,7 @@
 #include "base/process_usage.h"
 #include "cluster/shard_map.h"
 #include "cluster/wire_block.h"
+#include "absl/base/config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -601,7 +602,7 @@ TEST(ShardServiceLimits, ConcurrentHugeDeclarationsAllocateNothing) {
 // tensor's, its chunks' labels) is what the budget counts, or more: 8192 small tensors with
 // 8-byte and 1 KiB keys. RSS is only a fair measure without a sanitizer's own memory.
 TEST(ShardServiceLimits, TheBudgetCountsWhatADeclaredTensorTakes) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(ABSL_HAVE_ADDRESS_SANITIZER) || defined(ABSL_HAVE_THREAD_SANITIZER)
   GTEST_SKIP() << "RSS under a sanitizer holds its shadow memory too";
 #endif
   for (size_t key_bytes : {size_t{8}, size_t{1024}}) {
