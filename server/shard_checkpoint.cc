@@ -96,16 +96,17 @@ absl::Status ShardService::WriteCheckpoint(
   absl::flat_hash_map<std::string, size_t> chunk_elements;
   {
     absl::MutexLock lock(&mu_);
-    std::vector<bool> owns(shards, false);
-    for (const auto& [key, t] : tensors_) {
-      c.declarations.push_back(t->Declaration(config_));
-      for (uint32_t owner : t->owner) {
-        if (owner < shards) owns[owner] = true;
-      }
-    }
+    for (const auto& [key, t] : tensors_) c.declarations.push_back(t->Declaration(config_));
     // Owners follow the map now in force: only for the set's own map do they say which
-    // shards write no manifest.
+    // shards write no manifest. The scan stops once every shard is seen owning a chunk.
     if (epoch_.load() == epoch) {
+      std::vector<bool> owns(shards, false);
+      uint32_t owning = 0;
+      for (auto it = tensors_.begin(); it != tensors_.end() && owning < shards; ++it) {
+        for (uint32_t owner : it->second->owner) {
+          if (owner < shards && !owns[owner]) owns[owner] = true, ++owning;
+        }
+      }
       for (uint32_t k = 0; k < shards; ++k) {
         if (!owns[k] && k != shard) c.idle_shards.push_back(k);
       }

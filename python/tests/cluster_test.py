@@ -237,18 +237,17 @@ def test_local_cluster_takes_further_config_fields(tmp_path):
 
 
 def start_second_worker0(config_path):
-    """Another process that connects as worker 0 and stays connected until its stdin
-    closes; returns it once it says it connected."""
+    """Starts another process that connects as worker 0, prints 'connected' and stays
+    connected until its stdin closes."""
     import os
     import subprocess
     import sys
     script = ("import sys\nfrom gcomp import cluster\n"
               "c = cluster.connect(sys.argv[1], 0)\nprint('connected', flush=True)\n"
               "sys.stdin.read()\nc.close()\n")
-    second = subprocess.Popen([sys.executable, "-c", script, config_path],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-    return second
+    return subprocess.Popen([sys.executable, "-c", script, config_path],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
 
 
 def test_a_second_process_with_the_same_worker_index_is_refused(tmp_path):
