@@ -7,7 +7,8 @@ Near-lossless, one thread, best of --repeats. Two tables, each relative to its f
 - block size: the gradient (default: a seeded normal one of 4 M elements) encoded in blocks
   of 1 MiB down to 1 KiB, as a small `chunk_bytes` or small tensors make them;
 - value shapes at 1 MiB blocks: the normal gradient, a constant, values within one binade,
-  alternating signs, subnormals, NaN (1 in 10^5, 1%, half) and 1% Inf.
+  alternating signs, subnormals, NaN (1 in 10^5, 1%, half), 1% Inf, and the gradient cast
+  to float16 as it is and scaled by 64 and 1024.
 Each frame is checked to decode to the bound (a miss stops the run).
 """
 import argparse
@@ -88,6 +89,10 @@ def main():
         ("half NaN", np.where(rng.uniform(size=m) < 0.5, np.nan, grad).astype(np.float32)),
         ("1% Inf", np.where(rng.uniform(size=m) < 0.01, np.inf, grad).astype(np.float32)),
     ]
+    # float16 (MB/s of its 2-byte elements): as cast, f16 subnormals are common and blocks
+    # with a largest magnitude under 2 keep exponent field 0; scaled as a loss scale would.
+    for scale in (1, 64, 1024):
+        shapes.append(("float16, the gradient x %d" % scale, (grad * scale).astype(np.float16)))
     table("Value shapes (1 MiB blocks)", [(s, x, 1 << 20) for s, x in shapes], args.repeats)
 
 

@@ -45,8 +45,7 @@ size_t SplitElementsAt(VectorLevel level, DType dtype, const void* in, size_t n,
                        size_t* nnz, bool pext) {
 #if defined(__x86_64__)
   if (level > MaxVectorLevel()) level = MaxVectorLevel();
-  // The AVX-512 pass has no form for policies that keep exponent field 0 (kGeneral).
-  if (level == VectorLevel::kAvx512 && SplitPathOf(q) != SplitPath::kGeneral) {
+  if (level == VectorLevel::kAvx512) {
     return SplitElementsAvx512(dtype, in, n, q, plane, syms, bitmap, nnz, pext);
   }
   if (level >= VectorLevel::kAvx2) {

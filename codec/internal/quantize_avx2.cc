@@ -105,18 +105,23 @@ constexpr CompactTables kCompact;
 // QuantParams broadcast to vectors, made once per block (the compiler cannot hoist the
 // loads itself: the output stores might alias the params).
 struct QuantVectors {
-  __m256i mag_mask, mant_mask, zero_test, zero_floor, offset, cap, full, special_above,
-      ordinary_limit, half_w, one, all, sign32;
+  // zero_floor: the ordinary forms' zero_below - 1; general_floor: the block's own.
+  __m256i mag_mask, mant_mask, zero_test, zero_floor, general_floor, offset, cap, full,
+      special_above, ordinary_limit, half_w, one, all, sign32;
   // For the 32-element shift join (QuantizeNarrow16, PutNarrow32).
   __m256i one16, lo16, order;
   __m128i W, top, to_bit23;
 };
-__attribute__((target("avx2"))) inline QuantVectors MakeQuantVectors(const QuantParams& q) {
+// `ordinary_zero_below`: the zero_below the ordinary forms take (see SplitAvx2Typed's
+// kSubnormals); the general form takes q's.
+__attribute__((target("avx2"))) inline QuantVectors MakeQuantVectors(const QuantParams& q,
+                                                                     int ordinary_zero_below) {
   QuantVectors v;
   v.mag_mask = _mm256_set1_epi32(static_cast<int>(q.mag_mask));
   v.mant_mask = _mm256_set1_epi32(static_cast<int>(q.mant_mask));
   v.zero_test = _mm256_set1_epi32(static_cast<int>(q.zero_test));
-  v.zero_floor = _mm256_set1_epi32(q.zero_below - 1);
+  v.zero_floor = _mm256_set1_epi32(ordinary_zero_below - 1);
+  v.general_floor = _mm256_set1_epi32(q.zero_below - 1);
   v.offset = _mm256_set1_epi32(q.width_offset);
   v.cap = _mm256_set1_epi32(q.width_cap);
   v.full = _mm256_set1_epi32(q.mant_bits);
@@ -142,6 +147,21 @@ __attribute__((target("avx2"), always_inline)) inline __m256i Exponents8(__m256i
   return _mm256_srl_epi32(_mm256_and_si256(u, v.mag_mask), v.W);
 }
 
+// Lanes of 8 elements (u, exponent fields e) that the ordinary forms below cannot take: Inf,
+// NaN and the largest finite field (e > special_above - 1), and with kSubnormals the
+// nonzero elements of field 0, which keep W bits where a block's floor reaches below the
+// normal range (f16 blocks whose largest magnitude is under 2 at the default A).
+template <bool kSubnormals>
+__attribute__((target("avx2"), always_inline)) inline __m256i NotOrdinary8(__m256i u, __m256i e,
+                                                                           const QuantVectors& v) {
+  const __m256i above = _mm256_cmpgt_epi32(e, v.ordinary_limit);
+  if constexpr (!kSubnormals) return above;
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i subnormal = _mm256_andnot_si256(
+      _mm256_cmpeq_epi32(_mm256_and_si256(u, v.mag_mask), zero), _mm256_cmpeq_epi32(e, zero));
+  return _mm256_or_si256(above, subnormal);
+}
+
 // The quantization of 8 elements: value (sign + mantissa field), bits (its width, 0 for a
 // zero), sym (the rounded exponent field) and nz (all ones for a nonzero element).
 struct Quantized8 {
@@ -157,7 +177,7 @@ __attribute__((target("avx2"), always_inline)) inline Quantized8 QuantizeGeneral
       _mm256_cmpeq_epi32(_mm256_and_si256(u, v.zero_test), _mm256_setzero_si256());
   Quantized8 r;
   // nz = e >= zero_below && (u & zero_test) != 0
-  r.nz = _mm256_andnot_si256(is_zero, _mm256_cmpgt_epi32(e, v.zero_floor));
+  r.nz = _mm256_andnot_si256(is_zero, _mm256_cmpgt_epi32(e, v.general_floor));
   const __m256i drop =
       _mm256_sub_epi32(v.full, WidthOf8(e, v.offset, v.cap, v.full, v.special_above));
   const __m256i half = _mm256_srli_epi32(_mm256_sllv_epi32(v.one, drop), 1);
@@ -240,13 +260,30 @@ __attribute__((target("avx2,bmi2"), always_inline)) inline void PutEights(Pairs4
         static_cast<unsigned>(_mm256_cvtsi256_si32(ob)));
 }
 
+// Appends 8 fields of <= 14 bits, joined in two fours (<= 56 bits each).
+__attribute__((target("avx2,bmi2"), always_inline)) inline void PutFours(Pairs4 p, WordWriter& w) {
+  const Pairs4 q = JoinFours(p);
+  w.Put(static_cast<uint64_t>(_mm_cvtsi128_si64(_mm256_castsi256_si128(q.value))),
+        static_cast<unsigned>(_mm256_cvtsi256_si32(q.bits)));
+  const __m128i hv = _mm256_extracti128_si256(q.value, 1);
+  const __m128i hb = _mm256_extracti128_si256(q.bits, 1);
+  w.Put(static_cast<uint64_t>(_mm_cvtsi128_si64(hv)), static_cast<unsigned>(_mm_cvtsi128_si32(hb)));
+}
+
 // Appends 8 fields to the plane. Fields are joined in pairs (<= 48 bits), then in fours
 // when every field has <= 14 bits (near-lossless with R <= 13), and in eights (<= 64 bits)
-// when every field has <= 8 bits (R <= 7, the default).
+// when every field has <= 8 bits (R <= 7, the default). `U`: the elements' storage; a
+// 16-bit float's fields have at most 11 bits, so they are always joined in fours, with no
+// branch to mispredict where fields of 9-11 bits (f16 subnormals) and narrower ones mix.
+template <typename U>
 __attribute__((target("avx2,bmi2"), always_inline)) inline void PutFields8(__m256i value,
                                                                            __m256i bits,
                                                                            WordWriter& w) {
   const Pairs4 p = JoinPairs(value, bits);
+  if constexpr (sizeof(U) == 2) {
+    PutFours(p, w);
+    return;
+  }
   const __m256i pv = p.value, pb = p.bits;
   alignas(32) uint64_t tv[4], tb[4];
   if (__builtin_expect(_mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(8))) == 0,
@@ -255,11 +292,7 @@ __attribute__((target("avx2,bmi2"), always_inline)) inline void PutFields8(__m25
     return;
   }
   if (_mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(14))) == 0) {
-    const Pairs4 q = JoinFours(p);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(tv), q.value);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(tb), q.bits);
-    w.Put(tv[0], static_cast<unsigned>(tb[0]));
-    w.Put(tv[2], static_cast<unsigned>(tb[2]));
+    PutFours(p, w);
     return;
   }
   _mm256_store_si256(reinterpret_cast<__m256i*>(tv), pv);
@@ -363,7 +396,7 @@ struct Narrow16 {
   __m256i pair_bits;  // their widths, same lanes
   __m256i special;    // nonzero where an element is not ordinary: then nothing else holds
 };
-template <typename U>
+template <typename U, bool kSubnormals>
 __attribute__((target("avx2,popcnt"), always_inline)) inline Narrow16 QuantizeNarrow16(
     const U* in, const QuantVectors& v, uint8_t* map, uint8_t* syms, size_t* j) {
   const __m256i ua = Load8(in), ub = Load8(in + 8);
@@ -387,9 +420,9 @@ __attribute__((target("avx2,popcnt"), always_inline)) inline Narrow16 QuantizeNa
   const __m256i pow16 =
       _mm256_packus_epi32(_mm256_sllv_epi32(v.one, a.bits), _mm256_sllv_epi32(v.one, b.bits));
   const __m256i mult = _mm256_or_si256(_mm256_slli_epi32(pow16, 16), v.one);
-  return {_mm256_madd_epi16(value16, mult), _mm256_madd_epi16(bits16, v.one16),
-          _mm256_or_si256(_mm256_cmpgt_epi32(ea, v.ordinary_limit),
-                          _mm256_cmpgt_epi32(eb, v.ordinary_limit))};
+  return {
+      _mm256_madd_epi16(value16, mult), _mm256_madd_epi16(bits16, v.one16),
+      _mm256_or_si256(NotOrdinary8<kSubnormals>(ua, ea, v), NotOrdinary8<kSubnormals>(ub, eb, v))};
 }
 
 // The 32 fields of two Narrow16 (groups a, b and c, d) appended to the plane: the pairs
@@ -425,6 +458,9 @@ __attribute__((target("avx2,bmi2"), always_inline)) inline void PutNarrow32(cons
 // for widths of <= 8 bits (width_cap <= 7), or PEXT (width_cap <= 7 and FastPext()).
 enum class Join { kShifts, kNarrowShifts, kPext };
 
+// P == kGeneral is near-lossless where the block's floor keeps exponent field 0: groups
+// holding no subnormal take the ordinary forms with zero_below 1 (their field-0 elements
+// are zeros either way), the others the general form with the block's own parameters.
 template <typename U, SplitPath P, Join J = Join::kShifts>
 __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, size_t n,
                                                                   const QuantParams& q,
@@ -433,7 +469,8 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
   // Lossless fields of f32 (24 bits) and bf16 (8 bits) are whole bytes.
   constexpr bool kByteFields = P == SplitPath::kLossless && sizeof(U) == 4;
   const bool byte_fields16 = P == SplitPath::kLossless && q.mant_bits == 7;
-  const QuantVectors v = MakeQuantVectors(q);
+  constexpr bool kSubnormals = P == SplitPath::kGeneral;
+  const QuantVectors v = MakeQuantVectors(q, kSubnormals ? 1 : q.zero_below);
   uint8_t* bytes = plane;  // where byte-aligned fields go next
   WordWriter w(plane);
   size_t j = 0;
@@ -457,9 +494,9 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
     Quantized8 r;
     if constexpr (P == SplitPath::kLossless) {
       r = QuantizeLossless8(u, v);
-    } else if constexpr (P == SplitPath::kNearLossless) {
+    } else {
       const __m256i e = Exponents8(u, v);
-      if (__builtin_expect(_mm256_movemask_epi8(_mm256_cmpgt_epi32(e, v.ordinary_limit)) == 0, 1)) {
+      if (__builtin_expect(_mm256_movemask_epi8(NotOrdinary8<kSubnormals>(u, e, v)) == 0, 1)) {
         if constexpr (J == Join::kPext) {
           __m256i sym;
           const __m256i nz = PutOrdinaryBytes8<U>(u, e, v, w, &sym);
@@ -475,8 +512,6 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
       } else {
         r = QuantizeGeneral8(u, v);
       }
-    } else {
-      r = QuantizeGeneral8(u, v);
     }
     // Symbols first: sym is then dead before the fields' join, which needs the registers.
     const uint32_t m8 = put_map_and_symbols(at, r.nz, r.sym);
@@ -486,15 +521,16 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
       PutBytes8(r.value, m8, bytes);
       bytes += __builtin_popcount(m8);
     } else {
-      PutFields8(r.value, r.bits, w);
+      PutFields8<U>(r.value, r.bits, w);
     }
   };
   if constexpr (J == Join::kNarrowShifts) {
     // 32 elements a step where all of them are ordinary, else 8 at a time.
     for (; i + 32 <= n; i += 32) {
       const size_t j0 = j;
-      const Narrow16 ab = QuantizeNarrow16<U>(in + i, v, mask_bytes + i / 8, syms, &j);
-      const Narrow16 cd = QuantizeNarrow16<U>(in + i + 16, v, mask_bytes + i / 8 + 2, syms, &j);
+      const Narrow16 ab = QuantizeNarrow16<U, kSubnormals>(in + i, v, mask_bytes + i / 8, syms, &j);
+      const Narrow16 cd =
+          QuantizeNarrow16<U, kSubnormals>(in + i + 16, v, mask_bytes + i / 8 + 2, syms, &j);
       const __m256i special = _mm256_or_si256(ab.special, cd.special);
       if (__builtin_expect(!_mm256_testz_si256(special, special), 0)) {
         j = j0;  // the zero-map bytes and symbols are written again
@@ -515,6 +551,16 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
   return w.Finish();
 }
 
+template <typename U, SplitPath P>
+size_t SplitAvx2Near(const U* in, size_t n, const QuantParams& q, uint8_t* plane, uint8_t* syms,
+                     uint64_t* bitmap, size_t* nnz, bool pext) {
+  if (q.width_cap <= 7) {
+    return pext ? SplitAvx2Typed<U, P, Join::kPext>(in, n, q, plane, syms, bitmap, nnz)
+                : SplitAvx2Typed<U, P, Join::kNarrowShifts>(in, n, q, plane, syms, bitmap, nnz);
+  }
+  return SplitAvx2Typed<U, P>(in, n, q, plane, syms, bitmap, nnz);
+}
+
 template <typename U>
 size_t SplitAvx2(const U* in, size_t n, const QuantParams& q, uint8_t* plane, uint8_t* syms,
                  uint64_t* bitmap, size_t* nnz, bool pext) {
@@ -523,15 +569,9 @@ size_t SplitAvx2(const U* in, size_t n, const QuantParams& q, uint8_t* plane, ui
     return SplitAvx2Typed<U, SplitPath::kLossless>(in, n, q, plane, syms, bitmap, nnz);
   }
   if (path == SplitPath::kNearLossless) {
-    if (q.width_cap <= 7) {
-      return pext ? SplitAvx2Typed<U, SplitPath::kNearLossless, Join::kPext>(in, n, q, plane, syms,
-                                                                             bitmap, nnz)
-                  : SplitAvx2Typed<U, SplitPath::kNearLossless, Join::kNarrowShifts>(
-                        in, n, q, plane, syms, bitmap, nnz);
-    }
-    return SplitAvx2Typed<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap, nnz);
+    return SplitAvx2Near<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap, nnz, pext);
   }
-  return SplitAvx2Typed<U, SplitPath::kGeneral>(in, n, q, plane, syms, bitmap, nnz);
+  return SplitAvx2Near<U, SplitPath::kGeneral>(in, n, q, plane, syms, bitmap, nnz, pext);
 }
 
 }  // namespace

@@ -36,9 +36,10 @@ __attribute__((target(GCOMP_TARGET_AVX512))) inline __m512i Load16(const U* p) {
 }
 
 // Appends 16 fields (value, width) to the plane: in eights (<= 64 bits) when every field
-// has <= 8 bits, in fours (<= 56) when <= 14, else in pairs (<= 48). always_inline: in
-// this file GCC keeps it out of line (max-inline-insns-single), and the call slows
-// near-lossless encoding by some 8%.
+// has <= 8 bits, in fours (<= 56) when <= 14 (always for 16-bit U), else in pairs (<= 48).
+// always_inline: in this file GCC keeps it out of line (max-inline-insns-single), and the call
+// slows near-lossless encoding by some 8%.
+template <typename U>
 __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline void PutFields16(__m512i value,
                                                                                     __m512i bits,
                                                                                     WordWriter& w) {
@@ -48,12 +49,15 @@ __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline void PutField
                                      _mm512_sllv_epi64(_mm512_srli_epi64(value, 32), first));
   const __m512i pb = _mm512_add_epi64(first, _mm512_srli_epi64(bits, 32));
   alignas(64) uint64_t tv[8], tb[8];
-  const __mmask16 over8 = _mm512_cmpgt_epi32_mask(bits, _mm512_set1_epi32(8));
-  if (__builtin_expect(over8 == 0, 1) ||
+  // 16-bit floats' fields have at most 11 bits: always fours, with no branch to mispredict
+  // where f16 subnormals (11 bits) and narrower fields mix.
+  const __mmask16 over8 =
+      sizeof(U) == 2 ? 0xffff : _mm512_cmpgt_epi32_mask(bits, _mm512_set1_epi32(8));
+  if (sizeof(U) == 2 || __builtin_expect(over8 == 0, 1) ||
       _mm512_cmpgt_epi32_mask(bits, _mm512_set1_epi32(14)) == 0) {
     const __m512i qv = _mm512_or_si512(pv, _mm512_sllv_epi64(_mm512_bsrli_epi128(pv, 8), pb));
     const __m512i qb = _mm512_add_epi64(pb, _mm512_bsrli_epi128(pb, 8));
-    if (__builtin_expect(over8 == 0, 1)) {
+    if (sizeof(U) == 4 && __builtin_expect(over8 == 0, 1)) {
       // Fours in 64-bit lanes 0, 2, 4, 6 (<= 32 bits each): join 0 with 2 and 4 with 6.
       const __m512i up = _mm512_set_epi64(0, 0, 0, 6, 0, 0, 0, 2);
       const __m512i ov =
@@ -144,12 +148,15 @@ __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, s
                                                                   const QuantParams& q,
                                                                   uint8_t* plane, uint8_t* syms,
                                                                   uint64_t* bitmap, size_t* nnz) {
-  static_assert(P != SplitPath::kGeneral, "special elements take the AVX2 path");
+  // kGeneral: near-lossless keeping exponent field 0. As in the AVX2 pass, 16 elements
+  // holding no subnormal take the ordinary form with zero_below 1 (their field-0 elements
+  // are zeros either way), the others QuantizeGeneral16 with the block's parameters.
+  constexpr bool kSubnormals = P == SplitPath::kGeneral;
   constexpr bool kTriples = P == SplitPath::kLossless && sizeof(U) == 4;  // 24-bit fields
   const bool bytes8 = P == SplitPath::kLossless && q.mant_bits == 7;      // 8-bit fields
   const __m512i mag_mask = _mm512_set1_epi32(static_cast<int>(q.mag_mask));
   const __m512i mant_mask = _mm512_set1_epi32(static_cast<int>(q.mant_mask));
-  const __m512i zero_floor = _mm512_set1_epi32(q.zero_below - 1);
+  const __m512i zero_floor = _mm512_set1_epi32(kSubnormals ? 0 : q.zero_below - 1);
   const __m512i ordinary_limit = _mm512_set1_epi32(q.special_above - 1);
   const __m512i offset = _mm512_set1_epi32(q.width_offset);
   const __m512i cap = _mm512_set1_epi32(q.width_cap);
@@ -185,8 +192,12 @@ __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, s
                               _mm512_sll_epi32(_mm512_srl_epi32(u, top), W));
       bits = _mm512_maskz_add_epi32(nz, full, one);
     } else {
-      if (__builtin_expect(_mm512_cmpgt_epi32_mask(e, ordinary_limit) != 0, 0)) {
-        // Inf/NaN or the top binade among these 16: fields of up to W + 1 bits.
+      __mmask16 general = _mm512_cmpgt_epi32_mask(e, ordinary_limit);
+      if constexpr (kSubnormals) {
+        general |= _mm512_mask_test_epi32_mask(_mm512_cmpeq_epi32_mask(e, zero), mag, mag);
+      }
+      if (__builtin_expect(general != 0, 0)) {
+        // Inf/NaN, the top binade or a subnormal among these 16: fields of up to W + 1 bits.
         const General16 r = QuantizeGeneral16(u, q);
         value = r.value, bits = r.bits, sym = r.sym, nz = r.nz;
       } else {
@@ -231,7 +242,7 @@ __attribute__((target(GCOMP_TARGET_AVX512))) size_t Split512Typed(const U* in, s
                        _mm_maskz_compress_epi8(nz, _mm512_cvtepi32_epi8(value)));
       bytes += count;
     } else {
-      PutFields16(value, bits, w);
+      PutFields16<U>(value, bits, w);
     }
     _mm_storeu_si128(reinterpret_cast<__m128i*>(syms + j),
                      _mm_maskz_compress_epi8(nz, _mm512_cvtepi32_epi8(sym)));
@@ -254,10 +265,15 @@ size_t Split512(const U* in, size_t n, const QuantParams& q, uint8_t* plane, uin
   if (SplitPathOf(q) == SplitPath::kLossless) {
     return Split512Typed<U, SplitPath::kLossless>(in, n, q, plane, syms, bitmap, nnz);
   }
-  if (pext && q.width_cap <= 7) {
-    return Split512Typed<U, SplitPath::kNearLossless, true>(in, n, q, plane, syms, bitmap, nnz);
+  const bool join_pext = pext && q.width_cap <= 7;
+  if (SplitPathOf(q) == SplitPath::kGeneral) {
+    return join_pext
+               ? Split512Typed<U, SplitPath::kGeneral, true>(in, n, q, plane, syms, bitmap, nnz)
+               : Split512Typed<U, SplitPath::kGeneral>(in, n, q, plane, syms, bitmap, nnz);
   }
-  return Split512Typed<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap, nnz);
+  return join_pext
+             ? Split512Typed<U, SplitPath::kNearLossless, true>(in, n, q, plane, syms, bitmap, nnz)
+             : Split512Typed<U, SplitPath::kNearLossless>(in, n, q, plane, syms, bitmap, nnz);
 }
 
 }  // namespace

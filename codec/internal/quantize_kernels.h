@@ -108,7 +108,8 @@ uint32_t MaxFiniteMagScalar(const U* in, size_t n, uint32_t mag_mask, uint32_t i
 
 // Which form of the pass a block takes: lossless (every nonzero keeps W bits, only +0 is a
 // zero), near-lossless with no nonzero element of exponent field 0 (zero_below >= 1), or
-// any other policy.
+// near-lossless keeping field 0 (zero_below == 0: subnormals keep W bits; f16 blocks whose
+// largest magnitude is under 2 at the default A).
 enum class SplitPath { kLossless, kNearLossless, kGeneral };
 inline SplitPath SplitPathOf(const QuantParams& q) {
   if (q.zero_test == ~uint32_t{0}) return SplitPath::kLossless;
@@ -134,7 +135,7 @@ __attribute__((target("avx2"))) inline __m256i WidthOf8(__m256i s, __m256i offse
 // `pext`: join near-lossless fields of up to 8 bits with PEXT (see FastPext in cpu.h).
 size_t SplitElementsAvx2(DType dtype, const void* in, size_t n, const QuantParams& q,
                          uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz, bool pext);
-// Requires SplitPathOf(q) != SplitPath::kGeneral. `pext` as for SplitElementsAvx2.
+// `pext` as for SplitElementsAvx2.
 size_t SplitElementsAvx512(DType dtype, const void* in, size_t n, const QuantParams& q,
                            uint8_t* plane, uint8_t* syms, uint64_t* bitmap, size_t* nnz, bool pext);
 int MaxFiniteExponentAvx2(DType dtype, const void* in, size_t n);
