@@ -135,7 +135,12 @@ absl::StatusOr<ClientSecurity> MakeClientSecurity(const proto::ClusterConfig& co
 }
 
 std::shared_ptr<grpc::Channel> ClientSecurity::NewChannel(
-    const std::string& target, const grpc::ChannelArguments& args) const {
+    const std::string& target, const grpc::ChannelArguments& given) const {
+  // Compressed responses are refused on their headers, as the shards refuse compressed
+  // requests: gRPC would inflate a message before checking its size.
+  grpc::ChannelArguments args = given;
+  args.SetInt(GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET, 1 << GRPC_COMPRESS_NONE);
+  args.SetInt(GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
   if (token == nullptr) return grpc::CreateCustomChannel(target, credentials, args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<TokenInterceptorFactory>(token));

@@ -393,7 +393,23 @@ uint32_t WorkerShareOfThreads(const proto::ClusterConfig& config) {
       share, 2 * uint64_t{std::max<uint32_t>(1, config.max_inflight_chunks())}, UINT32_MAX));
 }
 
+namespace {
+
+// Compressed requests are refused on their headers (UNIMPLEMENTED, "Compression algorithm
+// ... is disabled"), before any message is read. gRPC checks max_message_bytes only after
+// inflating one, so 1 MiB of gzip from a peer without the token made the shard allocate
+// 1 GiB. Payloads are GComp frames already; nothing gains from gzip on top. Messages that
+// still arrive marked compressed are left as they are, and do not parse.
+void RefuseCompressedRequests(grpc::ServerBuilder* builder) {
+  builder->SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
+  builder->SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
+  builder->AddChannelArgument(GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
+}
+
+}  // namespace
+
 void ApplyTransportLimits(const proto::ClusterConfig& config, grpc::ServerBuilder* builder) {
+  RefuseCompressedRequests(builder);
   const TransportLimits l = TransportLimitsFor(config);
   grpc::ResourceQuota quota("gcomp_shard");
   quota.Resize(l.memory_bytes);
@@ -509,6 +525,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
     s->health_listener_ = *std::move(health);
     s->health_port_ = s->health_listener_->port();
     grpc::ServerBuilder health_builder;
+    RefuseCompressedRequests(&health_builder);
     auto health_acceptor = health_builder.experimental().AddExternalConnectionAcceptor(
         grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
         grpc::InsecureServerCredentials());

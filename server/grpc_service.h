@@ -148,6 +148,7 @@ struct TransportLimits {
   uint64_t max_connections = 0;
 };
 TransportLimits TransportLimitsFor(const proto::ClusterConfig& config);
+// The limits above, and compressed requests refused before they are inflated.
 void ApplyTransportLimits(const proto::ClusterConfig& config, grpc::ServerBuilder* builder);
 
 // A running shard: ShardService + gRPC server (Aggregation, Admin, and the standard

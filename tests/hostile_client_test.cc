@@ -135,13 +135,15 @@ class HostileClientTest : public ::testing::Test {
   }
 
   uint64_t ServerRss() { return ReadProcessUsage(pid_)->rss_bytes; }
-  int ServerThreads() {
+  // A number field of the server's /proc/PID/status ("Threads:", "VmHWM:" in kB), or -1.
+  int64_t ServerStatusField(const std::string& field) {
     std::ifstream status(absl::StrCat("/proc/", pid_, "/status"));
     for (std::string line; std::getline(status, line);) {
-      if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
+      if (line.rfind(field, 0) == 0) return std::atoll(line.c_str() + field.size());
     }
     return -1;
   }
+  int ServerThreads() { return static_cast<int>(ServerStatusField("Threads:")); }
 
   // Both workers push `key` chunk 0 for `step` (worker 1 on a new connection, or on
   // `other`); both must get the mean back.
@@ -499,6 +501,32 @@ TEST_F(HostileClientTest, OversizedMessagesAndGarbageAreRefused) {
   EXPECT_EQ(stats.steps_completed(), 0u);
   EXPECT_EQ(stats.pending_steps(), 0u);
   EXPECT_EQ(stats.tensors(), 1u);
+  ExpectStepWorks("w", 0, 1000);
+}
+
+// gRPC checks max_message_bytes only after inflating a compressed message: 256 KiB of gzip
+// that inflates to 256 MiB is refused on its headers instead, before anything is read.
+TEST_F(HostileClientTest, CompressedRequestsAreRefusedBeforeTheyAreInflated) {
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  const int64_t peak_before_kb = ServerStatusField("VmHWM:");
+  ASSERT_GT(peak_before_kb, 0);
+  proto::CompressedBlock bomb = Block("w", 0, 0, 0, std::vector<float>(1000, 1.0f));
+  bomb.mutable_data()->assign(256 << 20, 'x');
+  std::unique_ptr<proto::Aggregation::Stub> stub = NewStub();  // no limit on what it sends
+  for (grpc_compression_algorithm algorithm : {GRPC_COMPRESS_GZIP, GRPC_COMPRESS_DEFLATE}) {
+    for (int i = 0; i < 2; ++i) {
+      std::unique_ptr<grpc::ClientContext> context = Context();
+      context->set_compression_algorithm(algorithm);
+      proto::CompressedBlock out;
+      const grpc::Status s = stub->PushPull(context.get(), bomb, &out);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << s.error_message();
+      EXPECT_THAT(s.error_message(), HasSubstr("disabled"));
+    }
+  }
+  const int64_t peak_after_kb = ServerStatusField("VmHWM:");
+  EXPECT_LT(peak_after_kb - peak_before_kb, 64 << 10)
+      << "the shard's peak RSS grew from " << peak_before_kb << " kB to " << peak_after_kb << " kB";
+  EXPECT_EQ(Stats().tensors(), 1u);
   ExpectStepWorks("w", 0, 1000);
 }
 
