@@ -1,6 +1,9 @@
 // Worker Client bindings: connect from a cluster config file, declare, push-pull, pull.
 // Buffers are any C-contiguous buffer-protocol objects (numpy arrays, tensor.numpy()
 // views), used in place; the GIL is released for every network call.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -9,16 +12,13 @@
 #include <utility>
 #include <vector>
 
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
-
-#include "google/protobuf/util/json_util.h"
-
+#include "absl/time/clock.h"
+#include "cluster/cluster_config.h"
 #include "codec/codec.h"
+#include "google/protobuf/util/json_util.h"
+#include "gpu/runtime.h"
 #include "python/bindings.h"
 #include "python/status.h"
-#include "cluster/cluster_config.h"
-#include "gpu/runtime.h"
 #include "worker/client.h"
 
 namespace py = pybind11;
@@ -41,7 +41,7 @@ class PyClient {
       py::gil_scoped_release release;
       client = worker::Client::Connect(config, options);
     }
-    client_ = ValueOrThrow(std::move(client));
+    client_ = std::shared_ptr<worker::Client>(ValueOrThrow(std::move(client)));
   }
 
   int MetricsPort() { return Get()->metrics_port(); }
@@ -49,10 +49,11 @@ class PyClient {
   void Declare(const std::string& key, size_t elements, const std::string& dtype_name) {
     codec::DType dtype = ValueOrThrow(codec::ParseDType(dtype_name));
     declared_bytes_[key] = elements * codec::DTypeBytes(dtype);
+    std::shared_ptr<worker::Client> client = Get();
     absl::Status s;
     {
       py::gil_scoped_release release;
-      s = Get()->Declare(key, dtype, elements);
+      s = client->Declare(key, dtype, elements);
     }
     ThrowIfError(s);
   }
@@ -66,10 +67,11 @@ class PyClient {
     void* out_ptr = out.is_none() ? in.data : dst.data;
     CheckSize(key, in.size);
     if (!out.is_none()) CheckSize(key, dst.size);
+    std::shared_ptr<worker::Client> client = Get();
     absl::Status s;
     {
       py::gil_scoped_release release;
-      s = Get()->PushPull(key, step, in.data, out_ptr);
+      s = client->PushPull(key, step, in.data, out_ptr);
     }
     ThrowIfError(s);
   }
@@ -85,10 +87,11 @@ class PyClient {
       throw py::value_error("push_pull_device of '" + key + "': the pointers are not CUDA memory");
     }
     CheckSize(key, bytes);
+    std::shared_ptr<worker::Client> client = Get();
     absl::Status s;
     {
       py::gil_scoped_release release;
-      s = Get()->PushPull(key, step, in, out);
+      s = client->PushPull(key, step, in, out);
     }
     ThrowIfError(s);
   }
@@ -96,19 +99,21 @@ class PyClient {
   void Pull(const std::string& key, const py::buffer& out) {
     ContiguousBuffer dst = RequestContiguous(out, /*writable=*/true);
     CheckSize(key, dst.size);
+    std::shared_ptr<worker::Client> client = Get();
     absl::Status s;
     {
       py::gil_scoped_release release;
-      s = Get()->Pull(key, dst.data);
+      s = client->Pull(key, dst.data);
     }
     ThrowIfError(s);
   }
 
   int64_t ResumeStep(const std::string& key) {
+    std::shared_ptr<worker::Client> client = Get();
     absl::StatusOr<int64_t> step;
     {
       py::gil_scoped_release release;
-      step = Get()->ResumeStep(key);
+      step = client->ResumeStep(key);
     }
     ThrowIfError(step.status());
     return *step;
@@ -128,16 +133,21 @@ class PyClient {
     return d;
   }
 
+  // Calls under way on other threads hold their own reference to the Client (taken with
+  // the GIL, as client_ is read and written only with it): Close waits for them to end, so
+  // the connections are closed when it returns, and never frees a Client still in use.
   void Close() {
-    std::unique_ptr<worker::Client> client = std::move(client_);
+    std::shared_ptr<worker::Client> client = std::move(client_);
+    if (client == nullptr) return;
     py::gil_scoped_release release;
+    while (client.use_count() > 1) absl::SleepFor(absl::Milliseconds(1));
     client.reset();
   }
 
  private:
-  worker::Client* Get() const {
+  std::shared_ptr<worker::Client> Get() const {
     if (client_ == nullptr) throw std::runtime_error("the Client is closed");
-    return client_.get();
+    return client_;
   }
 
   // The Client trusts its caller on sizes; a Python caller gets a ValueError instead.
@@ -152,7 +162,7 @@ class PyClient {
     }
   }
 
-  std::unique_ptr<worker::Client> client_;
+  std::shared_ptr<worker::Client> client_;
   std::unordered_map<std::string, size_t> declared_bytes_;
 };
 

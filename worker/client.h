@@ -67,7 +67,8 @@ struct ClientStats {
   uint64_t retries = 0;
   // Moves to a new shard map after a live re-shard (docs/SERVICE.md, "Re-sharding").
   uint64_t map_switches = 0;
-  // Shards this client reported unreachable (replicas >= 2: they are failed over).
+  // Reports of an unreachable shard this client sent (replicas >= 2: it is failed over):
+  // one per call that found it unreachable, so usually several for one shard.
   uint64_t down_reports = 0;
 };
 
@@ -77,6 +78,8 @@ class Client {
   // connect_timeout_ms for shards to come up. The config must be valid.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const proto::ClusterConfig& config,
                                                          const ClientOptions& options);
+  // Callers end their calls (and wait for the futures of PushPullAsync) before destroying
+  // the Client; the Python binding waits for them in close().
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;

@@ -308,3 +308,49 @@ def test_a_push_waiting_when_a_second_process_takes_its_index_is_refused(tmp_pat
             second.stdin.close()
             assert second.wait(timeout=30) == 0
             first.close()
+
+
+def test_closing_a_client_while_another_thread_pushes_is_safe(tmp_path):
+    """close() on one thread while another starts a push-pull (a script cleaning up after
+    backward raised, while the hook's thread still pushes a bucket): the push finishes or
+    raises that the Client is closed; the process never crashes (it once freed the Client
+    under the running call). In a child process, so that a crash fails only this test."""
+    import os
+    import subprocess
+    import sys
+    needs_server()
+    needs_client()
+    script = """
+import sys, threading, time
+import numpy as np
+from gcomp import cluster
+outcomes = {"done": 0, "closed": 0}
+for trial in range(40):
+    client = cluster.connect(sys.argv[1], 0)
+    key = "k%d" % trial
+    buf = np.ones(1000, np.float32)
+    client.declare(key, buf.size)
+    go = threading.Event()
+    def push():
+        go.wait()
+        try:
+            client.push_pull(key, 0, buf)
+            outcomes["done"] += 1
+        except RuntimeError as e:
+            assert "closed" in str(e), e
+            outcomes["closed"] += 1
+    t = threading.Thread(target=push)
+    t.start()
+    go.set()
+    time.sleep(0.0005 * (trial % 5))
+    client.close()
+    t.join()
+print(outcomes["done"], outcomes["closed"])
+"""
+    with cluster.LocalCluster(shards=1, workers=1, mode="lossless", workdir=str(tmp_path)) as c:
+        run = subprocess.run([sys.executable, "-c", script, c.config_path], capture_output=True,
+                             text=True, timeout=300,
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert run.returncode == 0, run.stdout + run.stderr
+    done, closed = map(int, run.stdout.split())
+    assert done + closed == 40
