@@ -535,11 +535,16 @@ absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheck
     }
   }
   // Keep the newest `keep` complete sets; delete every set older than the oldest kept one.
+  // Of the incomplete periodic sets newer than that, keep the newest keep + 1 (sets other
+  // shards are still writing): a shard that never writes (down, or its sets skipped) would
+  // otherwise leave one more set on disk at every boundary, for good.
   std::vector<SetInfo> sets = ListSets(dir);
-  uint32_t complete = 0;
+  uint32_t complete = 0, incomplete = 0;
   for (const SetInfo& info : sets) {
-    if (complete >= keep && info.name != set) {
-      log::Info("checkpoint: deleting old set {}", info.path);
+    const bool extra_incomplete = !info.final && !info.problem.empty() && ++incomplete > keep + 1;
+    if ((complete >= keep || extra_incomplete) && info.name != set) {
+      log::Info("checkpoint: deleting {} set {}", complete >= keep ? "old" : "incomplete",
+                info.path);
       RemoveTree(info.path);
       continue;
     }

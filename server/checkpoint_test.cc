@@ -274,6 +274,22 @@ TEST(Checkpoint, KeepsTheNewestCompleteSets) {
   }
 }
 
+// Shard 1 of 2 never writes (down, or its sets skipped): every periodic set stays
+// incomplete. Shard 0 keeps the newest keep + 1 of them, not one more per boundary.
+TEST(Checkpoint, IncompleteSetsAreBoundedToo) {
+  const std::string dir = TempDir();
+  WriteSet(dir, 2, 1, /*keep=*/2);  // one complete set, kept
+  for (int64_t step = 2; step < 30; ++step) {
+    ASSERT_TRUE(WriteShardCheckpoint(dir, Shard(0, 2, step), /*keep=*/2).ok());
+  }
+  std::vector<int64_t> left;
+  for (const CheckpointSetSummary& set : ListCheckpointSets(dir)) left.push_back(set.step);
+  EXPECT_EQ(left, (std::vector<int64_t>{29, 28, 27, 1}));
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 1);
+}
+
 TEST(Checkpoint, FinalSetIsRewrittenInPlaceAndWinsATie) {
   const std::string dir = TempDir();
   WriteSet(dir, 2, 5);

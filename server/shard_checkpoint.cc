@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "server/checkpoint.h"
@@ -28,6 +29,10 @@ void ShardService::OnSnapshot(const std::string& key, uint32_t chunk, ChunkSnaps
   absl::Status reserved = admission_->ReserveMemory(
       bytes, absl::StrCat("checkpoint of step ", step, " ('", key, "' chunk ", chunk, ")"));
   absl::MutexLock lock(&ckpt_mu_);
+  if (step <= ckpt_dispatched_step_) {
+    if (reserved.ok()) admission_->ReleaseMemory(bytes);
+    return;
+  }
   auto [pending, inserted] = pending_ckpt_.try_emplace(step);
   PendingCheckpoint& p = pending->second;
   if (inserted) {
@@ -46,7 +51,54 @@ void ShardService::OnSnapshot(const std::string& key, uint32_t chunk, ChunkSnaps
   if (p.chunks.size() >= chunks_owned_.load()) {
     ready_ckpt_.emplace_back(step, std::move(p));
     pending_ckpt_.erase(step);
+    ckpt_dispatched_step_ = std::max(ckpt_dispatched_step_, step);
   }
+  // Chunks step one at a time, and a chunk completes this boundary only after every worker
+  // got its results of the step before, so a chunk missing from an earlier boundary's set
+  // now has completed no step since that boundary: one declared but never pushed (or no
+  // longer pushed, as an old model's keys) would otherwise hold every later set back, and
+  // their snapshots in memory, for good.
+  while (!pending_ckpt_.empty() && pending_ckpt_.begin()->first < step) {
+    auto earlier = pending_ckpt_.begin();
+    earlier->second.fill = true;
+    ready_ckpt_.emplace_back(earlier->first, std::move(earlier->second));
+    ckpt_dispatched_step_ = std::max(ckpt_dispatched_step_, earlier->first);
+    pending_ckpt_.erase(earlier);
+  }
+}
+
+bool ShardService::FillCheckpoint(int64_t step, PendingCheckpoint* p) {
+  absl::flat_hash_set<std::pair<std::string, uint32_t>> present;
+  for (const auto& [id, snap] : p->chunks) present.insert(id);
+  std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> added;
+  uint64_t bytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (epoch_.load() != p->epoch) {
+      log::Warn(
+          "shard {}: skipping the checkpoint of step {}: the shard map changed before "
+          "its last chunks were in",
+          shard(), step);
+      return false;
+    }
+    for (const auto& [key, t] : tensors_) {
+      for (const auto& [c, acc] : t->chunks) {
+        if (present.contains(std::make_pair(key, c))) continue;
+        added.emplace_back(std::make_pair(key, c), acc->Snapshot());
+        bytes += SnapshotBytes(added.back().second);
+      }
+    }
+  }
+  absl::Status reserved = admission_->ReserveMemory(
+      bytes, absl::StrCat("checkpoint of step ", step, " (", added.size(), " idle chunks)"));
+  if (!reserved.ok()) {
+    log::Warn("shard {}: skipping the checkpoint of step {}: {}", shard(), step,
+              std::string(reserved.message()));
+    return false;
+  }
+  p->reserved_bytes += bytes;
+  for (auto& a : added) p->chunks.push_back(std::move(a));
+  return true;
 }
 
 void ShardService::CheckpointLoop() {
@@ -63,7 +115,7 @@ void ShardService::CheckpointLoop() {
       ready_ckpt_.pop_front();
       ckpt_writing_ = true;
     }
-    if (!job.second.refused) {
+    if (!job.second.refused && (!job.second.fill || FillCheckpoint(job.first, &job.second))) {
       absl::Status s = WriteCheckpoint(false, job.first, job.second.shard, job.second.shards,
                                        job.second.epoch, std::move(job.second.chunks));
       if (!s.ok()) log::Error("shard {}: checkpoint of step {} failed: {}", shard(), job.first, s.ToString());

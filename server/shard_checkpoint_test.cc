@@ -225,6 +225,45 @@ TEST_P(ShardCheckpoint, PeriodicCheckpointWithShardsThatOwnNoChunkResumesBitIden
   EXPECT_EQ(job.Values(), ref.at9);
 }
 
+// A tensor declared and never pushed (a worker that died before its first push, an old
+// model's keys) completes no step: its chunks were missing from every periodic set, which
+// then stayed pending in memory and never reached disk. Now a set is written once the next
+// boundary's first snapshot arrives, with such chunks as they are.
+TEST_P(ShardCheckpoint, PeriodicCheckpointsGoOnPastATensorThatIsNeverPushed) {
+  const Reference ref = Uninterrupted(GetParam());
+  const std::string dir = TempDir();
+  {
+    Job job(Config(2, dir, 3, GetParam()));  // boundaries after steps 2, 5 and 8
+    ASSERT_TRUE(job.status().ok()) << job.status();
+    job.Declare();
+    for (int k = 0; k < 2; ++k) {
+      proto::DeclareTensorRequest d;
+      d.set_job("j");
+      d.set_key("never_pushed");
+      d.set_dtype(proto::DTYPE_F32);
+      d.set_elements(64);  // 4 chunks: both shards own some
+      d.set_shard_map_epoch(1);
+      proto::DeclareTensorResponse r;
+      ASSERT_TRUE(job.shard(k)->DeclareTensor(d, &r).ok());
+    }
+    for (int64_t s = 0; s < 9; ++s) job.Step(s);
+    for (int k = 0; k < 2; ++k) job.shard(k)->FlushCheckpoints();
+  }
+  std::vector<int64_t> steps;
+  for (const CheckpointSetSummary& set : ListCheckpointSets(dir)) {
+    EXPECT_TRUE(set.problem.empty()) << set.path << ": " << set.problem;
+    steps.push_back(set.step);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{5, 2}));  // 8's set waits for the next boundary
+  Job job(Config(3, dir, 0, GetParam()));
+  ASSERT_TRUE(job.status().ok()) << job.status();
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(job.shard(k)->restored_step(), 5);
+  job.Declare();
+  EXPECT_EQ(job.Values(), ref.at5);
+  for (int64_t s = 6; s < 10; ++s) job.Step(s);
+  EXPECT_EQ(job.Values(), ref.at9);
+}
+
 TEST_P(ShardCheckpoint, FinalCheckpointAtShutdownResumesInOneShardBitIdentical) {
   const Reference ref = Uninterrupted(GetParam());
   const std::string dir = TempDir();

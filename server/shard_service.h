@@ -211,6 +211,10 @@ class ShardService {
     std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks;
     uint64_t reserved_bytes = 0;
     bool refused = false;  // a snapshot did not fit the memory budget: the step is skipped
+    // The next boundary came first: the owned chunks still missing completed no step
+    // since (declared but not pushed, or no longer pushed), so their state now is their
+    // state at this boundary; the writer adds it.
+    bool fill = false;
   };
 
   ShardService(proto::ClusterConfig config, const ShardOptions& options);
@@ -218,6 +222,9 @@ class ShardService {
   // Called by a chunk's accumulator (under its lock) at a checkpoint step boundary.
   void OnSnapshot(const std::string& key, uint32_t chunk, ChunkSnapshot snapshot);
   void CheckpointLoop();
+  // Adds the current snapshots of the owned chunks missing from a `fill` set; false (the set
+  // is skipped, logged) when the map changed since or they do not fit the memory budget.
+  bool FillCheckpoint(int64_t step, PendingCheckpoint* p);
   // Encodes and writes one shard file of the set (final or the periodic one of `step`).
   absl::Status WriteCheckpoint(bool final, int64_t step, uint32_t shard, uint32_t shards,
                                uint64_t epoch,
@@ -402,6 +409,9 @@ class ShardService {
   mutable absl::Mutex ckpt_mu_;
   std::map<int64_t, PendingCheckpoint> pending_ckpt_ ABSL_GUARDED_BY(ckpt_mu_);
   std::deque<std::pair<int64_t, PendingCheckpoint>> ready_ckpt_ ABSL_GUARDED_BY(ckpt_mu_);
+  // The newest boundary whose set went to the writer: a snapshot of it or an earlier one
+  // that comes later (a chunk that lagged past a filled set) is dropped.
+  int64_t ckpt_dispatched_step_ ABSL_GUARDED_BY(ckpt_mu_) = -1;
   bool ckpt_writing_ ABSL_GUARDED_BY(ckpt_mu_) = false;
   bool ckpt_stop_ ABSL_GUARDED_BY(ckpt_mu_) = false;
   std::thread ckpt_thread_;
