@@ -139,7 +139,10 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
             : absl::StrCat("'", c.shards(i), "' names the same endpoint as shards[", it->second,
                            "] ('", first, "'): listed twice"));
   }
-  if (c.shard_map_epoch() < 1) return FieldError("shard_map_epoch", "must be at least 1");
+  // Failovers and re-shards count it up by one: far below the top, it can never wrap.
+  if (c.shard_map_epoch() < 1 || c.shard_map_epoch() >= (uint64_t{1} << 62)) {
+    return FieldError("shard_map_epoch", "must be at least 1 and below 2^62");
+  }
   if (c.chunk_bytes() < 4 || c.chunk_bytes() > (uint64_t{1} << 28)) {
     return FieldError("chunk_bytes",
                       absl::StrCat("must be in [4, 268435456], got ", c.chunk_bytes()));

@@ -100,6 +100,7 @@ TEST(ClusterConfig, EveryBadFieldIsNamed) {
       {"shards=nohost", "'shards[0]'"},
       {"shards=a:1,b:99999", "'shards[1]'"},
       {"shard_map_epoch=0", "'shard_map_epoch'"},
+      {"shard_map_epoch=4611686018427387904", "below 2^62"},
       {"chunk_bytes=2", "'chunk_bytes'"},
       {"uplink.mode=zip", "'uplink.mode'"},
       {"uplink.rel_bits=40", "'uplink.rel_bits'"},

@@ -532,6 +532,14 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
   }
   const proto::ClusterConfig& next = request.map();
   if (absl::Status s = cluster::ValidateClusterConfig(next); !s.ok()) return s;
+  // The coordinator is a live shard of the map it sends (the one that confirmed the
+  // down reports).
+  if (request.from_shard() >= static_cast<uint32_t>(next.shards_size()) ||
+      std::find(next.down_shards().begin(), next.down_shards().end(), request.from_shard()) !=
+          next.down_shards().end()) {
+    return absl::InvalidArgumentError(absl::StrCat("from_shard ", request.from_shard(),
+                                                   " is not a live shard of the map it sends"));
+  }
   std::vector<std::shared_ptr<StepAccumulator>> dropped;
   absl::Status dropped_status;
   {

@@ -203,9 +203,9 @@ absl::Status ShardService::CheckEpochLocked(uint64_t epoch, absl::Time deadline)
   const bool switching = (phase_ == Phase::kPrepared || phase_ == Phase::kCommitted) &&
                          epoch == next_config_.shard_map_epoch();
   if (epoch == current && phase_ == Phase::kDrained) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this shard (", self_address_, ") is not in shard-map epoch ", epoch,
-        "; a re-shard removed it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("this shard (", self_address_, ") is not in shard-map epoch ", epoch,
+                     "; a re-shard removed it, or a failover took it out of the map as down"));
   }
   if (epoch == current && phase_ != Phase::kFilling && !joining_) return absl::OkStatus();
   if (epoch != current && !switching) {

@@ -269,5 +269,44 @@ TEST(FailoverErrors, ARejoinForALiveShardIsRefused) {
   EXPECT_EQ(out, g);
 }
 
+// InstallMap is the failover coordinator's call: a map sent in the name of a shard that
+// is not a live shard of it, or with an epoch near the top of its range (the next
+// failover's epoch + 1 would wrap), is refused and changes nothing.
+TEST(FailoverErrors, AnInstallThatNoLiveShardCouldSendIsRefused) {
+  proto::ClusterConfig one = Config(3, 2, "none");
+  one.set_workers(1);
+  auto shards = StartShards(one);
+  std::vector<float> g(kOneWorkerElements, 1.0f), out(kOneWorkerElements);
+  std::unique_ptr<worker::Client> w = OneWorkerAfterAStep(one, g, &out);
+  ASSERT_NE(w, nullptr);
+  auto stub = proto::Resharding::NewStub(
+      grpc::CreateChannel(one.shards(0), grpc::InsecureChannelCredentials()));
+  struct Case {
+    uint32_t from_shard;
+    uint64_t epoch;
+    const char* message;
+  };
+  for (const Case& c :
+       {Case{1, 2, "from_shard 1 is not a live shard"},
+        Case{7, 2, "from_shard 7 is not a live shard"}, Case{2, uint64_t{1} << 62, "below 2^62"},
+        Case{2, ~uint64_t{0}, "below 2^62"}}) {
+    proto::InstallMapRequest r;
+    *r.mutable_map() = one;
+    r.mutable_map()->set_shard_map_epoch(c.epoch);
+    r.mutable_map()->add_down_shards(1);
+    r.set_from_shard(c.from_shard);
+    proto::InstallMapResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub->InstallMap(&ctx, r, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message));
+  }
+  const proto::ReshardStatusResponse st = StatusOf(one.shards(0));
+  EXPECT_EQ(st.shard_map_epoch(), 1u);
+  EXPECT_EQ(st.down_shards_size(), 0);
+  ASSERT_TRUE(w->PushPull("t", 1, g.data(), out.data()).ok());
+  EXPECT_EQ(out, g);
+}
+
 }  // namespace
 }  // namespace gcomp
