@@ -14,7 +14,11 @@ absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(
   std::unique_ptr<MetricsExposer> e(new MetricsExposer());
   e->metrics_ = std::move(metrics);
   try {  // civetweb's listen failure arrives as an exception; it stops here.
-    e->exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
+    // civetweb's defaults (2 threads, 30 s to read a request) let two connections that
+    // send half a request and wait block every scrape for 30 s at a time. Scrapes are
+    // small and quick: more threads and a short read timeout raise what that takes.
+    e->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address, "num_threads", "8", "request_timeout_ms", "3000"});
   } catch (const std::exception& ex) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", address, ": ", ex.what()));
