@@ -57,7 +57,10 @@ def _as_buffer(x, writable=False):
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type != "cpu" or not x.is_contiguous():
             if writable:
-                raise ValueError("output tensor must be a contiguous CPU tensor")
+                raise ValueError("a tensor written in place or as the output must be a "
+                                 "contiguous CPU tensor; this one is not (%s, %s)"
+                                 % ("contiguous" if x.is_contiguous() else "not contiguous",
+                                    x.device))
             x = x.detach().to("cpu").contiguous()
         name = TORCH_DTYPES.get(x.dtype)
         if name is None:
@@ -69,7 +72,8 @@ def _as_buffer(x, writable=False):
     a = np.asarray(x)
     if not a.flags.c_contiguous:
         if writable:
-            raise ValueError("output array must be C-contiguous")
+            raise ValueError("an array written in place or as the output must be "
+                             "C-contiguous; this one is not")
         a = np.ascontiguousarray(a)
     if a.dtype == np.float32:
         return a.reshape(-1), "f32"
@@ -79,8 +83,19 @@ def _as_buffer(x, writable=False):
                     % a.dtype)
 
 
+def _positive_int(name, value):
+    """value as an int >= 1, else TypeError/ValueError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError("%s must be an integer, got %s" % (name, type(value).__name__))
+    if value < 1:
+        raise ValueError("%s must be at least 1, got %d" % (name, value))
+    return int(value)
+
+
 def encode(x, policy=Policy(), block_bytes=DEFAULT_BLOCK_BYTES, threads=1):
     """Encodes an array or tensor into one GComp frame (bytes)."""
+    block_bytes = _positive_int("block_bytes", block_bytes)
+    threads = _positive_int("threads", threads)
     buf, dtype = _as_buffer(x)
     return extension().encode(buf, dtype, policy.mode, policy.rel_bits, policy.abs_log2,
                               block_bytes, threads)
@@ -88,6 +103,7 @@ def encode(x, policy=Policy(), block_bytes=DEFAULT_BLOCK_BYTES, threads=1):
 
 def decode(frame, out, threads=1):
     """Decodes a frame into `out` (an array or tensor of the frame's dtype and size)."""
+    threads = _positive_int("threads", threads)
     buf, dtype = _as_buffer(out, writable=True)
     extension().decode(frame, buf, dtype, threads)
     return out

@@ -147,3 +147,21 @@ def test_the_gil_is_released_while_encoding():
     t.join()
     # Had encode held the GIL, this thread could not have counted while it ran.
     assert marks[1] - marks[0] > 100
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"block_bytes": -4}, ValueError, "block_bytes must be at least 1, got -4"),
+    ({"block_bytes": 0}, ValueError, "block_bytes must be at least 1"),
+    ({"block_bytes": 4.5}, TypeError, "block_bytes must be an integer"),
+    ({"threads": 0}, ValueError, "threads must be at least 1, got 0"),
+    ({"threads": -1}, ValueError, "threads must be at least 1"),
+])
+def test_bad_block_size_or_thread_count_is_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        codec.encode(np.ones(10, np.float32), **kwargs)
+
+
+def test_decode_names_a_bad_thread_count():
+    frame = codec.encode(np.ones(10, np.float32))
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        codec.decode(frame, np.empty(10, np.float32), threads=0)
