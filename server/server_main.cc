@@ -53,6 +53,11 @@ ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
           "Serve Prometheus metrics on http://ADDRESS/metrics (port 0 picks a free port, "
           "logged at start); 'none' turns them off.");
 
+ABSL_FLAG(bool, exit_with_parent, false,
+          "Shut down as on SIGTERM when the process that started this one exits (for "
+          "launchers such as Python's LocalCluster, whose shards would otherwise outlive a "
+          "crashed parent).");
+
 namespace {
 
 // protobuf's own messages (e.g. "invalid UTF-8" for a string field a peer sent, logged
@@ -141,6 +146,7 @@ void WatchConfig(const std::string& path, const std::vector<std::string>& overri
 }  // namespace
 
 int main(int argc, char** argv) {
+  const pid_t parent = getppid();  // for --exit_with_parent, read first
   gcomp::TuneMallocForLargeBuffers();
   gcomp::DisableMutexDeadlockDetection();
   const gcomp::PeriodicMallocTrim trim_heap(absl::Seconds(5));
@@ -258,6 +264,15 @@ int main(int argc, char** argv) {
     watcher = std::thread(WatchConfig, absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set),
                           (*server)->service(), absl::Milliseconds(absl::GetFlag(FLAGS_config_poll_ms)),
                           absl::Milliseconds(absl::GetFlag(FLAGS_reshard_deadline_ms)), watch);
+  }
+  if (absl::GetFlag(FLAGS_exit_with_parent)) {
+    // Polled rather than prctl(PR_SET_PDEATHSIG), which fires when the parent's forking
+    // thread ends, not the parent. A parent gone before this point is seen at once.
+    std::thread([parent]() {
+      while (getppid() == parent) absl::SleepFor(absl::Milliseconds(200));
+      gcomp::log::Warn("the process that started this shard ({}) exited: shutting down", parent);
+      kill(getpid(), SIGTERM);
+    }).detach();
   }
   int sig = 0;
   sigwait(&signals, &sig);

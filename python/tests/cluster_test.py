@@ -354,3 +354,37 @@ print(outcomes["done"], outcomes["closed"])
     assert run.returncode == 0, run.stdout + run.stderr
     done, closed = map(int, run.stdout.split())
     assert done + closed == 40
+
+
+def test_shards_stop_when_the_process_that_started_them_dies(tmp_path):
+    """A script holding a LocalCluster that dies of a signal (no __exit__) leaves no shard
+    process behind: they shut down when their parent is gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    needs_server()
+    script = """
+import os, signal, sys
+from gcomp import cluster
+c = cluster.LocalCluster(shards=2, workers=1, mode="none", workdir=sys.argv[1])
+c.start()
+print(" ".join(str(p.pid) for p in c.procs), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert run.returncode == -signal.SIGKILL, run.stdout + run.stderr
+    pids = [int(p) for p in run.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.time() + 30
+    alive = pids
+    while alive and time.time() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in pids if os.path.exists("/proc/%d" % p)
+                 and "zombie" not in open("/proc/%d/status" % p).read()]
+    for p in alive:  # do not leave them running when the test fails
+        os.kill(p, signal.SIGKILL)
+    assert not alive, "shards %s outlived the process that started them" % alive
