@@ -124,6 +124,11 @@ absl::Status InitLogging(absl::string_view program, absl::string_view level,
 
 namespace log {
 
+std::string Clip(absl::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string(text);
+  return absl::StrCat(text.substr(0, max_bytes), "... (", text.size(), " bytes)");
+}
+
 bool LineBudget::Admit() {
   int64_t dropped = 0;
   bool admit = false;

@@ -202,6 +202,14 @@ TEST(InitLogging, TextFormatEscapesControlCharacters) {
 
 // Events a peer can repeat at will: the first lines_per_second of each second are logged,
 // the rest counted, and the count is logged once with the next second's first line.
+TEST(Clip, KeepsShortTextAndCutsLongTextSayingItsLength) {
+  EXPECT_EQ(log::Clip("shard 2 unreachable"), "shard 2 unreachable");
+  const std::string long_reason(1 << 20, 'x');
+  const std::string clipped = log::Clip(long_reason);
+  EXPECT_EQ(clipped, std::string(200, 'x') + "... (1048576 bytes)");
+  EXPECT_EQ(log::Clip("abcdef", 3), "abc... (6 bytes)");
+}
+
 TEST(LineBudget, AdmitsAFewLinesASecondAndCountsTheRest) {
   log::LineBudget budget(3, "test events");
   const std::string out = CaptureStderr([&] {

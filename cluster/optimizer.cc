@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,20 +19,26 @@ absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name) {
 }
 
 std::optional<OptimizerOptionError> CheckOptimizerOptions(const OptimizerOptions& o) {
-  if (!(o.learning_rate > 0) || !std::isfinite(o.learning_rate)) {
-    return OptimizerOptionError{"learning_rate", absl::StrCat("must be > 0, got ", o.learning_rate)};
+  // Steps run in float: each value must keep its meaning once cast (1e39 is +inf as a
+  // float, 1e-46 is 0, and 1 - 1e-9 is 1).
+  const auto f = [](double x) { return static_cast<float>(x); };
+  if (!(o.learning_rate > 0) || !std::isfinite(f(o.learning_rate)) || !(f(o.learning_rate) > 0)) {
+    return OptimizerOptionError{
+        "learning_rate",
+        absl::StrCat("must be > 0 and finite as a float (below 3.4e38), got ", o.learning_rate)};
   }
-  if (!(o.momentum >= 0 && o.momentum < 1)) {
-    return OptimizerOptionError{"momentum", absl::StrCat("must be in [0, 1), got ", o.momentum)};
+  for (auto [name, x] : {std::pair<const char*, double>{"momentum", o.momentum},
+                         {"beta1", o.beta1},
+                         {"beta2", o.beta2}}) {
+    if (!(x >= 0 && x < 1 && f(x) < 1)) {
+      return OptimizerOptionError{
+          name, absl::StrCat("must be in [0, 1), and below 1 as a float, got ", x)};
+    }
   }
-  if (!(o.beta1 >= 0 && o.beta1 < 1)) {
-    return OptimizerOptionError{"beta1", absl::StrCat("must be in [0, 1), got ", o.beta1)};
-  }
-  if (!(o.beta2 >= 0 && o.beta2 < 1)) {
-    return OptimizerOptionError{"beta2", absl::StrCat("must be in [0, 1), got ", o.beta2)};
-  }
-  if (!(o.epsilon > 0)) {
-    return OptimizerOptionError{"epsilon", absl::StrCat("must be > 0, got ", o.epsilon)};
+  if (!(o.epsilon > 0) || !(f(o.epsilon) >= std::numeric_limits<float>::min()) ||
+      !std::isfinite(f(o.epsilon))) {
+    return OptimizerOptionError{
+        "epsilon", absl::StrCat("must be a normal float (1.2e-38 to 3.4e38), got ", o.epsilon)};
   }
   return std::nullopt;
 }

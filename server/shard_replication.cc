@@ -268,15 +268,18 @@ absl::Status ShardService::CoordinateFailover(const proto::ReportDownRequest& r)
     if (!answers[p].ok()) dead.push_back(peers[p]);
   }
   if (dead.empty()) {
-    log::Info("shard {}: shard {} was reported down ({}), but every shard answers", self,
-              r.shard(), r.reason());
+    static log::LineBudget* const budget = new log::LineBudget(10, "reports of live shards");
+    if (budget->Admit()) {
+      log::Info("shard {}: shard {} was reported down ({}), but every shard answers", self,
+                r.shard(), log::Clip(r.reason()));
+    }
     return absl::OkStatus();
   }
   proto::ClusterConfig next = current;
   for (uint32_t k : dead) down[k] = true;
   SetShardList(down, next.mutable_down_shards());
   next.set_shard_map_epoch(next.shard_map_epoch() + 1);
-  return DistributeMap(std::move(next), absl::StrCat("reported: ", r.reason()));
+  return DistributeMap(std::move(next), absl::StrCat("reported: ", log::Clip(r.reason())));
 }
 
 absl::Status ShardService::DistributeMap(proto::ClusterConfig next, const std::string& why) {
@@ -533,10 +536,12 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
   const proto::ClusterConfig& next = request.map();
   if (absl::Status s = cluster::ValidateClusterConfig(next); !s.ok()) return s;
   // The coordinator is a live shard of the map it sends (the one that confirmed the
-  // down reports).
+  // down reports), neither down nor joining (a joining shard holds no state of its own).
+  const auto lists = [&](const auto& shards) {
+    return std::find(shards.begin(), shards.end(), request.from_shard()) != shards.end();
+  };
   if (request.from_shard() >= static_cast<uint32_t>(next.shards_size()) ||
-      std::find(next.down_shards().begin(), next.down_shards().end(), request.from_shard()) !=
-          next.down_shards().end()) {
+      lists(next.down_shards()) || lists(next.joining_shards())) {
     return absl::InvalidArgumentError(absl::StrCat("from_shard ", request.from_shard(),
                                                    " is not a live shard of the map it sends"));
   }

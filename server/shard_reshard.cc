@@ -131,10 +131,14 @@ absl::StatusOr<proto::PrepareReshardResponse> ShardService::PrepareReshard(
   freeze_after_ = std::max(highest, r.at_step() - 1);
   response.set_in_old_map(true);
   response.set_highest_step(freeze_after_);
-  log::Info("shard {}: prepared re-shard from epoch {} ({} shards) to epoch {} ({} shards); "
-            "steps after {} wait",
-            shard(), epoch_.load(), map_config_.shards_size(), next.shard_map_epoch(),
-            next.shards_size(), freeze_after_);
+  static log::LineBudget* const prepared = new log::LineBudget(10, "prepared re-shards");
+  if (prepared->Admit()) {
+    log::Info(
+        "shard {}: prepared re-shard from epoch {} ({} shards) to epoch {} ({} shards); "
+        "steps after {} wait",
+        shard(), epoch_.load(), map_config_.shards_size(), next.shard_map_epoch(),
+        next.shards_size(), freeze_after_);
+  }
   return response;
 }
 
@@ -184,8 +188,11 @@ absl::Status ShardService::AbortReshard(uint64_t next_epoch, const std::string& 
   absl::MutexLock lock(&mu_);
   ExpirePrepareLocked();
   if (phase_ == Phase::kPrepared && next_config_.shard_map_epoch() == next_epoch) {
-    log::Warn("shard {}: re-shard to epoch {} aborted ({}); staying on epoch {}", shard(), next_epoch,
-              reason, epoch_.load());
+    static log::LineBudget* const aborted = new log::LineBudget(10, "aborted re-shards");
+    if (aborted->Admit()) {
+      log::Warn("shard {}: re-shard to epoch {} aborted ({}); staying on epoch {}", shard(),
+                next_epoch, log::Clip(reason), epoch_.load());
+    }
     phase_ = Phase::kServing;
     freeze_after_ = kMaxStep;
     joining_ = false;

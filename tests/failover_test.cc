@@ -285,15 +285,22 @@ TEST(FailoverErrors, AnInstallThatNoLiveShardCouldSendIsRefused) {
     uint32_t from_shard;
     uint64_t epoch;
     const char* message;
+    bool all_joining = false;  // every shard listed as joining instead of shard 1 down
   };
-  for (const Case& c :
-       {Case{1, 2, "from_shard 1 is not a live shard"},
-        Case{7, 2, "from_shard 7 is not a live shard"}, Case{2, uint64_t{1} << 62, "below 2^62"},
-        Case{2, ~uint64_t{0}, "below 2^62"}}) {
+  const Case cases[] = {{1, 2, "from_shard 1 is not a live shard"},
+                        {7, 2, "from_shard 7 is not a live shard"},
+                        {0, 2, "from_shard 0 is not a live shard", true},
+                        {2, uint64_t{1} << 62, "below 2^62"},
+                        {2, ~uint64_t{0}, "below 2^62"}};
+  for (const Case& c : cases) {
     proto::InstallMapRequest r;
     *r.mutable_map() = one;
     r.mutable_map()->set_shard_map_epoch(c.epoch);
-    r.mutable_map()->add_down_shards(1);
+    if (c.all_joining) {
+      for (uint32_t k = 0; k < 3; ++k) r.mutable_map()->add_joining_shards(k);
+    } else {
+      r.mutable_map()->add_down_shards(1);
+    }
     r.set_from_shard(c.from_shard);
     proto::InstallMapResponse resp;
     grpc::ClientContext ctx;
