@@ -90,7 +90,7 @@ def main():
         ("1% Inf", np.where(rng.uniform(size=m) < 0.01, np.inf, grad).astype(np.float32)),
     ]
     # float16 (MB/s of its 2-byte elements): as cast, f16 subnormals are common and blocks
-    # with a largest magnitude under 2 keep exponent field 0; scaled as a loss scale would.
+    # with a largest magnitude under 4 keep exponent field 0; scaled as a loss scale would.
     for scale in (1, 64, 1024):
         shapes.append(("float16, the gradient x %d" % scale, (grad * scale).astype(np.float16)))
     table("Value shapes (1 MiB blocks)", [(s, x, 1 << 20) for s, x in shapes], args.repeats)

@@ -40,6 +40,7 @@ void ShardService::OnSnapshot(const std::string& key, uint32_t chunk, ChunkSnaps
     p.shard = shard();
     p.epoch = epoch_.load();
     p.shards = map_shards_.load();
+    p.declared = tensors_declared_.load();
   }
   if (!reserved.ok()) {
     if (!p.refused) log::Warn("shard {}: skipping the checkpoint of step {}: {}", shard(), step, std::string(reserved.message()));
@@ -70,10 +71,10 @@ void ShardService::OnSnapshot(const std::string& key, uint32_t chunk, ChunkSnaps
 bool ShardService::FillCheckpoint(int64_t step, PendingCheckpoint* p) {
   absl::flat_hash_set<std::pair<std::string, uint32_t>> present;
   for (const auto& [id, snap] : p->chunks) present.insert(id);
-  std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> added;
-  uint64_t bytes = 0;
+  // The accumulators are gathered under mu_ (as a reader: pushes go on) and copied after.
+  std::vector<std::pair<std::pair<std::string, uint32_t>, std::shared_ptr<StepAccumulator>>> idle;
   {
-    absl::MutexLock lock(&mu_);
+    absl::ReaderMutexLock lock(&mu_);
     if (epoch_.load() != p->epoch) {
       log::Warn(
           "shard {}: skipping the checkpoint of step {}: the shard map changed before "
@@ -83,10 +84,24 @@ bool ShardService::FillCheckpoint(int64_t step, PendingCheckpoint* p) {
     }
     for (const auto& [key, t] : tensors_) {
       for (const auto& [c, acc] : t->chunks) {
-        if (present.contains(std::make_pair(key, c))) continue;
-        added.emplace_back(std::make_pair(key, c), acc->Snapshot());
-        bytes += SnapshotBytes(added.back().second);
+        if (!present.contains(std::make_pair(key, c)))
+          idle.emplace_back(std::make_pair(key, c), acc);
       }
+    }
+  }
+  std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> added;
+  uint64_t bytes = 0;
+  for (const auto& [id, acc] : idle) {
+    added.emplace_back(id, acc->Snapshot());
+    bytes += SnapshotBytes(added.back().second);
+    // A key on a step count of its own (a second model, a GAN's other half) may have
+    // moved on since the boundary: its state now is not its state then.
+    if (added.back().second.completed_step > step) {
+      log::Warn(
+          "shard {}: skipping the checkpoint of step {}: '{}' chunk {} completed step {} "
+          "before its copy for that step was taken (keys on their own step counts)",
+          shard(), step, log::Clip(id.first), id.second, added.back().second.completed_step);
+      return false;
     }
   }
   absl::Status reserved = admission_->ReserveMemory(
@@ -116,9 +131,15 @@ void ShardService::CheckpointLoop() {
       ckpt_writing_ = true;
     }
     if (!job.second.refused && (!job.second.fill || FillCheckpoint(job.first, &job.second))) {
-      absl::Status s = WriteCheckpoint(false, job.first, job.second.shard, job.second.shards,
-                                       job.second.epoch, std::move(job.second.chunks));
-      if (!s.ok()) log::Error("shard {}: checkpoint of step {} failed: {}", shard(), job.first, s.ToString());
+      absl::Status s =
+          WriteCheckpoint(false, job.first, job.second.shard, job.second.shards, job.second.epoch,
+                          job.second.declared, std::move(job.second.chunks));
+      if (absl::IsAborted(s)) {
+        log::Warn("shard {}: skipping the checkpoint of step {}: {}", shard(), job.first,
+                  std::string(s.message()));
+      } else if (!s.ok()) {
+        log::Error("shard {}: checkpoint of step {} failed: {}", shard(), job.first, s.ToString());
+      }
     }
     admission_->ReleaseMemory(job.second.reserved_bytes);
     absl::MutexLock lock(&ckpt_mu_);
@@ -135,7 +156,7 @@ void ShardService::FlushCheckpoints() {
 }
 
 absl::Status ShardService::WriteCheckpoint(
-    bool final, int64_t step, uint32_t shard, uint32_t shards, uint64_t epoch,
+    bool final, int64_t step, uint32_t shard, uint32_t shards, uint64_t epoch, uint64_t declared,
     std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks) {
   const absl::Time start = absl::Now();
   ShardCheckpoint c;
@@ -148,6 +169,11 @@ absl::Status ShardService::WriteCheckpoint(
   absl::flat_hash_map<std::string, size_t> chunk_elements;
   {
     absl::MutexLock lock(&mu_);
+    if (!final && tensors_declared_.load() != declared) {
+      // Another shard may have written this set before the tensor reached it: the set
+      // would then name a tensor whose chunks are not all in it. The next set holds it.
+      return absl::AbortedError("a tensor was declared after the step's boundary");
+    }
     for (const auto& [key, t] : tensors_) c.declarations.push_back(t->Declaration(config_));
     // Owners follow the map now in force: only for the set's own map do they say which
     // shards write no manifest. The scan stops once every shard is seen owning a chunk.
@@ -216,7 +242,8 @@ absl::Status ShardService::WriteFinalCheckpoint() {
       for (const auto& [c, acc] : t->chunks) chunks.emplace_back(std::make_pair(key, c), acc->Snapshot());
     }
   }
-  return WriteCheckpoint(true, -1, shard(), shards, epoch_.load(), std::move(chunks));
+  return WriteCheckpoint(true, -1, shard(), shards, epoch_.load(), /*declared=*/0,
+                         std::move(chunks));
 }
 
 absl::Status ShardService::RestoreFromCheckpoint() {

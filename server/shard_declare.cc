@@ -232,6 +232,7 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
             std::string(codec::DTypeName(dtype)), r.elements(), layout.num_chunks, t->chunks.size());
   Tensor* raw = t.get();
   chunks_owned_ += t->chunks.size();
+  ++tensors_declared_;
   tensors_[r.key()] = std::move(t);
   metrics_->SetTensors(tensors_.size(), chunks_owned_, epoch_.load());
   return raw;

@@ -215,6 +215,9 @@ class ShardService {
     // since (declared but not pushed, or no longer pushed), so their state now is their
     // state at this boundary; the writer adds it.
     bool fill = false;
+    // tensors_declared_ when the set began: a tensor declared after that (here, and maybe
+    // not on a shard that wrote the set before) would make the set unrestorable.
+    uint64_t declared = 0;
   };
 
   ShardService(proto::ClusterConfig config, const ShardOptions& options);
@@ -224,11 +227,12 @@ class ShardService {
   void CheckpointLoop();
   // Adds the current snapshots of the owned chunks missing from a `fill` set; false (the set
   // is skipped, logged) when the map changed since or they do not fit the memory budget.
-  bool FillCheckpoint(int64_t step, PendingCheckpoint* p);
+  bool FillCheckpoint(int64_t step, PendingCheckpoint* p) ABSL_LOCKS_EXCLUDED(mu_, ckpt_mu_);
   // Encodes and writes one shard file of the set (final or the periodic one of `step`).
-  absl::Status WriteCheckpoint(bool final, int64_t step, uint32_t shard, uint32_t shards,
-                               uint64_t epoch,
-                               std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks);
+  // `declared`: for a periodic set, tensors_declared_ when it began (see PendingCheckpoint).
+  absl::Status WriteCheckpoint(
+      bool final, int64_t step, uint32_t shard, uint32_t shards, uint64_t epoch, uint64_t declared,
+      std::vector<std::pair<std::pair<std::string, uint32_t>, ChunkSnapshot>> chunks);
   // NotFound "unknown job" unless `job` is this shard's. `name_ours`: the message also
   // names the job served here (for workers, whose config may point at the wrong cluster;
   // peers run from the same config).
@@ -432,6 +436,7 @@ class ShardService {
   std::atomic<uint64_t> bytes_out_{0};
   std::atomic<uint64_t> raw_bytes_in_{0};
   std::atomic<uint64_t> chunks_owned_{0};
+  std::atomic<uint64_t> tensors_declared_{0};  // new tensors ever declared here
   std::atomic<uint64_t> raw_bytes_out_{0};
   const absl::Time started_ = absl::Now();
   // The last rejected push's status for Stats (operators' "last error"), truncated.

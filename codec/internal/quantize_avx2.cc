@@ -150,7 +150,7 @@ __attribute__((target("avx2"), always_inline)) inline __m256i Exponents8(__m256i
 // Lanes of 8 elements (u, exponent fields e) that the ordinary forms below cannot take: Inf,
 // NaN and the largest finite field (e > special_above - 1), and with kSubnormals the
 // nonzero elements of field 0, which keep W bits where a block's floor reaches below the
-// normal range (f16 blocks whose largest magnitude is under 2 at the default A).
+// normal range (f16 blocks whose largest magnitude is under 4 at the default A).
 template <bool kSubnormals>
 __attribute__((target("avx2"), always_inline)) inline __m256i NotOrdinary8(__m256i u, __m256i e,
                                                                            const QuantVectors& v) {

@@ -1,6 +1,6 @@
 // The encoder's element pass with AVX-512 (F, BW, VL, VBMI, VBMI2), 16 elements a step,
-// for lossless and near-lossless blocks (quantize.cc sends other policies to the AVX2 pass;
-// groups holding Inf, NaN or the top binade take QuantizeGeneral16): mask registers replace the
+// for lossless and near-lossless blocks (groups holding Inf, NaN, the top binade or, where
+// the block keeps exponent field 0, a subnormal take QuantizeGeneral16): mask registers replace the
 // zero lanes' blends, vpcompressb packs the symbols, and with fields of <= 8 bits (R <= 7) eight of
 // them go to the plane in one 64-bit put, joined by PEXT where it is fast (cpu.h FastPext). Each
 // function carries its target attribute, so this file builds for any x86-64 CPU and its code

@@ -109,7 +109,7 @@ uint32_t MaxFiniteMagScalar(const U* in, size_t n, uint32_t mag_mask, uint32_t i
 // Which form of the pass a block takes: lossless (every nonzero keeps W bits, only +0 is a
 // zero), near-lossless with no nonzero element of exponent field 0 (zero_below >= 1), or
 // near-lossless keeping field 0 (zero_below == 0: subnormals keep W bits; f16 blocks whose
-// largest magnitude is under 2 at the default A).
+// largest magnitude is under 4 at the default A).
 enum class SplitPath { kLossless, kNearLossless, kGeneral };
 inline SplitPath SplitPathOf(const QuantParams& q) {
   if (q.zero_test == ~uint32_t{0}) return SplitPath::kLossless;

@@ -83,18 +83,18 @@ def _as_buffer(x, writable=False):
                     % a.dtype)
 
 
-def _positive_int(name, value):
-    """value as an int >= 1, else TypeError/ValueError naming the argument."""
+def _positive_int(name, value, most=2**31 - 1):
+    """value as an int in [1, most], else TypeError/ValueError naming the argument."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError("%s must be an integer, got %s" % (name, type(value).__name__))
-    if value < 1:
-        raise ValueError("%s must be at least 1, got %d" % (name, value))
+    if not 1 <= value <= most:
+        raise ValueError("%s must be in [1, %d], got %d" % (name, most, value))
     return int(value)
 
 
 def encode(x, policy=Policy(), block_bytes=DEFAULT_BLOCK_BYTES, threads=1):
     """Encodes an array or tensor into one GComp frame (bytes)."""
-    block_bytes = _positive_int("block_bytes", block_bytes)
+    block_bytes = _positive_int("block_bytes", block_bytes, most=2**62)
     threads = _positive_int("threads", threads)
     buf, dtype = _as_buffer(x)
     return extension().encode(buf, dtype, policy.mode, policy.rel_bits, policy.abs_log2,
