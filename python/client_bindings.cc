@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "cluster/cluster_config.h"
 #include "codec/codec.h"
@@ -134,14 +135,25 @@ class PyClient {
   }
 
   // Calls under way on other threads hold their own reference to the Client (taken with
-  // the GIL, as client_ is read and written only with it): Close waits for them to end, so
-  // the connections are closed when it returns, and never frees a Client still in use.
+  // the GIL, as client_ and closed_ are read and written only with it): Close waits for them
+  // to end, so the connections are closed when it returns, and never frees a Client still in
+  // use. A Close on another thread meanwhile waits for the first to finish.
   void Close() {
+    if (client_ == nullptr) {
+      if (closed_ != nullptr) {
+        std::shared_ptr<absl::Notification> done = closed_;
+        py::gil_scoped_release release;
+        done->WaitForNotification();
+      }
+      return;
+    }
     std::shared_ptr<worker::Client> client = std::move(client_);
-    if (client == nullptr) return;
+    std::shared_ptr<absl::Notification> done = std::make_shared<absl::Notification>();
+    closed_ = done;
     py::gil_scoped_release release;
     while (client.use_count() > 1) absl::SleepFor(absl::Milliseconds(1));
     client.reset();
+    done->Notify();
   }
 
  private:
@@ -163,6 +175,7 @@ class PyClient {
   }
 
   std::shared_ptr<worker::Client> client_;
+  std::shared_ptr<absl::Notification> closed_;  // notified once the first Close has finished
   std::unordered_map<std::string, size_t> declared_bytes_;
 };
 

@@ -179,6 +179,34 @@ Reference Uninterrupted(const std::string& optimizer) {
   return ref;
 }
 
+// Three shards restore the newest set of `dir` (step 5), as left by a job with `optimizer`,
+// and go on to step 9 bit-identical to the uninterrupted run `ref`.
+void ExpectResumesInThreeShardsAtStep5(const std::string& dir, const std::string& optimizer,
+                                       const Reference& ref) {
+  Job job(Config(3, dir, 0, optimizer));
+  ASSERT_TRUE(job.status().ok()) << job.status();
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(job.shard(k)->restored_step(), 5);
+  job.Declare();  // workers re-declare after the restart: idempotent, initial values ignored
+  EXPECT_EQ(job.Values(), ref.at5);
+  for (int64_t s = 6; s < 10; ++s) job.Step(s);
+  EXPECT_EQ(job.Values(), ref.at9);
+}
+
+// Declares `key` (64 f32 elements, 4 chunks of 16: both of two shards own some) on every
+// shard of `job`, as a worker that never pushes it would.
+void DeclareUnpushed(Job& job, int shards, const std::string& key) {
+  for (int k = 0; k < shards; ++k) {
+    proto::DeclareTensorRequest d;
+    d.set_job("j");
+    d.set_key(key);
+    d.set_dtype(proto::DTYPE_F32);
+    d.set_elements(64);
+    d.set_shard_map_epoch(1);
+    proto::DeclareTensorResponse r;
+    ASSERT_TRUE(job.shard(k)->DeclareTensor(d, &r).ok());
+  }
+}
+
 class ShardCheckpoint : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ShardCheckpoint, PeriodicCheckpointOfTwoShardsResumesInThreeBitIdentical) {
@@ -191,13 +219,7 @@ TEST_P(ShardCheckpoint, PeriodicCheckpointOfTwoShardsResumesInThreeBitIdentical)
     for (int64_t s = 0; s < 8; ++s) job.Step(s);  // goes past it; the job then dies
     for (int k = 0; k < 2; ++k) job.shard(k)->FlushCheckpoints();
   }
-  Job job(Config(3, dir, 0, GetParam()));
-  ASSERT_TRUE(job.status().ok()) << job.status();
-  for (int k = 0; k < 3; ++k) EXPECT_EQ(job.shard(k)->restored_step(), 5);
-  job.Declare();  // workers re-declare after the restart: idempotent, initial values ignored
-  EXPECT_EQ(job.Values(), ref.at5);
-  for (int64_t s = 6; s < 10; ++s) job.Step(s);
-  EXPECT_EQ(job.Values(), ref.at9);
+  ExpectResumesInThreeShardsAtStep5(dir, GetParam(), ref);
 }
 
 // 10 chunks on 16 shards: at least 6 shards own none, complete no step and write no
@@ -216,13 +238,7 @@ TEST_P(ShardCheckpoint, PeriodicCheckpointWithShardsThatOwnNoChunkResumesBitIden
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->step, 5);
   EXPECT_TRUE(loaded->skipped.empty()) << loaded->skipped[0];
-  Job job(Config(3, dir, 0, GetParam()));
-  ASSERT_TRUE(job.status().ok()) << job.status();
-  for (int k = 0; k < 3; ++k) EXPECT_EQ(job.shard(k)->restored_step(), 5);
-  job.Declare();
-  EXPECT_EQ(job.Values(), ref.at5);
-  for (int64_t s = 6; s < 10; ++s) job.Step(s);
-  EXPECT_EQ(job.Values(), ref.at9);
+  ExpectResumesInThreeShardsAtStep5(dir, GetParam(), ref);
 }
 
 // A tensor declared and never pushed (a worker that died before its first push, an old
@@ -236,16 +252,7 @@ TEST_P(ShardCheckpoint, PeriodicCheckpointsGoOnPastATensorThatIsNeverPushed) {
     Job job(Config(2, dir, 3, GetParam()));  // boundaries after steps 2, 5 and 8
     ASSERT_TRUE(job.status().ok()) << job.status();
     job.Declare();
-    for (int k = 0; k < 2; ++k) {
-      proto::DeclareTensorRequest d;
-      d.set_job("j");
-      d.set_key("never_pushed");
-      d.set_dtype(proto::DTYPE_F32);
-      d.set_elements(64);  // 4 chunks: both shards own some
-      d.set_shard_map_epoch(1);
-      proto::DeclareTensorResponse r;
-      ASSERT_TRUE(job.shard(k)->DeclareTensor(d, &r).ok());
-    }
+    DeclareUnpushed(job, 2, "never_pushed");
     for (int64_t s = 0; s < 9; ++s) job.Step(s);
     for (int k = 0; k < 2; ++k) job.shard(k)->FlushCheckpoints();
   }
@@ -255,13 +262,7 @@ TEST_P(ShardCheckpoint, PeriodicCheckpointsGoOnPastATensorThatIsNeverPushed) {
     steps.push_back(set.step);
   }
   EXPECT_EQ(steps, (std::vector<int64_t>{5, 2}));  // 8's set waits for the next boundary
-  Job job(Config(3, dir, 0, GetParam()));
-  ASSERT_TRUE(job.status().ok()) << job.status();
-  for (int k = 0; k < 3; ++k) EXPECT_EQ(job.shard(k)->restored_step(), 5);
-  job.Declare();
-  EXPECT_EQ(job.Values(), ref.at5);
-  for (int64_t s = 6; s < 10; ++s) job.Step(s);
-  EXPECT_EQ(job.Values(), ref.at9);
+  ExpectResumesInThreeShardsAtStep5(dir, GetParam(), ref);
 }
 
 // A set a shard writes late (filled at the next boundary) must not name a tensor declared
@@ -272,21 +273,9 @@ TEST_P(ShardCheckpoint, ASetIsSkippedWhenATensorWasDeclaredAfterItsBoundary) {
   Job job(Config(2, dir, 3, GetParam()));  // boundaries after steps 2, 5 and 8
   ASSERT_TRUE(job.status().ok()) << job.status();
   job.Declare();
-  const auto declare = [&](const std::string& key) {
-    for (int k = 0; k < 2; ++k) {
-      proto::DeclareTensorRequest d;
-      d.set_job("j");
-      d.set_key(key);
-      d.set_dtype(proto::DTYPE_F32);
-      d.set_elements(64);
-      d.set_shard_map_epoch(1);
-      proto::DeclareTensorResponse r;
-      ASSERT_TRUE(job.shard(k)->DeclareTensor(d, &r).ok());
-    }
-  };
-  declare("never_pushed");
+  DeclareUnpushed(job, 2, "never_pushed");
   for (int64_t s = 0; s < 4; ++s) job.Step(s);  // step 2's sets wait for never_pushed
-  declare("late");
+  DeclareUnpushed(job, 2, "late");
   for (int64_t s = 4; s < 9; ++s) job.Step(s);
   for (int k = 0; k < 2; ++k) job.shard(k)->FlushCheckpoints();
   std::vector<int64_t> steps;

@@ -388,3 +388,39 @@ os.kill(os.getpid(), signal.SIGKILL)
     for p in alive:  # do not leave them running when the test fails
         os.kill(p, signal.SIGKILL)
     assert not alive, "shards %s outlived the process that started them" % alive
+
+
+def test_a_second_close_waits_for_the_first(tmp_path):
+    """Two threads close one Client while a push waits for a worker that never comes: both
+    close() calls return only once the push has ended (the second once returned at once,
+    with the connections still open)."""
+    import time
+    needs_server()
+    needs_client()
+    with cluster.LocalCluster(shards=1, workers=2, mode="lossless", workdir=str(tmp_path),
+                              step_timeout_ms=3000) as c:
+        client = cluster.connect(c.config_path, 0)
+        client.declare("g", 1000)
+        ended = {}
+
+        def push():
+            with pytest.raises(TimeoutError, match="DEADLINE_EXCEEDED"):
+                client.push_pull("g", 0, np.ones(1000, dtype=np.float32))
+            ended["push"] = time.monotonic()
+
+        def close_first():
+            client.close()
+            ended["first close"] = time.monotonic()
+
+        pusher = threading.Thread(target=push)
+        pusher.start()
+        time.sleep(0.5)
+        first = threading.Thread(target=close_first)
+        first.start()
+        time.sleep(0.5)
+        client.close()
+        ended["second close"] = time.monotonic()
+        pusher.join()
+        first.join()
+        assert ended["second close"] >= ended["push"] - 0.05, ended
+        assert ended["first close"] >= ended["push"] - 0.05, ended
