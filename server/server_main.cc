@@ -267,7 +267,8 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_exit_with_parent)) {
     // Polled rather than prctl(PR_SET_PDEATHSIG), which fires when the parent's forking
-    // thread ends, not the parent. A parent gone before this point is seen at once.
+    // thread ends, not the parent. A parent gone after main() began is seen within 200 ms;
+    // one gone before it (between fork and main) is missed.
     std::thread([parent]() {
       while (getppid() == parent) absl::SleepFor(absl::Milliseconds(200));
       gcomp::log::Warn("the process that started this shard ({}) exited: shutting down", parent);
