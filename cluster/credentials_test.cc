@@ -7,7 +7,9 @@
 #include "base/files.h"
 #include "cluster/cluster_config.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/health.grpc.pb.h"
 
 namespace gcomp::cluster {
 namespace {
@@ -121,6 +123,53 @@ TEST(Credentials, AMissingTokenFileIsNotFound) {
   EXPECT_EQ(MakeServerSecurity(config).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(MakeClientSecurity(config).status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(DescribeSecurity(config), HasSubstr("sent in the clear"));
+}
+
+// A peer that answers gzip-compressed whatever the client asked for: 16 MiB of 'a' that
+// travels as about 16 KiB.
+class GzipBomb final : public proto::Admin::Service {
+ public:
+  static constexpr size_t kInflated = 16 << 20;
+  grpc::Status Ping(grpc::ServerContext* ctx, const proto::PingRequest*,
+                    proto::PingResponse* out) override {
+    ctx->set_compression_algorithm(GRPC_COMPRESS_GZIP);
+    out->set_process(std::string(kInflated, 'a'));
+    return grpc::Status::OK;
+  }
+};
+
+TEST(Credentials, ClientChannelsRefuseCompressedResponses) {
+  GzipBomb service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  builder.SetMaxSendMessageSize(-1);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string target = absl::StrCat("127.0.0.1:", port);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  auto ping = [&](const std::shared_ptr<grpc::Channel>& channel, proto::PingResponse* out) {
+    grpc::ClientContext ctx;
+    return proto::Admin::NewStub(channel)->Ping(&ctx, proto::PingRequest(), out);
+  };
+
+  // A plain channel takes the compressed answer and inflates it: the peer really sends gzip.
+  proto::PingResponse plain;
+  const grpc::Status inflated =
+      ping(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args), &plain);
+  ASSERT_TRUE(inflated.ok()) << inflated.error_message();
+  EXPECT_EQ(plain.process().size(), GzipBomb::kInflated);
+
+  auto client = MakeClientSecurity(Config({}));
+  ASSERT_TRUE(client.ok()) << client.status();
+  proto::PingResponse refused;
+  const grpc::Status s = ping(client->NewChannel(target, args), &refused);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.error_message(), HasSubstr("gzip")) << s.error_code();
+  EXPECT_TRUE(refused.process().empty());
+  server->Shutdown();
 }
 
 }  // namespace
