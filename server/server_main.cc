@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,6 +59,10 @@ ABSL_FLAG(bool, exit_with_parent, false,
           "Shut down as on SIGTERM when the process that started this one exits (for "
           "launchers such as Python's LocalCluster, whose shards would otherwise outlive a "
           "crashed parent).");
+ABSL_FLAG(int64_t, parent_pid, 0,
+          "With --exit_with_parent: the process id of the launcher. A shard whose parent is "
+          "already another process when it starts (the launcher died before the shard's main "
+          "ran) shuts down at once. 0: whatever process is the parent at start.");
 
 namespace {
 
@@ -146,7 +152,7 @@ void WatchConfig(const std::string& path, const std::vector<std::string>& overri
 }  // namespace
 
 int main(int argc, char** argv) {
-  const pid_t parent = getppid();  // for --exit_with_parent, read first
+  const pid_t parent_at_start = getppid();  // for --exit_with_parent, read first
   gcomp::TuneMallocForLargeBuffers();
   gcomp::DisableMutexDeadlockDetection();
   const gcomp::PeriodicMallocTrim trim_heap(absl::Seconds(5));
@@ -170,6 +176,15 @@ int main(int argc, char** argv) {
       return 2;
     }
     shard = static_cast<int>(*from_host);
+  }
+  const int64_t parent_pid = absl::GetFlag(FLAGS_parent_pid);
+  if (parent_pid < 0 || parent_pid > std::numeric_limits<pid_t>::max() ||
+      (parent_pid != 0 && !absl::GetFlag(FLAGS_exit_with_parent))) {
+    fprintf(stderr,
+            "gcomp_server: --parent_pid must be a process id (1 or more) and comes with "
+            "--exit_with_parent, got %lld\n",
+            static_cast<long long>(parent_pid));
+    return 2;
   }
   absl::Status s = gcomp::InitLogging(absl::StrCat("gcomp_server[", shard, "]"),
                                       absl::GetFlag(FLAGS_log_level),
@@ -268,7 +283,8 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_exit_with_parent)) {
     // Polled rather than prctl(PR_SET_PDEATHSIG), which fires when the parent's forking
     // thread ends, not the parent. A parent gone after main() began is seen within 200 ms;
-    // one gone before it (between fork and main) is missed.
+    // one gone before it (between fork and main) is seen only when --parent_pid names it.
+    const pid_t parent = parent_pid > 0 ? static_cast<pid_t>(parent_pid) : parent_at_start;
     std::thread([parent]() {
       while (getppid() == parent) absl::SleepFor(absl::Milliseconds(200));
       gcomp::log::Warn("the process that started this shard ({}) exited: shutting down", parent);

@@ -42,4 +42,30 @@ cat "$DIR/server.log" "$DIR/worker.json"
 grep -q "shutting down" "$DIR/server.log" || fail "no shutdown line in the server log"
 [[ $worker_rc -ne 0 ]] || fail "the waiting worker reported success"
 grep -q "UNAVAILABLE" "$DIR/worker.json" || fail "the waiting worker's error is not UNAVAILABLE"
+
+# --exit_with_parent --parent_pid: a shard whose parent is not the named launcher (that
+# launcher died before the shard's main ran) shuts down at once; one whose parent is the
+# named launcher keeps serving.
+"$SERVER" --config "$DIR/cluster.yaml" --shard 0 --metrics_address none --parent_pid 5 \
+  2> "$DIR/flag.log" && fail "--parent_pid without --exit_with_parent was taken"
+grep -q "comes with --exit_with_parent" "$DIR/flag.log" || { cat "$DIR/flag.log"; fail "no flag error"; }
+sleep 600 &
+other_pid=$!
+start=$(date +%s)
+timeout 30 "$SERVER" --config "$DIR/cluster.yaml" --shard 0 --metrics_address none --exit_with_parent \
+  --parent_pid "$other_pid" 2> "$DIR/orphan.log"
+orphan_rc=$?
+elapsed=$(( $(date +%s) - start ))
+kill "$other_pid"
+cat "$DIR/orphan.log"
+[[ $orphan_rc -eq 0 ]] || fail "an orphaned shard exited $orphan_rc"
+(( elapsed <= 10 )) || fail "an orphaned shard took ${elapsed}s to shut down"
+grep -q "($other_pid) exited: shutting down" "$DIR/orphan.log" || fail "no orphan line in the log"
+"$SERVER" --config "$DIR/cluster.yaml" --shard 0 --metrics_address none --exit_with_parent \
+  --parent_pid $$ 2> "$DIR/child.log" &
+child_pid=$!
+sleep 2
+kill -0 "$child_pid" 2>/dev/null || { cat "$DIR/child.log"; fail "a shard whose launcher lives exited"; }
+kill -TERM "$child_pid"
+wait "$child_pid" || fail "the launched shard exited $? after SIGTERM"
 echo PASS

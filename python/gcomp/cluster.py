@@ -111,7 +111,8 @@ class LocalCluster:
                 [server_binary(), "--config", self.config_path, "--shard", str(k),
                  "--decode_threads", "2", "--log_level", "warn",
                  # Several shards share this host: each picks a free metrics port.
-                 "--metrics_address", "127.0.0.1:0", "--exit_with_parent"],
+                 "--metrics_address", "127.0.0.1:0",
+                 "--exit_with_parent", "--parent_pid", str(os.getpid())],
                 stdout=log, stderr=subprocess.STDOUT))
         deadline = time.time() + self.start_timeout_s
         for k, addr in enumerate(self.addresses):
