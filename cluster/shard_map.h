@@ -18,6 +18,10 @@
 
 namespace gcomp::cluster {
 
+// The most elements a tensor may have (a shard refuses larger declarations; the worker
+// Client checks before it lays the chunks out).
+inline constexpr uint64_t kMaxTensorElements = uint64_t{1} << 36;
+
 // How a tensor of `elements` elements of `element_bytes` bytes is cut into chunks of
 // chunk_bytes (rounded down to whole elements, at least one element each).
 struct ChunkLayout {

@@ -49,7 +49,6 @@ class PyClient {
 
   void Declare(const std::string& key, size_t elements, const std::string& dtype_name) {
     codec::DType dtype = ValueOrThrow(codec::ParseDType(dtype_name));
-    declared_bytes_[key] = elements * codec::DTypeBytes(dtype);
     std::shared_ptr<worker::Client> client = Get();
     absl::Status s;
     {
@@ -57,6 +56,10 @@ class PyClient {
       s = client->Declare(key, dtype, elements);
     }
     ThrowIfError(s);
+    // Only once the shards took it: a refused re-declaration leaves the key as it was, and
+    // the buffers checked against it must keep the size the Client reads and writes.
+    declared_[key] = Declared{elements * codec::DTypeBytes(dtype), codec::DTypeBytes(dtype),
+                              std::string(codec::DTypeName(dtype))};
   }
 
   // In place when `out` is None.
@@ -66,8 +69,8 @@ class PyClient {
     ContiguousBuffer dst =
         out.is_none() ? ContiguousBuffer{} : RequestContiguous(out.cast<py::buffer>(), true);
     void* out_ptr = out.is_none() ? in.data : dst.data;
-    CheckSize(key, in.size);
-    if (!out.is_none()) CheckSize(key, dst.size);
+    CheckBuffer(key, in);
+    if (!out.is_none()) CheckBuffer(key, dst);
     std::shared_ptr<worker::Client> client = Get();
     absl::Status s;
     {
@@ -99,7 +102,7 @@ class PyClient {
 
   void Pull(const std::string& key, const py::buffer& out) {
     ContiguousBuffer dst = RequestContiguous(out, /*writable=*/true);
-    CheckSize(key, dst.size);
+    CheckBuffer(key, dst);
     std::shared_ptr<worker::Client> client = Get();
     absl::Status s;
     {
@@ -162,21 +165,39 @@ class PyClient {
     return client_;
   }
 
+  struct Declared {
+    size_t bytes;
+    size_t element_bytes;
+    std::string dtype;
+  };
+
   // The Client trusts its caller on sizes; a Python caller gets a ValueError instead.
-  void CheckSize(const std::string& key, size_t bytes) const {
-    auto it = declared_bytes_.find(key);
-    if (it == declared_bytes_.end()) {
+  const Declared& CheckSize(const std::string& key, size_t bytes) const {
+    auto it = declared_.find(key);
+    if (it == declared_.end()) {
       throw py::value_error("key '" + key + "' was not declared by this client");
     }
-    if (it->second != bytes) {
-      throw py::value_error("key '" + key + "' holds " + std::to_string(it->second) +
+    if (it->second.bytes != bytes) {
+      throw py::value_error("key '" + key + "' holds " + std::to_string(it->second.bytes) +
                             " bytes, buffer has " + std::to_string(bytes));
+    }
+    return it->second;
+  }
+  // Also the element width, where the buffer has one (bytes and bytearray have none): an
+  // f16 array of an f32 key's byte count is a caller's mistake, not 2x the elements.
+  void CheckBuffer(const std::string& key, const ContiguousBuffer& b) const {
+    const Declared& d = CheckSize(key, b.size);
+    const size_t width = static_cast<size_t>(b.info.itemsize);
+    if (width != 1 && width != d.element_bytes) {
+      throw py::value_error("key '" + key + "' holds " + d.dtype + " elements of " +
+                            std::to_string(d.element_bytes) + " bytes; the buffer's elements have " +
+                            std::to_string(width) + " (format '" + b.info.format + "')");
     }
   }
 
   std::shared_ptr<worker::Client> client_;
   std::shared_ptr<absl::Notification> closed_;  // notified once the first Close has finished
-  std::unordered_map<std::string, size_t> declared_bytes_;
+  std::unordered_map<std::string, Declared> declared_;
 };
 
 }  // namespace

@@ -37,7 +37,6 @@ constexpr char kMagic[8] = {'G', 'C', 'K', 'P', 'T', '0', '0', '1'};
 constexpr char kTrailer[8] = {'G', 'C', 'K', 'P', 'E', 'N', 'D', '1'};
 constexpr uint32_t kMaxRecordBytes = 1u << 30;
 constexpr char kManifestHeader[] = "gcomp-checkpoint-manifest 1";
-constexpr uint64_t kMaxElements = uint64_t{1} << 36;
 
 void PutU32(std::string* out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
@@ -307,7 +306,7 @@ std::vector<SetInfo> ListSets(const std::string& dir) {
 
 absl::Status CheckDeclaration(const proto::TensorDeclaration& d, const std::string& name) {
   if (d.key().empty() || d.dtype() < proto::DTYPE_F32 || d.dtype() > proto::DTYPE_F16 ||
-      d.elements() == 0 || d.elements() > kMaxElements || d.chunk_bytes() < 4 ||
+      d.elements() == 0 || d.elements() > cluster::kMaxTensorElements || d.chunk_bytes() < 4 ||
       d.chunk_bytes() > (uint64_t{1} << 28)) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", name, ": declaration of '", d.key(),
                                             "' has out-of-range fields"));

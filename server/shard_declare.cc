@@ -33,7 +33,7 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
   if (!key_ok.ok()) return key_ok;
   absl::StatusOr<codec::DType> dtype = cluster::FromProto(r.dtype());
   if (!dtype.ok()) return dtype.status();
-  if (r.elements() == 0 || r.elements() > (uint64_t{1} << 36)) {
+  if (r.elements() == 0 || r.elements() > cluster::kMaxTensorElements) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", r.key(), "': elements must be in [1, 2^36], got ",
                                                    r.elements()));
   }

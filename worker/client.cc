@@ -78,6 +78,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
 absl::Status Client::Declare(const std::string& key, codec::DType dtype, size_t elements,
                              const void* initial) {
   Impl& m = *impl_;
+  if (elements == 0 || elements > cluster::kMaxTensorElements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", key, "': elements must be in [1, 2^36], got ", elements));
+  }
   TensorInfo t;
   t.dtype = dtype;
   t.layout = cluster::ChunkLayout(elements, codec::DTypeBytes(dtype), m.config.chunk_bytes());
