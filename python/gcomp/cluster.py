@@ -86,6 +86,10 @@ class LocalCluster:
 
     def __init__(self, shards, workers, mode, rel_bits=7, abs_log2=-16, workdir=None,
                  start_timeout_s=30.0, **config):
+        for name, value in (("shards", shards), ("workers", workers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError("LocalCluster: %s must be an int of at least 1, got %r"
+                                 % (name, value))
         self.shards, self.workers = shards, workers
         self._tmp = None
         if workdir is None:
@@ -190,5 +194,21 @@ def connect(config_path, worker, metrics_address=""):
         raise ValueError("worker must be an index 0..W-1 of the job's workers, got %r"
                          % (worker,))
     config = read_config(config_path)
-    return WorkerClient(extension().Client(config_path, index, metrics_address=metrics_address),
-                        config, index)
+    global _connected_in
+    if _connected_in is not None and _connected_in != os.getpid():
+        raise RuntimeError(
+            "gcomp.cluster.connect: this process was forked from process %d after that "
+            "process had connected a Client, and gRPC does not work across fork() (the "
+            "connection would hang). Start worker processes with the 'spawn' or "
+            "'forkserver' start method (torch.multiprocessing.spawn, or "
+            "multiprocessing.get_context('spawn')), or connect only in the children"
+            % _connected_in)
+    client = extension().Client(config_path, index, metrics_address=metrics_address)
+    if _connected_in is None:
+        _connected_in = os.getpid()
+    return WorkerClient(client, config, index)
+
+
+# The process whose connect() started gRPC in this interpreter's memory; a forked child
+# inherits it and a differing pid says so.
+_connected_in = None

@@ -71,6 +71,12 @@ class Transport:
         pass
 
 
+def _check_policy(who, policy):
+    if policy is not None and not isinstance(policy, codec.Policy):
+        raise TypeError("%s: policy must be a gcomp.codec.Policy (e.g. "
+                        "gcomp.comm.policy_for(\"near-lossless\")), got %r" % (who, policy))
+
+
 class GlooTransport(Transport):
     """PS arithmetic over a gloo process group (see the module comment).
 
@@ -79,12 +85,20 @@ class GlooTransport(Transport):
 
     ordered = True  # collectives: every rank must call in the same order
 
-    def __init__(self, mode="none", policy=None, group=None,
+    def __init__(self, mode=None, policy=None, group=None,
                  chunk_bytes=codec.DEFAULT_BLOCK_BYTES, block_bytes=None):
         super().__init__()
         if block_bytes is not None:  # the argument's earlier name
             chunk_bytes = block_bytes
-        self.policy = policy if policy is not None else policy_for(mode)
+        _check_policy("GlooTransport", policy)
+        if policy is not None and mode is not None and \
+                getattr(policy_for(mode), "mode", "none") != policy.mode:
+            raise ValueError("GlooTransport: mode %r and policy %r disagree; give one of them"
+                             % (mode, policy))
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 4:
+            raise ValueError("GlooTransport: chunk_bytes must be an int of at least 4 (the "
+                             "cluster config's chunk_bytes), got %r" % (chunk_bytes,))
+        self.policy = policy if policy is not None else policy_for(mode or "none")
         # A group of its own by default (made here, so every rank must construct its
         # transport at the same point): DDP runs collectives of its own on the default
         # group during backward (with find_unused_parameters, an all-reduce of which
@@ -208,6 +222,7 @@ class ClientTransport(Transport):
         carries its config), and quantize() cuts the tensor into the config's chunks, each
         one block, as the Client does: the residual is then exactly what the shards lost."""
         # No Transport.__init__: the byte counts are the Client's.
+        _check_policy("ClientTransport", policy)
         self.client = client
         config = getattr(client, "config", None)
         self.chunk_bytes = None

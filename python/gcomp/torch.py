@@ -39,11 +39,16 @@ class PSHookState:
         under ps_hook). Each model synced through one transport needs its own: two models
         whose buckets have the same size would otherwise share keys on the shards."""
         _check_transport(transport, "PSHookState")
+        _check_option("PSHookState", "error_feedback", error_feedback, bool)
+        _check_option("PSHookState", "max_inflight", max_inflight, int, minimum=1)
+        _check_option("PSHookState", "prefix", prefix, str)
+        if not prefix:
+            raise ValueError("PSHookState: prefix must be a non-empty string")
         self.transport = transport
         self.error_feedback = error_feedback
         self.prefix = prefix
         self._steps = {}
-        self._residuals = {}
+        self._residuals = {}  # key -> (layout, float32 residual)
         self._lock = threading.Lock()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -64,21 +69,61 @@ class PSHookState:
             self._steps[key] = step + 1
             return step
 
-    def sync(self, key, step, flat):
-        """Push-pull of one flat tensor in place (error feedback applied)."""
+    def sync(self, key, step, flat, layout=None):
+        """Push-pull of one flat tensor in place (error feedback applied). `layout`, where
+        known, lists the (parameter, offset, elements) pieces of `flat`: a key whose
+        pieces changed since the last push (a DDP bucket rebuilt, a layer frozen) gets each
+        parameter's own residual back, not whatever sat at the same offsets."""
         if self.error_feedback:
-            residual = self._residuals.get(key)
+            residual = self._residual_for(key, flat, layout)
             if residual is not None:
                 flat.add_(residual)
             pushed = self.transport.quantize(flat)
             if pushed is not flat:
                 # Kept in float32 (a bfloat16 difference would round most of it away), on
                 # the gradient's device (the codec's round trip runs on the CPU).
-                self._residuals[key] = flat.float() - pushed.to(flat.device).float()
+                residual = flat.float() - pushed.to(flat.device).float()
+                with self._lock:
+                    self._residuals[key] = (layout, residual)
+                    if layout is not None:
+                        # Each parameter's residual is looked up by parameter, wherever it
+                        # sits now; older keys holding it are out of date.
+                        ids = {p for p, _, _ in layout}
+                        for other, (old_layout, _) in list(self._residuals.items()):
+                            if other != key and old_layout is not None and \
+                                    ids & {p for p, _, _ in old_layout}:
+                                del self._residuals[other]
         self.transport.push_pull(key, step, flat)
 
-    def submit(self, key, flat):
-        """Schedules sync() on the background thread; returns a torch Future of `flat`."""
+    def _residual_for(self, key, flat, layout):
+        with self._lock:
+            kept = self._residuals.get(key)
+            if layout is None or (kept is not None and kept[0] == layout):
+                if kept is None or kept[1].numel() != flat.numel():
+                    return None
+                return kept[1]
+            # Gather each parameter's residual from the key that last pushed it.
+            where = {}
+            for old_layout, residual in self._residuals.values():
+                for p, offset, n in old_layout or ():
+                    where[p] = residual[offset:offset + n]
+        if not any(p in where for p, _, _ in layout):
+            return None
+        out = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
+        for p, offset, n in layout:
+            old = where.get(p)
+            if old is not None and old.numel() == n:
+                out[offset:offset + n] = old
+        return out
+
+    def submit(self, key, flat, layout=None):
+        """Schedules sync() on the background thread; returns a torch Future of `flat`.
+        An empty `flat` (zero-element parameters only) has nothing to push: its future is
+        done at once."""
+        if flat.numel() == 0:
+            fut = torch.futures.Future()
+            fut.set_result(flat)
+            return fut
         # Checked and claimed under one lock with close(): a closed state must not take its
         # keys back.
         with self._close_lock:
@@ -92,7 +137,7 @@ class PSHookState:
 
         def run():
             try:
-                self.sync(key, step, flat)
+                self.sync(key, step, flat, layout)
                 fut.set_result(flat)
             except BaseException as e:  # surfaces in DDP's wait, naming the cause
                 fut.set_exception(e)
@@ -181,22 +226,50 @@ def _release_keys(transport, state):
 def ps_hook(state, bucket):
     """DDP communication hook: push-pull of the bucket to the shards; returns the mean.
 
-    The key is the bucket's index and size: DDP may rebuild its buckets after the first
-    iteration, and a rebuilt bucket is a new tensor for the shards.
+    The key is the bucket's index and size, and its dtype where that is not float32
+    ("<prefix>/bucket<i>/<elements>[/bf16|/f16]"): DDP may rebuild its buckets after the
+    first iteration, and a rebuilt bucket is a new tensor for the shards.
     """
-    if not isinstance(state, PSHookState):
-        raise TypeError(
-            "ps_hook's state must be a gcomp.torch.PSHookState, got %s: "
-            "model.register_comm_hook(PSHookState(ClientTransport(client)), ps_hook)"
-            % type(state).__name__)
-    buf = bucket.buffer()
-    check_tensor(buf, "ps_hook", state.transport)
-    key = "%s/bucket%d/%d" % (state.prefix, bucket.index(), buf.numel())
+    # An error raised here, rather than carried by the returned future, leaves DDP's reducer
+    # half way through the step, and the next backward fails on a PyTorch internal assert.
+    try:
+        if not isinstance(state, PSHookState):
+            raise TypeError(
+                "ps_hook's state must be a gcomp.torch.PSHookState, got %s: "
+                "model.register_comm_hook(PSHookState(ClientTransport(client)), ps_hook)"
+                % type(state).__name__)
+        buf = bucket.buffer()
+        check_tensor(buf, "ps_hook", state.transport)
+        key = _bucket_key("%s/bucket%d" % (state.prefix, bucket.index()), buf)
+        layout = None
+        if state.error_feedback:
+            base, esize = buf.data_ptr(), buf.element_size()
+            layout = tuple((p.data_ptr(), (g.data_ptr() - base) // esize, g.numel())
+                           for p, g in zip(bucket.parameters(), bucket.gradients()))
+        fut = state.submit(key, buf, layout)
+    except Exception as e:  # pylint: disable=broad-except
+        fut = torch.futures.Future()
+        fut.set_exception(e)
     # torch 1.13's Future.set_exception stores the exception as the future's value, which
     # DDP's C++ side then fails to read as a Tensor ("Unable to cast ... to Tensor"). A
     # callback that raises marks the chained future failed in C++ itself, so DDP's backward
     # raises naming the original exception's type and message.
-    return state.submit(key, buf).then(_value_or_raise)
+    return fut.then(_value_or_raise)
+
+
+def _bucket_key(name, flat):
+    """`name`/<elements>, and /bf16 or /f16 for those dtypes: one key never changes dtype
+    when the buckets are rebuilt or a layer of another dtype is frozen."""
+    suffix = {torch.bfloat16: "/bf16", torch.float16: "/f16"}.get(flat.dtype, "")
+    return "%s/%d%s" % (name, flat.numel(), suffix)
+
+
+def _check_option(who, name, value, kind, minimum=None):
+    """TypeError or ValueError naming option `name` of `who` (bool is no int here)."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError("%s: %s must be %s, got %r" % (who, name, kind.__name__, value))
+    if minimum is not None and value < minimum:
+        raise ValueError("%s: %s must be at least %d, got %r" % (who, name, minimum, value))
 
 
 def _value_or_raise(fut):
@@ -222,7 +295,8 @@ def check_tensor(t, who, transport):
 
 class GradientSync:
     """For training loops without DDP: push-pull of all gradients, in buckets of about
-    `bucket_bytes`, each bucket one key ("<prefix>/<i>/<elements>"). Call sync() after
+    `bucket_bytes`, each bucket one key ("<prefix>/<i>/<elements>", and /bf16 or /f16 for
+    those dtypes). Call sync() after
     backward().
 
     The parameters synced are those with requires_grad at each sync(): freezing or
@@ -234,6 +308,8 @@ class GradientSync:
 
     def __init__(self, model, transport, error_feedback=False, bucket_bytes=25 << 20,
                  prefix="grads", find_unused_parameters=False):
+        _check_option("GradientSync", "bucket_bytes", bucket_bytes, int, minimum=1)
+        _check_option("GradientSync", "find_unused_parameters", find_unused_parameters, bool)
         self.state = PSHookState(transport, error_feedback, prefix=prefix)
         self.model = model
         self.bucket_bytes = bucket_bytes
@@ -284,10 +360,14 @@ class GradientSync:
         for i, params in enumerate(self.buckets):
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             flat = torch.cat([g.reshape(-1) for g in grads])
-            key = "%s/%d/%d" % (self.prefix, i, flat.numel())
-            futures.append((params, flat, self.state.submit(key, flat)))
+            key = _bucket_key("%s/%d" % (self.prefix, i), flat)
+            layout, offset = [], 0
+            for p in params:
+                layout.append((p.data_ptr(), offset, p.numel()))
+                offset += p.numel()
+            futures.append((params, flat, self.state.submit(key, flat, tuple(layout))))
         used = None
-        if self.find_unused_parameters:
+        if self.find_unused_parameters and self.params:
             # 1 where this worker has a gradient; the mean is > 0 where any worker has one
             # (>= 1/W, far above the codec's floor, and zeros stay zero).
             flags = torch.tensor([0.0 if p.grad is None else 1.0 for p in self.params])

@@ -424,3 +424,62 @@ def test_a_second_close_waits_for_the_first(tmp_path):
         first.join()
         assert ended["second close"] >= ended["push"] - 0.05, ended
         assert ended["first close"] >= ended["push"] - 0.05, ended
+
+
+def test_a_refused_redeclaration_keeps_the_key_as_it_was(tmp_path):
+    """A re-declaration the shards refuse (another dtype) leaves the Client's size for the
+    key unchanged: buffers of the declared size still go, others are refused, and none is
+    read or written past its end."""
+    needs_server()
+    needs_client()
+    with cluster.LocalCluster(shards=1, workers=1, mode="lossless",
+                              workdir=str(tmp_path)) as c:
+        client = cluster.connect(c.config_path, 0)
+        client.declare("w", 4, "f32")
+        with pytest.raises(Exception, match=r"ALREADY_EXISTS.*f32 x 4"):
+            client.declare("w", 4, "bf16")
+        big = np.full(8, -7.0, dtype=np.float32)
+        with pytest.raises(ValueError, match=r"key 'w' holds 16 bytes, buffer has 8"):
+            client.push_pull("w", 0, big[:2])
+        assert (big == -7.0).all()
+        # An f16 buffer of the same byte count is not 8 f32 halves.
+        with pytest.raises(ValueError, match=r"holds f32 elements of 4 bytes; the buffer's "
+                                             r"elements have 2"):
+            client.push_pull("w", 0, np.zeros(8, dtype=np.float16))
+        grad = np.arange(4, dtype=np.float32)
+        client.push_pull("w", 0, grad)
+        assert (grad == np.arange(4, dtype=np.float32)).all()
+        # Raw bytes have no element width: taken by their size.
+        raw = bytearray(np.arange(4, dtype=np.float32).tobytes())
+        client.push_pull("w", 1, raw)
+        with pytest.raises(ValueError, match=r"elements must be in \[1, 2\^36\], got 0"):
+            client.declare("empty", 0, "f32")
+        with pytest.raises(ValueError, match=r"elements must be in \[1, 2\^36\]"):
+            client.declare("huge", 2 ** 62, "f32")
+        client.close()
+
+
+def test_connecting_in_a_child_forked_after_connect_is_refused(tmp_path):
+    """gRPC does not survive fork(): a child forked after its parent connected hung in
+    connect or in a push; it now gets an error naming the start methods that work."""
+    import multiprocessing
+    needs_server()
+    needs_client()
+    with cluster.LocalCluster(shards=1, workers=2, mode="none", workdir=str(tmp_path)) as c:
+        parent = cluster.connect(c.config_path, 0)
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+
+        def child():
+            try:
+                cluster.connect(c.config_path, 1)
+                queue.put("connected")
+            except RuntimeError as e:
+                queue.put(str(e))
+
+        proc = ctx.Process(target=child)
+        proc.start()
+        message = queue.get(timeout=60)
+        proc.join(timeout=60)
+        parent.close()
+    assert "forked from process" in message and "'spawn'" in message, message

@@ -128,6 +128,10 @@ def test_a_failed_push_pull_names_its_cause(tmp_path):
     assert "ConnectionError: UNAVAILABLE: push-pull of 'ddp/bucket0/" in ddp["message"]
     assert plain["type"] == "ConnectionError"
     assert plain["message"].startswith("UNAVAILABLE: push-pull of 'grads/0/")
+    for closed in result["closed"]:
+        assert closed is not None, result
+        assert "INTERNAL ASSERT" not in closed["message"], closed
+        assert "PSHookState or GradientSync (prefix 'ddp') is closed" in closed["message"]
 
 
 # One rounding of the float32 mean to the dtype: at most half a unit in the last place,

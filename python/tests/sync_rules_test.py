@@ -118,10 +118,13 @@ def test_what_cannot_carry_the_mean_gradient_is_refused_naming_the_fix():
         def index(self):
             return 0
 
+    # The hook's errors come in its future (DDP's backward raises them), never from the
+    # call itself, which would leave DDP's reducer broken for the next step.
     for state in (FakeClient(0), comm.ClientTransport(FakeClient(0))):
-        with pytest.raises(TypeError, match=r"state must be a gcomp.torch.PSHookState, got "
+        fut = gtorch.ps_hook(state, Bucket())
+        with pytest.raises(Exception, match=r"state must be a gcomp.torch.PSHookState, got "
                                             r".*register_comm_hook\(PSHookState\("):
-            gtorch.ps_hook(state, Bucket())
+            fut.wait()
     # Shards that run an optimizer answer with parameters, not the mean gradient.
     client = FakeClient(0)
     client.config["optimizer"] = {"name": "sgd", "learning_rate": 0.1}
@@ -247,3 +250,115 @@ def test_gloo_transport_cuts_chunks_as_the_client_does():
             assert transport.raw_bytes == 2 * 4 * 5000
         finally:
             dist.destroy_process_group()
+
+
+class Recording(comm.Transport):
+    """One worker: the mean is what it pushed. Records each push (key, dtype, values) and
+    quantizes to multiples of 1/4, so that error feedback keeps a residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.pushes = []
+
+    def quantize(self, tensor):
+        return torch.round(tensor.float() * 4) / 4
+
+    def push_pull(self, key, step, tensor):
+        self.pushes.append((key, tensor.dtype, tensor.detach().float().clone()))
+
+
+def test_a_key_keeps_its_dtype_when_a_layer_of_another_is_frozen():
+    # A bfloat16 block and a float32 block of the same size, one bucket each: freezing the
+    # first renumbered the buckets, and the float32 one took the bfloat16 one's key.
+    model = nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16), nn.Linear(8, 8))
+    transport = Recording()
+    sync = gtorch.GradientSync(model, transport)
+    x = torch.ones(1, 8)
+    for freeze in (False, True):
+        model[0].requires_grad_(not freeze)
+        model.zero_grad(set_to_none=True)
+        model[1](model[0](x.to(torch.bfloat16)).float()).sum().backward()
+        sync.sync()
+    dtypes = {}
+    for key, dtype, _ in transport.pushes:
+        assert dtypes.setdefault(key, dtype) == dtype, (key, dtypes[key], dtype)
+    assert sorted(dtypes) == ["grads/0/72", "grads/0/72/bf16", "grads/1/72"]
+    sync.close()
+
+
+def test_error_feedback_follows_each_parameter_when_the_buckets_change():
+    # Step 0 pushes [a, b] in one bucket; a is then frozen, and bucket 0 holds b alone.
+    # b's residual must come back to b, not a's residual at b's new offsets.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False))
+    transport = Recording()
+    sync = gtorch.GradientSync(model, transport, error_feedback=True)
+    x = torch.randn(2, 4)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        grads = [p.grad.reshape(-1).clone() for p in model.parameters() if p.requires_grad]
+        sync.sync()
+        return grads
+
+    a0, b0 = step()
+    pushed0 = transport.pushes[-1][2]
+    residual_b = (b0 - transport.quantize(b0))
+    assert torch.equal(pushed0, torch.cat([a0, b0]))
+    model[0].requires_grad_(False)
+    (b1,) = step()
+    key, _, pushed1 = transport.pushes[-1]
+    assert key == "grads/0/16"
+    assert torch.equal(pushed1, b1 + residual_b)
+    assert torch.count_nonzero(residual_b) > 0
+    sync.close()
+
+
+def test_zero_element_parameters_push_nothing():
+    model = nn.ParameterDict({"empty": nn.Parameter(torch.zeros(0)),
+                              "brain": nn.Parameter(torch.zeros(0, dtype=torch.bfloat16)),
+                              "w": nn.Parameter(torch.ones(3))})
+    transport = Recording()
+    sync = gtorch.GradientSync(model, transport)
+    for p in model.values():
+        p.grad = torch.ones_like(p)
+    sync.sync()
+    keys = [k for k, _, _ in transport.pushes]
+    assert len(keys) == 1 and keys[0].endswith("/3"), keys
+    # Every parameter frozen, unused ones allowed: nothing to push, no error.
+    for p in model.values():
+        p.requires_grad_(False)
+    unused = gtorch.GradientSync(model, transport, prefix="u", find_unused_parameters=True)
+    unused.sync()
+    assert len(transport.pushes) == 1
+    for s in (sync, unused):
+        s.close()
+
+
+def test_options_are_checked_when_made_naming_the_option():
+    transport = TwoWorkers()
+    cases = [
+        (lambda: gtorch.PSHookState(transport, error_feedback="no"), TypeError,
+         r"PSHookState: error_feedback must be bool, got 'no'"),
+        (lambda: gtorch.PSHookState(transport, max_inflight=0), ValueError,
+         r"max_inflight must be at least 1, got 0"),
+        (lambda: gtorch.PSHookState(transport, prefix=None), TypeError,
+         r"prefix must be str, got None"),
+        (lambda: gtorch.PSHookState(transport, prefix=""), ValueError, r"non-empty"),
+        (lambda: gtorch.GradientSync(nn.Linear(2, 2), transport, bucket_bytes="1M"),
+         TypeError, r"GradientSync: bucket_bytes must be int, got '1M'"),
+        (lambda: gtorch.GradientSync(nn.Linear(2, 2), transport, bucket_bytes=0),
+         ValueError, r"bucket_bytes must be at least 1"),
+        (lambda: gtorch.GradientSync(nn.Linear(2, 2), transport, find_unused_parameters="no"),
+         TypeError, r"find_unused_parameters must be bool"),
+        (lambda: comm.ClientTransport(object(), policy="near-lossless"), TypeError,
+         r"ClientTransport: policy must be a gcomp.codec.Policy"),
+        (lambda: comm.GlooTransport(chunk_bytes="1M"), ValueError,
+         r"chunk_bytes must be an int of at least 4"),
+        (lambda: comm.GlooTransport(mode="none", policy=codec.Policy()), ValueError,
+         r"mode 'none' and policy .* disagree"),
+    ]
+    for make, error, message in cases:
+        with pytest.raises(error, match=message):
+            make()
