@@ -526,6 +526,17 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
     s->health_port_ = s->health_listener_->port();
     grpc::ServerBuilder health_builder;
     RefuseCompressedRequests(&health_builder);
+    // Anyone who reaches this port is served, without a certificate or the token, and it
+    // answers probes only: a quota and a stream limit of its own, small, so that Watch
+    // streams by the thousand on one connection cannot grow the shard through it. (Its
+    // connections count toward limits.max_connections with the main port's.)
+    grpc::ResourceQuota health_quota("gcomp_health");
+    health_quota.Resize(16 << 20);
+    health_quota.SetMaxThreads(8);
+    health_builder.SetResourceQuota(health_quota);
+    health_builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 8);
+    health_builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                                      TransportLimitsFor(config).idle_connection_ms);
     auto health_acceptor = health_builder.experimental().AddExternalConnectionAcceptor(
         grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
         grpc::InsecureServerCredentials());

@@ -188,7 +188,14 @@ void StepAccumulator::FoldArrivedLocked() {
 }
 
 void StepAccumulator::FailLocked(absl::Status status) {
-  log::Warn("{}: step {} failed: {}", options_.label, current_step_, status.ToString());
+  // A peer can make steps fail at will (one chunk pushed with a short deadline, again and
+  // again, over thousands of tensors whose keys and worker names it chose): budgeted, and
+  // each line cut to a size.
+  static log::LineBudget* const budget = new log::LineBudget(20, "failed steps");
+  if (budget->Admit()) {
+    log::Warn("{}: step {} failed: {}", log::Clip(options_.label), current_step_,
+              log::Clip(status.ToString(), 600));
+  }
   last_failure_ = std::move(status);
   EndPendingLocked();
   ClearContributionsLocked();
