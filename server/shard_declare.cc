@@ -84,7 +84,12 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
                      b->second.initial.data());
       }
     }
-    for (const auto& [c, acc] : (*tensor)->chunks) response->add_owned_chunks(c);
+    // Listed only while the list fits in a reply: a declaration that succeeded must not be
+    // answered with a message too large to send (the client would retry it for good).
+    response->set_owned_chunk_count((*tensor)->chunks.size());
+    if ((*tensor)->chunks.size() <= 65536) {
+      for (const auto& [c, acc] : (*tensor)->chunks) response->add_owned_chunks(c);
+    }
   }
   // Initial values (parameters for an optimizer); chunks not owned here are ignored.
   for (const auto& [acc, init] : initial) {

@@ -36,6 +36,10 @@ absl::StatusOr<std::unique_ptr<ShardService>> ShardService::Create(
         "decode_threads must be 1 to ", kMaxDecodeThreads, ", got ", options.decode_threads));
   }
   std::unique_ptr<ShardService> service(new ShardService(config, options));
+  {
+    ShardService* raw = service.get();
+    service->expiry_thread_ = std::thread([raw] { raw->ExpiryLoop(); });
+  }
   if (!config.checkpoint().dir().empty()) {
     s = service->RestoreFromCheckpoint();
     if (!s.ok()) return s;
@@ -92,6 +96,41 @@ ShardService::~ShardService() {
     ckpt_stop_ = true;
   }
   if (ckpt_thread_.joinable()) ckpt_thread_.join();
+  {
+    absl::MutexLock lock(&expiry_mu_);
+    expiry_stop_ = true;
+  }
+  if (expiry_thread_.joinable()) expiry_thread_.join();
+}
+
+void ShardService::ExpiryLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&expiry_mu_);
+      if (expiry_mu_.AwaitWithTimeout(absl::Condition(&expiry_stop_), absl::Seconds(1))) return;
+    }
+    const uint64_t limit = admission_->limits().max_pending_steps;
+    if (2 * admission_->usage().pending_steps >= limit) ExpireTimedOutSteps();
+  }
+}
+
+void ShardService::ExpireTimedOutSteps() {
+  std::vector<std::shared_ptr<StepAccumulator>> all;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [key, t] : tensors_) {
+      for (const auto& [chunk, acc] : t->chunks) all.push_back(acc);
+    }
+  }
+  const uint64_t before = admission_->usage().pending_steps;
+  for (const std::shared_ptr<StepAccumulator>& acc : all) acc->ExpireIfDue();
+  const uint64_t after = admission_->usage().pending_steps;
+  if (after < before) {
+    log::Info(
+        "{} timed-out steps with nobody waiting failed, freeing their pending-step slots "
+        "(limits.max_pending_steps = {})",
+        before - after, admission_->limits().max_pending_steps);
+  }
 }
 
 std::string ShardService::WorkerName(uint32_t worker) const {

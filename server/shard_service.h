@@ -225,6 +225,12 @@ class ShardService {
   // Called by a chunk's accumulator (under its lock) at a checkpoint step boundary.
   void OnSnapshot(const std::string& key, uint32_t chunk, ChunkSnapshot snapshot);
   void CheckpointLoop();
+  // Once pending steps fill half of limits.max_pending_steps, fails the steps that timed
+  // out with nobody left waiting (a client that pushed one chunk each of many tensors and
+  // left): a push to the same chunk would reap them, but none may come, and their slots
+  // would refuse honest steps for good. Checks once a second until expiry_stop_.
+  void ExpiryLoop() ABSL_LOCKS_EXCLUDED(mu_, expiry_mu_);
+  void ExpireTimedOutSteps() ABSL_LOCKS_EXCLUDED(mu_);
   // Adds the current snapshots of the owned chunks missing from a `fill` set; false (the set
   // is skipped, logged) when the map changed since or they do not fit the memory budget.
   bool FillCheckpoint(int64_t step, PendingCheckpoint* p) ABSL_LOCKS_EXCLUDED(mu_, ckpt_mu_);
@@ -419,6 +425,9 @@ class ShardService {
   bool ckpt_writing_ ABSL_GUARDED_BY(ckpt_mu_) = false;
   bool ckpt_stop_ ABSL_GUARDED_BY(ckpt_mu_) = false;
   std::thread ckpt_thread_;
+  absl::Mutex expiry_mu_;
+  bool expiry_stop_ ABSL_GUARDED_BY(expiry_mu_) = false;
+  std::thread expiry_thread_;
   std::string restored_from_;
   int64_t restored_step_ = -1;
 

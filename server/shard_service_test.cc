@@ -64,6 +64,7 @@ class ShardServiceTest : public ::testing::Test {
     proto::DeclareTensorResponse r;
     ASSERT_TRUE(shard_->DeclareTensor(d, &r).ok());
     EXPECT_EQ(r.owned_chunks_size(), 2);
+    EXPECT_EQ(r.owned_chunk_count(), 2u);
   }
 
   proto::CompressedBlock Block(uint32_t chunk, int64_t step, float value = 1.0f) {
@@ -96,6 +97,16 @@ class ShardServiceTest : public ::testing::Test {
 
   std::unique_ptr<ShardService> shard_;
 };
+
+// A declaration of 70,000 chunks here succeeded, but its reply listed every chunk (3 MB
+// for a million) and could not be sent: the client saw an error and retried for good.
+TEST_F(ShardServiceTest, AReplyListsTheOwnedChunksOnlyWhileTheListIsSmall) {
+  proto::DeclareTensorResponse r;
+  ASSERT_TRUE(shard_->DeclareTensor(Declaration("big", 16 * 70000), &r).ok());
+  EXPECT_EQ(r.owned_chunk_count(), 70000u);
+  EXPECT_EQ(r.owned_chunks_size(), 0);
+  EXPECT_LT(r.ByteSizeLong(), 64u);
+}
 
 TEST_F(ShardServiceTest, PushPullReturnsTheMean) {
   proto::CompressedBlock out;
@@ -769,6 +780,51 @@ TEST(ShardServiceLimits, PendingStepsAreBoundedAndFreedWhenStepsComplete) {
   });
   EXPECT_TRUE(shard->PushPull(block(1, 1), absl::Now() + absl::Seconds(5), &out).ok());
   second.join();
+}
+
+// A client pushed one chunk of each of many tensors with a short deadline and left: each
+// step timed out with nobody waiting, and only a later push to the same chunk reaped it.
+// Their slots refused every honest step for good; the shard now frees them itself.
+TEST(ShardServiceLimits, StepsLeftPendingByAClientThatLeftAreFreed) {
+  proto::ClusterConfig config = Config(2);  // step_timeout_ms=300
+  config.mutable_limits()->set_max_pending_steps(2);
+  auto shard = *ShardService::Create(config, ShardOptions{});
+  proto::DeclareTensorResponse r;
+  for (const char* key : {"a", "b", "honest"}) {
+    ASSERT_TRUE(shard->DeclareTensor(Declaration(key, 16), &r).ok());
+  }
+  auto block = [](const std::string& key, uint32_t worker) {
+    std::vector<float> v(16, 1.0f);
+    proto::CompressedBlock b;
+    EXPECT_TRUE(cluster::EncodeWireBlock({true, {}}, codec::DType::kF32, v.data(), 16, &b).ok());
+    b.mutable_address()->set_job("j");
+    b.mutable_address()->set_key(key);
+    b.mutable_address()->set_worker(worker);
+    b.mutable_address()->set_shard_map_epoch(1);
+    return b;
+  };
+  proto::CompressedBlock out;
+  for (const char* key : {"a", "b"}) {
+    EXPECT_EQ(shard->PushPull(block(key, 0), absl::Now() + absl::Milliseconds(20), &out).code(),
+              absl::StatusCode::kDeadlineExceeded);
+  }
+  proto::StatsResponse stats;
+  shard->Stats(&stats);
+  EXPECT_EQ(stats.pending_steps(), 2u);
+  // Past the step timeout and the shard's once-a-second check, nobody having pushed "a" or
+  // "b" again: their slots are free, and an honest step goes through.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  do {
+    absl::SleepFor(absl::Milliseconds(50));
+    shard->Stats(&stats);
+  } while (stats.pending_steps() != 0 && absl::Now() < until);
+  EXPECT_EQ(stats.pending_steps(), 0u);
+  std::thread first([&] {
+    proto::CompressedBlock o;
+    EXPECT_TRUE(shard->PushPull(block("honest", 0), absl::Now() + absl::Seconds(5), &o).ok());
+  });
+  EXPECT_TRUE(shard->PushPull(block("honest", 1), absl::Now() + absl::Seconds(5), &out).ok());
+  first.join();
 }
 
 }  // namespace

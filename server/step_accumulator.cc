@@ -99,6 +99,11 @@ void StepAccumulator::ExpireLocked() {
   if (arrived_count_ > 0 && absl::Now() >= step_deadline_) FailLocked(TimedOutLocked());
 }
 
+void StepAccumulator::ExpireIfDue() {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked();
+}
+
 absl::Status StepAccumulator::TimedOutLocked() const {
   return absl::DeadlineExceededError(absl::StrCat(
       "step ", current_step_, " of ", options_.label, " timed out after ",

@@ -134,6 +134,10 @@ class StepAccumulator {
   // Returns a buffer from TakeBuffer that will not be pushed (e.g. its block was corrupt).
   void GiveBack(std::vector<float> buffer);
 
+  // Fails the current step if it timed out with nobody left waiting for it (otherwise the
+  // next push to this chunk notices). Frees its pending-step slot.
+  void ExpireIfDue();
+
   // Whether the call that pushed may go on waiting; an error ends its wait with that error
   // (the contribution stays, as when the call's deadline passes). Cheap, and called under
   // the accumulator's lock: it must take no lock that is held while taking that one.
