@@ -233,8 +233,9 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
       if (t->live[c * replicas_ + j] == self) t->backups[c].synced = fresh && !joining_shards_[self];
     }
   }
-  log::Info("shard {}: declared '{}' {} x {} in {} chunks, {} owned here", self, r.key(),
-            std::string(codec::DTypeName(dtype)), r.elements(), layout.num_chunks, t->chunks.size());
+  log::Info("shard {}: declared '{}' {} x {} in {} chunks, {} owned here", self, log::Clip(r.key()),
+            std::string(codec::DTypeName(dtype)), r.elements(), layout.num_chunks,
+            t->chunks.size());
   Tensor* raw = t.get();
   chunks_owned_ += t->chunks.size();
   ++tensors_declared_;
