@@ -153,6 +153,15 @@ void WatchConfig(const std::string& path, const std::vector<std::string>& overri
 
 int main(int argc, char** argv) {
   const pid_t parent_at_start = getppid();  // for --exit_with_parent, read first
+  // Block the signals before any thread starts (PeriodicMallocTrim's is the first), so that
+  // only sigwait() below sees them. A thread that did not block SIGTERM took one that came
+  // before main reached sigwait, and its default action ended the process (exit 143, no
+  // drain, no final checkpoint); now such a signal waits for sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   gcomp::TuneMallocForLargeBuffers();
   gcomp::DisableMutexDeadlockDetection();
   const gcomp::PeriodicMallocTrim trim_heap(absl::Seconds(5));
@@ -238,13 +247,6 @@ int main(int argc, char** argv) {
         "nofile limit)",
         files.rlim_cur, files.rlim_cur > reserve ? files.rlim_cur - reserve : 0, max_connections);
   }
-  // Block the signals before any thread starts so that only sigwait() below sees them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
   gcomp::server::ShardOptions options;
   options.shard = static_cast<uint32_t>(shard);
   options.decode_threads = absl::GetFlag(FLAGS_decode_threads);

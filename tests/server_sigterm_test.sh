@@ -49,18 +49,22 @@ grep -q "UNAVAILABLE" "$DIR/worker.json" || fail "the waiting worker's error is 
 "$SERVER" --config "$DIR/cluster.yaml" --shard 0 --metrics_address none --parent_pid 5 \
   2> "$DIR/flag.log" && fail "--parent_pid without --exit_with_parent was taken"
 grep -q "comes with --exit_with_parent" "$DIR/flag.log" || { cat "$DIR/flag.log"; fail "no flag error"; }
+# Ten times: its SIGTERM to itself comes before main() reaches sigwait() about one run in
+# ten on a loaded machine, and a thread that had not blocked the signal once took it and
+# ended the process (exit 143, no drain).
 sleep 600 &
 other_pid=$!
-start=$(date +%s)
-timeout 30 "$SERVER" --config "$DIR/cluster.yaml" --shard 0 --metrics_address none --exit_with_parent \
-  --parent_pid "$other_pid" 2> "$DIR/orphan.log"
-orphan_rc=$?
-elapsed=$(( $(date +%s) - start ))
+for run in 1 2 3 4 5 6 7 8 9 10; do
+  start=$(date +%s)
+  timeout 30 "$SERVER" --config "$DIR/cluster.yaml" --shard 0 --metrics_address none \
+    --exit_with_parent --parent_pid "$other_pid" 2> "$DIR/orphan.log"
+  orphan_rc=$?
+  elapsed=$(( $(date +%s) - start ))
+  [[ $orphan_rc -eq 0 ]] || { cat "$DIR/orphan.log"; kill "$other_pid"; fail "an orphaned shard exited $orphan_rc (run $run)"; }
+  (( elapsed <= 10 )) || { kill "$other_pid"; fail "an orphaned shard took ${elapsed}s to shut down"; }
+  grep -q "($other_pid) exited: shutting down" "$DIR/orphan.log" || { cat "$DIR/orphan.log"; kill "$other_pid"; fail "no orphan line in the log"; }
+done
 kill "$other_pid"
-cat "$DIR/orphan.log"
-[[ $orphan_rc -eq 0 ]] || fail "an orphaned shard exited $orphan_rc"
-(( elapsed <= 10 )) || fail "an orphaned shard took ${elapsed}s to shut down"
-grep -q "($other_pid) exited: shutting down" "$DIR/orphan.log" || fail "no orphan line in the log"
 "$SERVER" --config "$DIR/cluster.yaml" --shard 0 --metrics_address none --exit_with_parent \
   --parent_pid $$ 2> "$DIR/child.log" &
 child_pid=$!
