@@ -2,12 +2,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 
-#include <cstdlib>
+#include "absl/strings/str_cat.h"
 #include "xxhash.h"
 
 namespace gcomp::cluster {
+
+absl::Status CheckTensorElements(absl::string_view key, uint64_t elements) {
+  if (elements != 0 && elements <= kMaxTensorElements) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor '", key, "': elements must be in [1, 2^36], got ", elements));
+}
 
 ChunkLayout::ChunkLayout(size_t elements, size_t element_bytes, size_t chunk_bytes)
     : elements(elements),

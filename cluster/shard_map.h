@@ -14,6 +14,7 @@
 #include <limits>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace gcomp::cluster {
@@ -21,6 +22,8 @@ namespace gcomp::cluster {
 // The most elements a tensor may have (a shard refuses larger declarations; the worker
 // Client checks before it lays the chunks out).
 inline constexpr uint64_t kMaxTensorElements = uint64_t{1} << 36;
+// InvalidArgument naming `key` unless elements is in [1, kMaxTensorElements].
+absl::Status CheckTensorElements(absl::string_view key, uint64_t elements);
 
 // How a tensor of `elements` elements of `element_bytes` bytes is cut into chunks of
 // chunk_bytes (rounded down to whole elements, at least one element each).

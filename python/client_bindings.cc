@@ -58,8 +58,7 @@ class PyClient {
     ThrowIfError(s);
     // Only once the shards took it: a refused re-declaration leaves the key as it was, and
     // the buffers checked against it must keep the size the Client reads and writes.
-    declared_[key] = Declared{elements * codec::DTypeBytes(dtype), codec::DTypeBytes(dtype),
-                              std::string(codec::DTypeName(dtype))};
+    declared_[key] = Declared{elements * codec::DTypeBytes(dtype), dtype};
   }
 
   // In place when `out` is None.
@@ -167,8 +166,7 @@ class PyClient {
 
   struct Declared {
     size_t bytes;
-    size_t element_bytes;
-    std::string dtype;
+    codec::DType dtype;
   };
 
   // The Client trusts its caller on sizes; a Python caller gets a ValueError instead.
@@ -186,12 +184,13 @@ class PyClient {
   // Also the element width, where the buffer has one (bytes and bytearray have none): an
   // f16 array of an f32 key's byte count is a caller's mistake, not 2x the elements.
   void CheckBuffer(const std::string& key, const ContiguousBuffer& b) const {
-    const Declared& d = CheckSize(key, b.size);
+    const codec::DType dtype = CheckSize(key, b.size).dtype;
     const size_t width = static_cast<size_t>(b.info.itemsize);
-    if (width != 1 && width != d.element_bytes) {
-      throw py::value_error("key '" + key + "' holds " + d.dtype + " elements of " +
-                            std::to_string(d.element_bytes) + " bytes; the buffer's elements have " +
-                            std::to_string(width) + " (format '" + b.info.format + "')");
+    if (width != 1 && width != codec::DTypeBytes(dtype)) {
+      throw py::value_error("key '" + key + "' holds " + std::string(codec::DTypeName(dtype)) +
+                            " elements of " + std::to_string(codec::DTypeBytes(dtype)) +
+                            " bytes; the buffer's elements have " + std::to_string(width) +
+                            " (format '" + b.info.format + "')");
     }
   }
 

@@ -33,10 +33,7 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
   if (!key_ok.ok()) return key_ok;
   absl::StatusOr<codec::DType> dtype = cluster::FromProto(r.dtype());
   if (!dtype.ok()) return dtype.status();
-  if (r.elements() == 0 || r.elements() > cluster::kMaxTensorElements) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", r.key(), "': elements must be in [1, 2^36], got ",
-                                                   r.elements()));
-  }
+  if (absl::Status s = cluster::CheckTensorElements(r.key(), r.elements()); !s.ok()) return s;
   absl::StatusOr<cluster::OptimizerOptions> opt =
       OptimizerFrom(r.has_optimizer() ? r.optimizer() : config_.optimizer());
   if (!opt.ok()) return opt.status();
@@ -86,8 +83,9 @@ absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
     }
     // Listed only while the list fits in a reply: a declaration that succeeded must not be
     // answered with a message too large to send (the client would retry it for good).
+    constexpr size_t kMaxListedChunks = 65536;  // as proto/aggregation.proto says
     response->set_owned_chunk_count((*tensor)->chunks.size());
-    if ((*tensor)->chunks.size() <= 65536) {
+    if ((*tensor)->chunks.size() <= kMaxListedChunks) {
       for (const auto& [c, acc] : (*tensor)->chunks) response->add_owned_chunks(c);
     }
   }

@@ -95,7 +95,7 @@ void StepAccumulator::ExpireLocked() {
   // A step times out when a waiting push notices; a push whose call ended before that (a
   // short deadline, a client gone) leaves nobody waiting, and the step would stay pending
   // for good, refusing every other step as stale or future. The next push to arrive
-  // notices instead.
+  // notices instead, or the shard's sweep (ExpireIfDue) when pending steps pile up.
   if (arrived_count_ > 0 && absl::Now() >= step_deadline_) FailLocked(TimedOutLocked());
 }
 

@@ -78,10 +78,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
 absl::Status Client::Declare(const std::string& key, codec::DType dtype, size_t elements,
                              const void* initial) {
   Impl& m = *impl_;
-  if (elements == 0 || elements > cluster::kMaxTensorElements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", key, "': elements must be in [1, 2^36], got ", elements));
-  }
+  if (absl::Status s = cluster::CheckTensorElements(key, elements); !s.ok()) return s;
   TensorInfo t;
   t.dtype = dtype;
   t.layout = cluster::ChunkLayout(elements, codec::DTypeBytes(dtype), m.config.chunk_bytes());
