@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <random>
 #include <set>
@@ -222,6 +223,7 @@ struct SetInfo {
   int64_t step = -1;
   std::vector<Manifest> manifests;  // one per shard when complete
   std::string problem;              // why it is incomplete (empty: complete)
+  std::vector<uint32_t> missing;    // shards whose manifest is absent (idle ones excepted)
   // No shard wrote its manifest: a first checkpoint interrupted before any shard finished.
   // Nothing of it was ever committed, so it is passed over, not counted as damage.
   bool never_written = false;
@@ -282,15 +284,19 @@ std::vector<SetInfo> ListSets(const std::string& dir) {
     }
     // A missing manifest is no gap when a shard that wrote one names its shard idle (it
     // owned no chunk, so it completed no step). LoadSet still checks every chunk is there.
-    for (uint32_t k : missing) {
-      if (!s.problem.empty()) break;
-      const bool idle = std::any_of(s.manifests.begin(), s.manifests.end(), [k](const Manifest& m) {
-        return std::binary_search(m.idle_shards.begin(), m.idle_shards.end(), k);
-      });
-      if (idle) continue;
-      s.problem = absl::StrCat("incomplete: ", s.path, "/", ShardPrefix(k, s.shards),
-                               ".manifest is missing");
-      s.never_written = s.manifests.empty();
+    if (s.problem.empty()) {  // a damaged manifest is the set's problem, not the missing ones
+      for (uint32_t k : missing) {
+        const bool idle =
+            std::any_of(s.manifests.begin(), s.manifests.end(), [k](const Manifest& m) {
+              return std::binary_search(m.idle_shards.begin(), m.idle_shards.end(), k);
+            });
+        if (!idle) s.missing.push_back(k);
+      }
+      if (!s.missing.empty()) {
+        s.problem = absl::StrCat("incomplete: ", s.path, "/", ShardPrefix(s.missing[0], s.shards),
+                                 ".manifest is missing");
+        s.never_written = s.manifests.empty();
+      }
     }
     if (s.final) s.step = latest;
     sets.push_back(std::move(s));
@@ -302,6 +308,38 @@ std::vector<SetInfo> ListSets(const std::string& dir) {
     return a.name > b.name;
   });
   return sets;
+}
+
+// How many periodic sets in a row a shard must have missed to be reported: one set behind
+// is a shard still writing, two may be a slow disk.
+constexpr size_t kStalledSets = 3;
+
+// The shards of `shards` that wrote none of the newest kStalledSets periodic sets of that
+// shard count, when none of those sets is complete: a warning naming them, or "".
+std::string StalledShardsWarning(const std::vector<SetInfo>& sets, uint32_t shards) {
+  std::vector<const SetInfo*> run;
+  for (const SetInfo& s : sets) {
+    if (s.final || s.shards != shards) continue;
+    if (s.problem.empty()) break;  // complete: no shard is behind it
+    run.push_back(&s);
+    if (run.size() == kStalledSets) break;
+  }
+  if (run.size() < kStalledSets) return "";
+  std::vector<uint32_t> stalled = run[0]->missing;  // ascending, as are the others
+  for (const SetInfo* s : run) {
+    std::vector<uint32_t> both;
+    std::set_intersection(stalled.begin(), stalled.end(), s->missing.begin(), s->missing.end(),
+                          std::back_inserter(both));
+    stalled = std::move(both);
+  }
+  if (stalled.empty()) return "";
+  return absl::StrCat(
+      "shard", stalled.size() > 1 ? "s " : " ", absl::StrJoin(stalled, ", "), " of ", shards,
+      " wrote none of the last ", kStalledSets, " periodic checkpoint sets (steps ",
+      run.back()->step, " to ", run.front()->step,
+      "), so none of them is complete: a shard that is down or far behind does this, and so "
+      "does one whose chunks all belong to keys no longer pushed (docs/CHECKPOINT.md); the "
+      "final set written at SIGTERM still holds every chunk");
 }
 
 absl::Status CheckDeclaration(const proto::TensorDeclaration& d, const std::string& name) {
@@ -538,6 +576,13 @@ absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheck
   // shards are still writing): a shard that never writes (down, or its sets skipped) would
   // otherwise leave one more set on disk at every boundary, for good.
   std::vector<SetInfo> sets = ListSets(dir);
+  if (!c.final) {
+    static log::LineBudget* const budget = new log::LineBudget(1, "stalled checkpoint warnings");
+    if (std::string stalled = StalledShardsWarning(sets, c.shards);
+        !stalled.empty() && budget->Admit()) {
+      log::Warn("checkpoint: {}", stalled);
+    }
+  }
   uint32_t complete = 0, incomplete = 0;
   for (const SetInfo& info : sets) {
     const bool extra_incomplete = !info.final && !info.problem.empty() && ++incomplete > keep + 1;
@@ -560,18 +605,29 @@ std::vector<CheckpointSetSummary> ListCheckpointSets(const std::string& dir) {
   return out;
 }
 
+std::string StalledCheckpointShards(const std::string& dir, uint32_t shards) {
+  return StalledShardsWarning(ListSets(dir), shards);
+}
+
 std::pair<std::string, bool> DescribeCheckpoints(const std::string& dir) {
   std::string text = absl::StrCat("checkpoint directory ", dir, "\n");
   if (absl::Status st = CheckDirListable(dir); !st.ok()) {
     return {absl::StrCat(text, st.message(), "\n"), false};
   }
-  std::vector<CheckpointSetSummary> sets = ListCheckpointSets(dir);
+  const std::vector<SetInfo> sets = ListSets(dir);
   if (sets.empty()) return {absl::StrCat(text, "no checkpoint sets\n"), false};
   absl::StrAppend(&text, absl::StrFormat("%-32s %14s %7s  %s\n", "set", "step", "shards", "state"));
-  for (const CheckpointSetSummary& s : sets) {
-    const size_t slash = s.path.rfind('/');
-    absl::StrAppend(&text, absl::StrFormat("%-32s %14d %7d  %s\n", s.path.substr(slash + 1), s.step,
-                                           s.shards, s.problem.empty() ? "complete" : s.problem));
+  for (const SetInfo& s : sets) {
+    absl::StrAppend(&text, absl::StrFormat("%-32s %14d %7d  %s\n", s.name, s.step, s.shards,
+                                           s.problem.empty() ? "complete" : s.problem));
+  }
+  // The shard count of the newest periodic set: the one training writes now.
+  for (const SetInfo& s : sets) {
+    if (s.final) continue;
+    if (std::string stalled = StalledShardsWarning(sets, s.shards); !stalled.empty()) {
+      absl::StrAppend(&text, "warning: ", stalled, "\n");
+    }
+    break;
   }
   absl::StatusOr<LoadedCheckpoint> c = LoadLatestCheckpoint(dir);
   if (!c.ok()) return {absl::StrCat(text, "no usable set: ", c.status().ToString(), "\n"), false};

@@ -89,9 +89,15 @@ struct CheckpointSetSummary {
 // Every set in `dir`, newest first (the order LoadLatestCheckpoint tries them in).
 std::vector<CheckpointSetSummary> ListCheckpointSets(const std::string& dir);
 
+// When none of the newest three periodic sets of `shards` shards in `dir` is complete: a
+// warning naming the shards that wrote none of them (down, far behind, or owning only keys
+// no longer pushed). Otherwise "". Shards log it when they write a periodic set.
+std::string StalledCheckpointShards(const std::string& dir, uint32_t shards);
+
 // A listing of `dir` for operators: every set (complete or why not), then what the newest
 // usable one holds: job, epoch, bytes, and per tensor dtype, elements, optimizer, chunks
-// and the range of their completed steps. Second: whether a usable set exists.
+// and the range of their completed steps, with StalledCheckpointShards' warning for the
+// newest periodic sets. Second: whether a usable set exists.
 std::pair<std::string, bool> DescribeCheckpoints(const std::string& dir);
 
 // Checks a set's internal consistency: every declaration's chunks (under its chunk_bytes)

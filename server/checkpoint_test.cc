@@ -8,9 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "base/files.h"
+#include "gtest/gtest.h"
 
 namespace gcomp::server {
 namespace {
@@ -288,6 +289,38 @@ TEST(Checkpoint, IncompleteSetsAreBoundedToo) {
   absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->step, 1);
+}
+
+// A shard one or two sets behind is still writing; one that missed three in a row is named,
+// to the shards that write and in the operators' listing, until a set is complete again.
+TEST(Checkpoint, AShardThatMissedThreeSetsInARowIsNamed) {
+  const std::string dir = TempDir();
+  WriteSet(dir, 3, 9);
+  EXPECT_EQ(StalledCheckpointShards(dir, 3), "");
+  for (int64_t step : {19, 29}) {
+    ASSERT_TRUE(WriteShardCheckpoint(dir, Shard(0, 3, step), /*keep=*/2).ok());
+    ASSERT_TRUE(WriteShardCheckpoint(dir, Shard(2, 3, step), /*keep=*/2).ok());
+  }
+  ASSERT_TRUE(WriteShardCheckpoint(dir, Shard(2, 3, 19), /*keep=*/2).ok());
+  EXPECT_EQ(StalledCheckpointShards(dir, 3), "") << "two sets behind: not yet";
+  ASSERT_TRUE(WriteShardCheckpoint(dir, Shard(0, 3, 39), /*keep=*/2).ok());
+  const std::string stalled = StalledCheckpointShards(dir, 3);
+  EXPECT_TRUE(absl::StrContains(stalled,
+                                "shard 1 of 3 wrote none of the last 3 periodic "
+                                "checkpoint sets (steps 19 to 39)"))
+      << stalled;
+  EXPECT_TRUE(absl::StrContains(stalled, "keys no longer pushed")) << stalled;
+  // Shard 2 missed only step 39: it is behind, not named.
+  EXPECT_FALSE(absl::StrContains(stalled, "2 of 3")) << stalled;
+  EXPECT_EQ(StalledCheckpointShards(dir, 2), "") << "another shard count's sets";
+  const auto [text, usable] = DescribeCheckpoints(dir);
+  EXPECT_TRUE(usable);
+  EXPECT_TRUE(absl::StrContains(text, "warning: shard 1 of 3 wrote none")) << text;
+  // Shards 1 and 2 catch up: step 39 is complete, and nothing is named.
+  ASSERT_TRUE(WriteShardCheckpoint(dir, Shard(1, 3, 39), /*keep=*/2).ok());
+  ASSERT_TRUE(WriteShardCheckpoint(dir, Shard(2, 3, 39), /*keep=*/2).ok());
+  EXPECT_EQ(StalledCheckpointShards(dir, 3), "");
+  EXPECT_FALSE(absl::StrContains(DescribeCheckpoints(dir).first, "warning")) << text;
 }
 
 TEST(Checkpoint, FinalSetIsRewrittenInPlaceAndWinsATie) {
