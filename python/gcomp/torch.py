@@ -69,31 +69,45 @@ class PSHookState:
             self._steps[key] = step + 1
             return step
 
+    def _rewind(self, key, step):
+        """After a failed push-pull of `key` at `step`: its next push repeats `step`. A
+        failed step advanced no shard (or, where the shards completed it and the answer was
+        lost, they answer its result again), so counting on past it would put this worker
+        a step ahead of the shards for good, every later push refused as a future step."""
+        with self._lock:
+            if self._steps.get(key) == step + 1:
+                self._steps[key] = step
+
     def sync(self, key, step, flat, layout=None):
         """Push-pull of one flat tensor in place (error feedback applied). `layout`, where
         known, lists the (parameter, offset, elements) pieces of `flat`: a key whose
         pieces changed since the last push (a DDP bucket rebuilt, a layer frozen) gets each
         parameter's own residual back, not whatever sat at the same offsets."""
+        residual = None
         if self.error_feedback:
-            residual = self._residual_for(key, flat, layout)
-            if residual is not None:
-                flat.add_(residual)
+            kept = self._residual_for(key, flat, layout)
+            if kept is not None:
+                flat.add_(kept)
             pushed = self.transport.quantize(flat)
             if pushed is not flat:
                 # Kept in float32 (a bfloat16 difference would round most of it away), on
                 # the gradient's device (the codec's round trip runs on the CPU).
                 residual = flat.float() - pushed.to(flat.device).float()
-                with self._lock:
-                    self._residuals[key] = (layout, residual)
-                    if layout is not None:
-                        # Each parameter's residual is looked up by parameter, wherever it
-                        # sits now; older keys holding it are out of date.
-                        ids = {p for p, _, _ in layout}
-                        for other, (old_layout, _) in list(self._residuals.items()):
-                            if other != key and old_layout is not None and \
-                                    ids & {p for p, _, _ in old_layout}:
-                                del self._residuals[other]
         self.transport.push_pull(key, step, flat)
+        if residual is None:
+            return
+        # Only a push-pull that succeeded replaces the residuals: after a failed one the
+        # step is pushed again (or the next batch is) with the residuals it had.
+        with self._lock:
+            self._residuals[key] = (layout, residual)
+            if layout is not None:
+                # Each parameter's residual is looked up by parameter, wherever it sits now;
+                # older keys holding it are out of date.
+                ids = {p for p, _, _ in layout}
+                for other, (old_layout, _) in list(self._residuals.items()):
+                    if other != key and old_layout is not None and \
+                            ids & {p for p, _, _ in old_layout}:
+                        del self._residuals[other]
 
     def _residual_for(self, key, flat, layout):
         with self._lock:
@@ -140,6 +154,7 @@ class PSHookState:
                 self.sync(key, step, flat, layout)
                 fut.set_result(flat)
             except BaseException as e:  # surfaces in DDP's wait, naming the cause
+                self._rewind(key, step)
                 fut.set_exception(e)
 
         self._executor.submit(run)

@@ -221,6 +221,54 @@ def test_a_restarted_worker_goes_on_from_the_shards_step(tmp_path):
         transport.close()
 
 
+def test_a_worker_whose_step_timed_out_meets_a_late_one_by_pushing_again(tmp_path):
+    """Worker 1 is late for step 1: worker 0's push times out on the shards, and it pushes
+    the step again at once. It used to count on to step 2 (refused as a future step for
+    good); now its push meets worker 1's late one, and every step gives both the mean."""
+    needs_server()
+    needs_client()
+    torch = pytest.importorskip("torch")
+    from gcomp import comm
+    from gcomp import torch as gtorch
+    with cluster.LocalCluster(shards=2, workers=2, mode="lossless", workdir=str(tmp_path),
+                              chunk_bytes=4096, step_timeout_ms=1000) as c:
+        results, errors = {}, {}
+
+        def worker(w):
+            transport = comm.ClientTransport(cluster.connect(c.config_path, w))
+            state = gtorch.PSHookState(transport)
+            try:
+                for step in range(3):
+                    if w == 1 and step == 1:
+                        threading.Event().wait(2.5)  # a straggler: past the step timeout
+                    for attempt in range(8):
+                        flat = torch.full((3000,), float(w + 1 + step))  # 3 chunks
+                        try:
+                            state.submit("ddp/bucket0/3000", flat).wait()
+                            results[(w, step)] = flat
+                            break
+                        except Exception as e:  # pylint: disable=broad-except
+                            errors.setdefault(w, []).append(str(e))
+            finally:
+                state.close()
+                transport.close()
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for w in range(2):
+            for step in range(3):
+                assert (w, step) in results, (w, step, errors)
+                assert torch.equal(results[(w, step)], torch.full((3000,), 1.5 + step))
+        # Worker 0's first push of step 1 timed out, naming worker 1; no push was refused
+        # as a future step.
+        assert any("missing workers" in e and "step 1" in e for e in errors.get(0, [])), errors
+        assert not any("future step" in e for es in errors.values() for e in es), errors
+        assert 1 not in errors, errors
+
+
 def test_local_cluster_takes_further_config_fields(tmp_path):
     needs_server()
     c = cluster.LocalCluster(shards=1, workers=1, mode="lossless", workdir=str(tmp_path),

@@ -315,6 +315,52 @@ def test_error_feedback_follows_each_parameter_when_the_buckets_change():
     sync.close()
 
 
+class FailsOnce(Recording):
+    """Recording, with steps, whose push of `fail_at` (call index) raises TimeoutError."""
+
+    def __init__(self, fail_at):
+        super().__init__()
+        self.fail_at, self.steps = fail_at, []
+
+    def push_pull(self, key, step, tensor):
+        self.steps.append(step)
+        if len(self.steps) - 1 == self.fail_at:
+            raise TimeoutError("DEADLINE_EXCEEDED: step %d: missing workers: worker-1" % step)
+        super().push_pull(key, step, tensor)
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_after_a_failed_push_pull_the_key_repeats_its_step(retry):
+    # A failed step advances no shard: counting on past it left the worker a step ahead of
+    # the shards for good ("future step" on every later push). Error feedback keeps the
+    # residual it had before the failed push.
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4, bias=False)
+    transport = FailsOnce(fail_at=1)
+    sync = gtorch.GradientSync(model, transport, error_feedback=True)
+    x = torch.randn(2, 4)
+
+    def backward():
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        return model.weight.grad.reshape(-1).clone()
+
+    g = backward()
+    sync.sync()
+    residual = g - transport.quantize(g)
+    assert torch.count_nonzero(residual) > 0
+    g = backward()
+    with pytest.raises(TimeoutError, match="missing workers"):
+        sync.sync()
+    if retry:
+        g = backward()  # the same batch again
+    sync.sync()
+    sync.sync()
+    assert transport.steps == [0, 1, 1, 2]
+    assert torch.equal(transport.pushes[1][2], g + residual)
+    sync.close()
+
+
 def test_zero_element_parameters_push_nothing():
     model = nn.ParameterDict({"empty": nn.Parameter(torch.zeros(0)),
                               "brain": nn.Parameter(torch.zeros(0, dtype=torch.bfloat16)),
