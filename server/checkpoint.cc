@@ -60,7 +60,10 @@ absl::Status WriteDurably(const std::string& dir, const std::string& name, absl:
   const std::string path = absl::StrCat(dir, "/", name);
   const std::string tmp = absl::StrCat(path, ".tmp", getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp, ": ", ErrnoText()));
+  if (fd < 0) {
+    const int err = errno;  // NotFound where the directory was removed meanwhile
+    return absl::ErrnoToStatus(err, absl::StrCat("cannot create ", tmp));
+  }
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -79,9 +82,9 @@ absl::Status WriteDurably(const std::string& dir, const std::string& name, absl:
     return absl::DataLossError(absl::StrCat("cannot sync ", tmp, ": ", why));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = ErrnoText();
+    const int err = errno;
     ::unlink(tmp.c_str());
-    return absl::PermissionDeniedError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", why));
+    return absl::ErrnoToStatus(err, absl::StrCat("cannot rename ", tmp, " to ", path));
   }
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
@@ -545,13 +548,7 @@ absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheck
   c.chunks.clear();
   const std::string bytes = SerializeCheckpointFile(records);
   records.clear();
-  // A fresh name per write, so a manifest always names a file that was complete when it was
-  // written (the final set is rewritten in place).
-  std::random_device rd;
   const std::string prefix = ShardPrefix(c.shard, c.shards);
-  const std::string file = absl::StrCat(prefix, "-", Hex((uint64_t{rd()} << 32) | rd()), ".ckpt");
-  s = WriteDurably(set_path, file, bytes);
-  if (!s.ok()) return s;
   Manifest m;
   m.job = c.job;
   m.set = set;
@@ -559,12 +556,28 @@ absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheck
   m.shard = c.shard;
   m.shards = c.shards;
   m.epoch = c.shard_map_epoch;
-  m.file = file;
   m.file_bytes = bytes.size();
   m.file_xxh64 = XXH64(bytes.data(), bytes.size(), 0);
   m.idle_shards = std::move(c.idle_shards);
-  s = WriteDurably(set_path, absl::StrCat(prefix, ".manifest"), SerializeManifest(m));
+  // A fresh name per write, so a manifest always names a file that was complete when it was
+  // written (the final set is rewritten in place).
+  std::random_device rd;
+  const auto write_files = [&]() -> absl::Status {
+    m.file = absl::StrCat(prefix, "-", Hex((uint64_t{rd()} << 32) | rd()), ".ckpt");
+    if (absl::Status st = WriteDurably(set_path, m.file, bytes); !st.ok()) return st;
+    return WriteDurably(set_path, absl::StrCat(prefix, ".manifest"), SerializeManifest(m));
+  };
+  s = write_files();
+  if (absl::IsNotFound(s)) {
+    // Another shard's clean-up removed the set meanwhile: an old final set this shard is
+    // rewriting, or one no shard had finished. Made again, it holds this shard's files.
+    log::Warn("checkpoint: {} was removed while shard {} wrote it ({}); writing it again", set_path,
+              c.shard, std::string(s.message()));
+    s = MakeDirs(set_path);
+    if (s.ok()) s = write_files();
+  }
   if (!s.ok()) return s;
+  const std::string& file = m.file;
   // This shard's older data files in the set (a rewritten final set).
   for (const std::string& n : ListDir(set_path)) {
     if (n != file && absl::StartsWith(n, prefix + "-") && absl::EndsWith(n, ".ckpt")) {
@@ -585,6 +598,9 @@ absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheck
   }
   uint32_t complete = 0, incomplete = 0;
   for (const SetInfo& info : sets) {
+    // A final set with no manifest yet is most likely being written now, by a shard that
+    // stops alone (SIGTERM) while this one trains on: left to it (one per shard count).
+    if (info.final && info.never_written) continue;
     const bool extra_incomplete = !info.final && !info.problem.empty() && ++incomplete > keep + 1;
     if ((complete >= keep || extra_incomplete) && info.name != set) {
       log::Info("checkpoint: deleting {} set {}", complete >= keep ? "old" : "incomplete",

@@ -323,6 +323,28 @@ TEST(Checkpoint, AShardThatMissedThreeSetsInARowIsNamed) {
   EXPECT_FALSE(absl::StrContains(DescribeCheckpoints(dir).first, "warning")) << text;
 }
 
+// Shard 1 stops alone and writes its final set while shard 0 trains on and cleans up after
+// each periodic set: a final set no shard has finished is not shard 0's to delete (it was,
+// and shard 1's rename then failed).
+TEST(Checkpoint, AFinalSetBeingWrittenIsNotDeletedByAnotherShard) {
+  const std::string dir = TempDir();
+  const std::string final_dir = absl::StrCat(dir, "/", CheckpointSetName(true, 0, 2));
+  ASSERT_EQ(::mkdir(final_dir.c_str(), 0755), 0);
+  {
+    std::ofstream partial(absl::StrCat(final_dir, "/shard-1-of-2-0123456789abcdef.ckpt.tmp7"));
+    partial << "half written";
+  }
+  for (int64_t step : {2, 5, 8}) WriteSet(dir, 2, step, /*keep=*/1);
+  struct stat st;
+  EXPECT_EQ(::stat(final_dir.c_str(), &st), 0);
+  ShardCheckpoint last = Shard(1, 2, 8);
+  last.final = true;
+  ASSERT_TRUE(WriteShardCheckpoint(dir, std::move(last), /*keep=*/1).ok());
+  // Now written (and incomplete: shard 0 wrote no final set), it is an ordinary set again.
+  WriteSet(dir, 2, 11, /*keep=*/1);
+  EXPECT_NE(::stat(final_dir.c_str(), &st), 0);
+}
+
 TEST(Checkpoint, FinalSetIsRewrittenInPlaceAndWinsATie) {
   const std::string dir = TempDir();
   WriteSet(dir, 2, 5);
