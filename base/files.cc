@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -12,19 +13,36 @@
 
 namespace gcomp {
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
+absl::StatusOr<std::string> ReadFile(const std::string& path) { return ReadFile(path, UINT64_MAX); }
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+    // NotFound only where there is no such file: a file that is there but cannot be opened
+    // (no permission, a symlink loop) is not to be taken for one never written.
+    const int err = errno;
+    return absl::ErrnoToStatus(err, absl::StrCat("cannot open ", path));
   }
+  const auto too_large = [&] {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is larger than ", max_bytes, " bytes, the most it may hold"));
+  };
   // A regular file is read into a buffer of its size (+1 to see the end in the same loop):
   // one allocation and a read call or two, where a stream grows a buffer by doubling and
   // reads 8 KB at a time. Files of unknown size (pipes, /proc) grow from 64 KiB.
   struct stat st;
   const bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (regular && static_cast<uint64_t>(st.st_size) > max_bytes) {
+    close(fd);
+    return too_large();
+  }
   std::string bytes(regular ? static_cast<size_t>(st.st_size) + 1 : size_t{64} << 10, '\0');
   size_t size = 0;
   while (true) {
+    if (size > max_bytes) {  // a device or pipe (or a file that grew)
+      close(fd);
+      return too_large();
+    }
     if (size == bytes.size()) bytes.resize(bytes.size() * 2);
     const ssize_t n = read(fd, bytes.data() + size, bytes.size() - size);
     if (n < 0 && errno == EINTR) continue;
@@ -37,6 +55,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
     size += static_cast<size_t>(n);
   }
   close(fd);
+  if (size > max_bytes) return too_large();
   bytes.resize(size);
   return bytes;
 }

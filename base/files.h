@@ -13,9 +13,14 @@
 
 namespace gcomp {
 
-// The bytes of the file at `path`; NotFound naming it (and why) if it cannot be opened,
-// DataLoss if reading fails (a directory, an I/O error).
+// The bytes of the file at `path`; NotFound naming it if there is no such file, the code of
+// the errno otherwise (PermissionDenied, ...) if it cannot be opened, DataLoss if reading
+// fails (a directory, an I/O error).
 absl::StatusOr<std::string> ReadFile(const std::string& path);
+// The same, refusing with FailedPrecondition naming the limit a file of more than
+// `max_bytes`: a regular file by its size before anything is read, anything else (a
+// device such as /dev/zero, a pipe) once more than that has been read.
+absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes);
 
 // Writes `bytes` to a temporary file beside `path` and renames it over `path`, so `path`
 // is never left half-written: it holds either its old content or all of `bytes`.

@@ -96,6 +96,20 @@ TEST(Files, FilesOfUnknownSizeAreReadWhole) {
   EXPECT_NE(got->find("VmRSS"), std::string::npos);
 }
 
+TEST(Files, AReadWithALimitRefusesMoreNamingIt) {
+  const std::string path = TempPath("files_test_limit");
+  ASSERT_TRUE(WriteFileAtomically(path, std::string(100, 'x')).ok());
+  EXPECT_EQ(ReadFile(path, 100)->size(), 100u);
+  absl::StatusOr<std::string> got = ReadFile(path, 99);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(got.status().message().find("larger than 99 bytes"), absl::string_view::npos)
+      << got.status();
+  // A device that never ends (a config or manifest path pointed at it) stops at the limit.
+  got = ReadFile("/dev/zero", 1 << 20);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << got.status();
+  EXPECT_NE(got.status().message().find("/dev/zero"), absl::string_view::npos);
+}
+
 TEST(Files, DirectoryIsDataLossNamingIt) {
   const char* dir = std::getenv("TEST_TMPDIR");
   const std::string path = dir != nullptr ? dir : "/tmp";

@@ -4,12 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
 #include <optional>
-#include <sstream>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -19,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "base/files.h"
 #include "cluster/config_fields.h"
 #include "cluster/optimizer.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -108,7 +107,6 @@ proto::ClusterConfig DefaultClusterConfig() { return config_fields::Defaults(); 
 
 // Matches shards.count's range; a map this size is already far beyond any deployment, and a
 // bound keeps a config from a network peer (a re-shard's Prepare) cheap to check.
-constexpr int kMaxShards = 4096;
 constexpr uint32_t kMaxReplicas = 8;
 
 absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
@@ -320,11 +318,14 @@ absl::StatusOr<proto::ClusterConfig> LoadClusterConfig(const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat("cluster config '", path, "' is a directory, not a file"));
   }
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read cluster config '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseClusterConfig(ss.str(), overrides);
+  absl::StatusOr<std::string> text = ReadFile(path, kMaxClusterConfigBytes);
+  if (absl::IsFailedPrecondition(text.status())) {  // /dev/zero, or not a config at all
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster config '", path, "': ", text.status().message()));
+  }
+  if (!text.ok())
+    return absl::NotFoundError(absl::StrCat("cannot read cluster config '", path, "'"));
+  return ParseClusterConfig(*text, overrides);
 }
 
 std::string ClusterConfigToYaml(const proto::ClusterConfig& c) {

@@ -9,6 +9,7 @@
 #ifndef GCOMP_CLUSTER_CLUSTER_CONFIG_H_
 #define GCOMP_CLUSTER_CLUSTER_CONFIG_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,12 @@ proto::ClusterConfig DefaultClusterConfig();
 // ("uplink.mode=none"); "shards" takes a comma-separated list. Then validates.
 absl::StatusOr<proto::ClusterConfig> ParseClusterConfig(
     absl::string_view text, const std::vector<std::string>& overrides = {});
+
+// The most shards a config may list.
+constexpr int kMaxShards = 4096;
+
+// A config file larger than this is refused unread (a path pointed at /dev/zero).
+constexpr uint64_t kMaxClusterConfigBytes = 16 << 20;
 
 // Reads the file at `path` (NotFound if it cannot be read), then as ParseClusterConfig.
 absl::StatusOr<proto::ClusterConfig> LoadClusterConfig(

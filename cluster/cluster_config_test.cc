@@ -286,6 +286,14 @@ TEST(ClusterConfig, ADirectoryIsNotAConfig) {
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("is a directory"));
 }
 
+// A path pointed at a device that never ends is read no further than the limit.
+TEST(ClusterConfig, ADeviceIsReadNoFurtherThanTheLimit) {
+  absl::StatusOr<proto::ClusterConfig> c = LoadClusterConfig("/dev/zero");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr(absl::StrCat("larger than ", kMaxClusterConfigBytes, " bytes")));
+}
+
 TEST(ClusterConfig, DuplicateShardAddressIsNamed) {
   absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood, {"shards=a:1,b:2,a:1"});
   ASSERT_FALSE(c.ok());

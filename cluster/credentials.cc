@@ -24,7 +24,13 @@ bool TlsOn(const proto::SecurityConfig& sec) { return !sec.ca_file().empty(); }
 // gRPC's file watcher only logs unreadable files and then fails every handshake; check
 // them once up front so that a wrong path is a clear error at startup.
 absl::Status CheckPemFile(absl::string_view field, const std::string& path) {
-  absl::StatusOr<std::string> bytes = ReadFile(path);
+  // PEM bundles are kilobytes; a path pointed at a device must not be read for good.
+  constexpr uint64_t kMaxPemBytes = 16 << 20;
+  absl::StatusOr<std::string> bytes = ReadFile(path, kMaxPemBytes);
+  if (absl::IsFailedPrecondition(bytes.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("security.", field, " '", path, "': ", bytes.status().message()));
+  }
   if (!bytes.ok()) {
     return absl::NotFoundError(absl::StrCat("security.", field, " '", path, "': cannot be read"));
   }

@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -26,6 +27,7 @@
 #include "absl/strings/strip.h"
 #include "base/files.h"
 #include "base/logging.h"
+#include "cluster/cluster_config.h"
 #include "cluster/shard_map.h"
 #include "xxhash.h"
 
@@ -38,6 +40,8 @@ constexpr char kMagic[8] = {'G', 'C', 'K', 'P', 'T', '0', '0', '1'};
 constexpr char kTrailer[8] = {'G', 'C', 'K', 'P', 'E', 'N', 'D', '1'};
 constexpr uint32_t kMaxRecordBytes = 1u << 30;
 constexpr char kManifestHeader[] = "gcomp-checkpoint-manifest 1";
+// A manifest is a few lines, plus idle shards' indices: far under this.
+constexpr uint64_t kMaxManifestBytes = 1 << 20;
 
 void PutU32(std::string* out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
@@ -232,17 +236,23 @@ struct SetInfo {
   bool never_written = false;
 };
 
-// Parses "step-NNN-of-S" / "final-of-S"; false for other names.
+// Parses "step-NNN-of-S" / "final-of-S"; false for other names, and for shard counts no
+// config allows (a stray "final-of-4000000000" would have every listing try to read 4e9
+// manifests).
 bool ParseSetName(const std::string& name, bool* final, int64_t* step, uint32_t* shards) {
   std::vector<std::string> parts = absl::StrSplit(name, '-');
+  const auto shards_ok = [&](const std::string& text) {
+    return absl::SimpleAtoi(text, shards) && *shards > 0 &&
+           *shards <= static_cast<uint32_t>(cluster::kMaxShards);
+  };
   if (parts.size() == 3 && parts[0] == "final" && parts[1] == "of") {
     *final = true;
     *step = -1;
-    return absl::SimpleAtoi(parts[2], shards) && *shards > 0;
+    return shards_ok(parts[2]);
   }
   if (parts.size() == 4 && parts[0] == "step" && parts[2] == "of") {
     *final = false;
-    return absl::SimpleAtoi(parts[1], step) && absl::SimpleAtoi(parts[3], shards) && *shards > 0;
+    return absl::SimpleAtoi(parts[1], step) && *step >= 0 && shards_ok(parts[3]);
   }
   return false;
 }
@@ -260,10 +270,15 @@ std::vector<SetInfo> ListSets(const std::string& dir) {
     for (uint32_t k = 0; k < s.shards && s.problem.empty(); ++k) {
       const std::string mname = absl::StrCat(ShardPrefix(k, s.shards), ".manifest");
       const std::string mpath = absl::StrCat(s.path, "/", mname);
-      absl::StatusOr<std::string> text = ReadFile(mpath);
-      if (!text.ok()) {
+      absl::StatusOr<std::string> text = ReadFile(mpath, kMaxManifestBytes);
+      if (absl::IsNotFound(text.status())) {
         missing.push_back(k);
         continue;
+      }
+      if (!text.ok()) {  // there, but unreadable: damage, never a manifest not yet written
+        s.problem = absl::StrCat("checkpoint manifest ", mpath,
+                                 " cannot be read: ", text.status().message());
+        break;
       }
       absl::StatusOr<Manifest> m = ParseManifest(*text, mpath);
       if (!m.ok()) {
@@ -304,9 +319,15 @@ std::vector<SetInfo> ListSets(const std::string& dir) {
     if (s.final) s.step = latest;
     sets.push_back(std::move(s));
   }
-  // Newest first; a final set wins a tie.
-  std::sort(sets.begin(), sets.end(), [](const SetInfo& a, const SetInfo& b) {
-    if (a.step != b.step) return a.step > b.step;
+  // Newest first; a final set wins a tie. A final set whose step no manifest told may be
+  // the newest: it comes first, so that a restore names its problem rather than passing
+  // it over unseen for an older set.
+  const auto order = [](const SetInfo& s) {
+    const bool unknown = s.final && s.step < 0 && !s.problem.empty();
+    return unknown ? std::numeric_limits<int64_t>::max() : s.step;
+  };
+  std::sort(sets.begin(), sets.end(), [&order](const SetInfo& a, const SetInfo& b) {
+    if (order(a) != order(b)) return order(a) > order(b);
     if (a.final != b.final) return a.final;
     return a.name > b.name;
   });
@@ -366,7 +387,12 @@ absl::Status LoadSet(const SetInfo& s, LoadedCheckpoint* out) {
   absl::flat_hash_set<std::pair<std::string, uint32_t>> seen;
   for (const Manifest& m : s.manifests) {
     const std::string path = absl::StrCat(s.path, "/", m.file);
-    absl::StatusOr<std::string> bytes = ReadFile(path);
+    // Read no more than the manifest says it holds (a sparse file of terabytes, a device).
+    absl::StatusOr<std::string> bytes = ReadFile(path, m.file_bytes);
+    if (absl::IsFailedPrecondition(bytes.status())) {
+      return absl::DataLossError(absl::StrCat("checkpoint file ", path, " holds more than the ",
+                                              m.file_bytes, " bytes its manifest says"));
+    }
     if (!bytes.ok()) return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is missing"));
     if (bytes->size() != m.file_bytes) {
       return absl::DataLossError(absl::StrCat("checkpoint file ", path, " holds ", bytes->size(),

@@ -190,7 +190,16 @@ TEST(Checkpoint, ManifestWithBadIdleShardsIsDamage) {
   }
 }
 
-enum class Damage { kTruncate, kFlipByte, kDeleteManifest, kDeleteData, kFlipManifest };
+enum class Damage {
+  kTruncate,
+  kFlipByte,
+  kDeleteManifest,
+  kDeleteData,
+  kFlipManifest,
+  kManifestIsADirectory,
+  kManifestIsASymlinkLoop,
+  kDataGrew,
+};
 
 class DamagedCheckpoint : public ::testing::TestWithParam<Damage> {};
 
@@ -222,6 +231,21 @@ TEST_P(DamagedCheckpoint, FallsBackToThePreviousSetNamingTheProblem) {
       ASSERT_EQ(std::remove(data.c_str()), 0);
       expect = data;
       break;
+    case Damage::kManifestIsADirectory:  // unreadable: damage, not a manifest to come
+      ASSERT_EQ(std::remove(manifest.c_str()), 0);
+      ASSERT_EQ(::mkdir(manifest.c_str(), 0755), 0);
+      expect = manifest;
+      break;
+    case Damage::kManifestIsASymlinkLoop:
+      ASSERT_EQ(std::remove(manifest.c_str()), 0);
+      ASSERT_EQ(::symlink(manifest.c_str(), manifest.c_str()), 0);
+      expect = manifest;
+      break;
+    case Damage::kDataGrew: {  // read no further than the manifest's size (+1)
+      std::ofstream(data, std::ios::binary | std::ios::app) << std::string(1 << 20, 'x');
+      expect = data;
+      break;
+    }
     case Damage::kFlipManifest: {
       std::string text = *ReadFile(manifest);
       text[text.find("epoch 1") + 6] = '2';
@@ -249,7 +273,40 @@ TEST_P(DamagedCheckpoint, FallsBackToThePreviousSetNamingTheProblem) {
 INSTANTIATE_TEST_SUITE_P(All, DamagedCheckpoint,
                          ::testing::Values(Damage::kTruncate, Damage::kFlipByte,
                                            Damage::kDeleteManifest, Damage::kDeleteData,
-                                           Damage::kFlipManifest));
+                                           Damage::kFlipManifest, Damage::kManifestIsADirectory,
+                                           Damage::kManifestIsASymlinkLoop, Damage::kDataGrew));
+
+// A set whose only manifest cannot be read (here a directory in its place) is damage,
+// skipped with its problem named; it used to pass as a set no shard had finished writing,
+// skipped without a word.
+TEST(Checkpoint, AnUnreadableManifestIsDamageNotASetInProgress) {
+  const std::string dir = TempDir();
+  WriteSet(dir, 1, 5);
+  const std::string final_dir = absl::StrCat(dir, "/", CheckpointSetName(true, 0, 1));
+  ASSERT_EQ(::mkdir(final_dir.c_str(), 0755), 0);
+  const std::string manifest = absl::StrCat(final_dir, "/shard-0-of-1.manifest");
+  ASSERT_EQ(::mkdir(manifest.c_str(), 0755), 0);
+  absl::StatusOr<LoadedCheckpoint> c = LoadLatestCheckpoint(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->step, 5);
+  ASSERT_EQ(c->skipped.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(c->skipped[0], manifest + " cannot be read")) << c->skipped[0];
+}
+
+// Names of sets no config can write (a stray folder "final-of-4000000000") are passed over
+// at once: every listing used to try to read a manifest for each of 4e9 shards.
+TEST(Checkpoint, SetNamesWithImpossibleShardCountsArePassedOver) {
+  const std::string dir = TempDir();
+  WriteSet(dir, 2, 5);
+  for (const char* name : {"final-of-4000000000", "step-000000000009-of-4097",
+                           "step-000000000009-of-4294967295", "step--1-of-2"}) {
+    ASSERT_EQ(::mkdir(absl::StrCat(dir, "/", name).c_str(), 0755), 0) << name;
+  }
+  absl::StatusOr<LoadedCheckpoint> c = LoadLatestCheckpoint(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->step, 5);
+  EXPECT_EQ(ListCheckpointSets(dir).size(), 1u);
+}
 
 TEST(Checkpoint, MissingChunkIsDataLoss) {
   const std::string dir = TempDir();

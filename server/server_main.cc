@@ -99,7 +99,8 @@ void WatchConfig(const std::string& path, const std::vector<std::string>& overri
       auto stopped = [state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) { return state->stop; };
       if (state->mu.AwaitWithTimeout(absl::Condition(&stopped), poll)) return;
     }
-    absl::StatusOr<std::string> content = gcomp::ReadFile(path);
+    absl::StatusOr<std::string> content =
+        gcomp::ReadFile(path, gcomp::cluster::kMaxClusterConfigBytes);
     if (!content.ok()) continue;  // mid-swap, or gone: try again next time
     const bool changed = *content != last_content;
     last_content = *content;
