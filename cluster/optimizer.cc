@@ -139,25 +139,32 @@ OptimizerState Optimizer::state() const {
   return OptimizerState{value_, m_, v_, steps_};
 }
 
-absl::Status Optimizer::Restore(OptimizerState state) {
+absl::Status Optimizer::CheckState(const OptimizerOptions& options, size_t elements,
+                                   const OptimizerState& state) {
   for (auto [name, vec] : {std::pair<const char*, const std::vector<float>*>{"value", &state.value},
                            {"first moment", &state.m},
                            {"second moment", &state.v}}) {
-    if (!vec->empty() && vec->size() != elements_) {
+    if (!vec->empty() && vec->size() != elements) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer ", name, " holds ", vec->size(),
-                                                     " elements, expected ", elements_));
+                                                     " elements, expected ", elements));
     }
   }
-  const bool uses_m = options_.kind == OptimizerKind::kMomentum || options_.kind == OptimizerKind::kAdam;
+  const bool uses_m =
+      options.kind == OptimizerKind::kMomentum || options.kind == OptimizerKind::kAdam;
   if (!state.m.empty() && !uses_m) {
     return absl::InvalidArgumentError("optimizer state has a first moment its kind does not use");
   }
-  if (!state.v.empty() && options_.kind != OptimizerKind::kAdam) {
+  if (!state.v.empty() && options.kind != OptimizerKind::kAdam) {
     return absl::InvalidArgumentError("optimizer state has a second moment its kind does not use");
   }
   if (state.steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer step count ", state.steps, " < 0"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::Restore(OptimizerState state) {
+  if (absl::Status s = CheckState(options_, elements_, state); !s.ok()) return s;
   value_ = std::move(state.value);
   m_ = std::move(state.m);
   v_ = std::move(state.v);

@@ -74,12 +74,16 @@ class Optimizer {
   // The mean gradient (kNone) or the parameters.
   absl::Span<const float> value() const;
   size_t elements() const { return elements_; }
+  const OptimizerOptions& options() const { return options_; }
   int64_t steps() const { return steps_; }
   // A copy of the whole state; Restore(state()) gives back an identical optimizer.
   OptimizerState state() const;
   // Replaces the whole state. InvalidArgument (nothing changed) when a vector is neither
   // empty nor elements() long, a moment is present that the kind does not use, or steps < 0.
   absl::Status Restore(OptimizerState state);
+  // Restore's checks alone, for an optimizer of `options` over `elements` elements.
+  static absl::Status CheckState(const OptimizerOptions& options, size_t elements,
+                                 const OptimizerState& state);
 
  private:
   void AllocateValue() const;

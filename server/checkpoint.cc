@@ -696,7 +696,8 @@ std::pair<std::string, bool> DescribeCheckpoints(const std::string& dir) {
   return {text, true};
 }
 
-absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir) {
+absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(
+    const std::string& dir, const std::function<absl::Status(const LoadedCheckpoint&)>& accept) {
   if (absl::Status st = CheckDirListable(dir); !st.ok()) return st;
   std::vector<SetInfo> sets = ListSets(dir);
   if (sets.empty()) return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir));
@@ -713,6 +714,7 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir) {
     }
     LoadedCheckpoint loaded;
     absl::Status st = LoadSet(s, &loaded);
+    if (st.ok() && accept) st = accept(loaded);
     if (!st.ok()) {
       skipped.push_back(std::string(st.message()));
       log::Warn("checkpoint: skipping set {}: {}", s.path, std::string(st.message()));

@@ -9,6 +9,7 @@
 #define GCOMP_SERVER_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -72,7 +73,11 @@ struct LoadedCheckpoint {
 // shard finished writing (no manifest at all: passed over); FailedPrecondition when
 // it cannot be listed (not a directory, no permission); DataLoss listing every set's
 // problem when none is usable. Damaged sets are skipped (named in `skipped`), never partly loaded.
-absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir);
+// `accept`, where given, checks each set read before it is returned: one it refuses is
+// skipped like a damaged set (named in `skipped`), and the next older one is tried.
+absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(
+    const std::string& dir,
+    const std::function<absl::Status(const LoadedCheckpoint&)>& accept = nullptr);
 
 // Creates `dir` if needed and checks that this process can write checkpoints into it:
 // FailedPrecondition or PermissionDenied naming the directory and the reason.

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
@@ -251,7 +252,57 @@ absl::Status ShardService::RestoreFromCheckpoint() {
   // Checked now rather than at the first checkpoint, which would fail only in the log while
   // training went on without any.
   if (absl::Status st = CheckCheckpointDirWritable(dir); !st.ok()) return st;
-  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir);
+  // Every chunk this shard will restore is decoded and checked before anything is declared:
+  // a set whose states cannot be restored (damage behind valid checksums, a forged file) is
+  // skipped for an older one, as a damaged set is, instead of stopping the shard for good.
+  cluster::ShardMap map(1, 0);
+  std::vector<bool> down, joining;
+  uint32_t self = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    map = shard_map_;
+    down = down_;
+    joining = joining_shards_;
+    self = shard_index_.load();
+  }
+  absl::flat_hash_map<std::pair<std::string, uint32_t>, ChunkSnapshot> checked;
+  const auto restorable = [&](const LoadedCheckpoint& c) -> absl::Status {
+    checked.clear();
+    struct Owned {
+      cluster::ChunkLayout layout;
+      codec::DType dtype;
+      cluster::OptimizerOptions optimizer;
+      std::vector<uint32_t> live;
+    };
+    absl::flat_hash_map<std::string, Owned> tensors;
+    for (const proto::TensorDeclaration& d : c.declarations) {
+      absl::StatusOr<codec::DType> dtype = cluster::FromProto(d.dtype());
+      if (!dtype.ok()) return dtype.status();
+      absl::StatusOr<cluster::OptimizerOptions> opt = OptimizerFrom(d.optimizer());
+      if (!opt.ok()) return opt.status();
+      const cluster::ChunkLayout layout(d.elements(), codec::DTypeBytes(*dtype), d.chunk_bytes());
+      tensors.emplace(d.key(), Owned{layout, *dtype, *opt,
+                                     map.LiveReplicas(d.key(), layout, replicas_, down, joining)});
+    }
+    for (const proto::ChunkState& st : c.chunks) {
+      auto it = tensors.find(st.key());
+      if (it == tensors.end() || st.chunk() >= it->second.layout.num_chunks) {
+        return absl::DataLossError(
+            absl::StrCat("chunk ", st.chunk(), " of '", st.key(), "' has no declaration"));
+      }
+      const Owned& t = it->second;
+      if (t.live[size_t{st.chunk()} * replicas_] != self) continue;
+      const size_t n = t.layout.size(st.chunk());
+      absl::StatusOr<ChunkSnapshot> snap = ChunkStateFromProto(st, n, t.dtype);
+      if (!snap.ok()) return snap.status();
+      absl::Status s = StepAccumulator::CheckSnapshot(
+          *snap, t.optimizer, n, absl::StrCat("key '", st.key(), "' chunk ", st.chunk()));
+      if (!s.ok()) return s;
+      checked[{st.key(), st.chunk()}] = *std::move(snap);
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir, restorable);
   if (absl::IsNotFound(loaded.status())) {
     log::Info("shard {}: no checkpoint in {}; starting empty", shard(), dir);
     return absl::OkStatus();
@@ -295,7 +346,10 @@ absl::Status ShardService::RestoreFromCheckpoint() {
       acc = it->second;
       dtype = t->dtype;
     }
-    absl::StatusOr<ChunkSnapshot> snap = ChunkStateFromProto(st, acc->elements(), dtype);
+    auto done = checked.find({st.key(), st.chunk()});
+    absl::StatusOr<ChunkSnapshot> snap = done != checked.end()
+                                             ? std::move(done->second)
+                                             : ChunkStateFromProto(st, acc->elements(), dtype);
     if (snap.ok()) StampEpoch(epoch_.load(), &*snap);
     absl::Status s = snap.ok() ? acc->Restore(*std::move(snap)) : snap.status();
     if (!s.ok()) {

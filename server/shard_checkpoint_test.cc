@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
 #include "cluster/cluster_config.h"
@@ -394,6 +395,42 @@ TEST(ShardCheckpointErrors, AFirstCheckpointThatNoShardFinishedIsPassedOver) {
   ASSERT_EQ(std::remove(absl::StrCat(two, "/final-of-2/shard-1-of-2.manifest").c_str()), 0);
   Job damaged(Config(2, two, 0));
   EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
+}
+
+// A chunk that completed step 2^62 - 1, the last step a push may name, is at step 2^62:
+// its checkpoint restores (the restore refused it, and the shard would not start).
+TEST(ShardCheckpointErrors, AChunkAtTheLastStepRestores) {
+  const std::string dir = TempDir();
+  {
+    Job job(Config(1, dir, 0));
+    job.Declare();
+    job.Step(kMaxStep - 1);
+    ASSERT_TRUE(job.shard(0)->WriteFinalCheckpoint().ok());
+  }
+  Job job(Config(1, dir, 0));
+  ASSERT_TRUE(job.status().ok()) << job.status();
+  EXPECT_EQ(job.shard(0)->restored_step(), kMaxStep - 1);
+}
+
+// A newer set whose checksums hold but whose states cannot be restored (here a chunk whose
+// completed step and step in progress disagree) is skipped for the older one, as a damaged
+// set is: it used to stop the shard, at every restart, until someone removed it by hand.
+TEST(ShardCheckpointErrors, ASetWhoseStatesCannotBeRestoredIsSkippedForAnOlderOne) {
+  const std::string dir = FinalCheckpointOfOneStep(1);
+  absl::StatusOr<LoadedCheckpoint> good = LoadLatestCheckpoint(dir);
+  ASSERT_TRUE(good.ok()) << good.status();
+  server::ShardCheckpoint forged;
+  forged.job = "j";
+  forged.step = 100;
+  forged.declarations = good->declarations;
+  forged.chunks = good->chunks;
+  forged.chunks.back().set_current_step(forged.chunks.back().completed_step() + 3);
+  ASSERT_TRUE(WriteShardCheckpoint(dir, std::move(forged), /*keep=*/5).ok());
+  Job job(Config(1, dir, 0));
+  ASSERT_TRUE(job.status().ok()) << job.status();
+  EXPECT_EQ(job.shard(0)->restored_step(), 0);
+  EXPECT_TRUE(absl::EndsWith(job.shard(0)->restored_from(), "/final-of-1"))
+      << job.shard(0)->restored_from();
 }
 
 }  // namespace

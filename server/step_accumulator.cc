@@ -413,25 +413,40 @@ StepProgress StepAccumulator::Progress() const {
                       needs_replication_};
 }
 
-absl::Status StepAccumulator::Restore(ChunkSnapshot snap) {
-  if (snap.current_step < 0 || snap.current_step >= kMaxStep) {
+absl::Status StepAccumulator::CheckSnapshot(const ChunkSnapshot& snap,
+                                            const cluster::OptimizerOptions& optimizer,
+                                            size_t elements, absl::string_view label) {
+  // A chunk that completed step 2^62 - 1, the last a push may name, is at step 2^62.
+  if (snap.current_step < 0 || snap.current_step > kMaxStep) {
     return absl::InvalidArgumentError(absl::StrCat("restored step ", snap.current_step, " for ",
-                                                   options_.label, " out of range [0, 2^62)"));
+                                                   label, " out of range [0, 2^62]"));
   }
   if (snap.completed_step != -1 && snap.completed_step != snap.current_step - 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "restored state of ", options_.label, " has completed step ", snap.completed_step,
-        " but step ", snap.current_step, " in progress"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("restored state of ", label, " has completed step ", snap.completed_step,
+                     " but step ", snap.current_step, " in progress"));
   }
   if (!snap.started && (snap.completed_step != -1 || snap.current_step != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("restored state of ", options_.label,
-                                                   " has steps but is not started"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("restored state of ", label, " has steps but is not started"));
   }
   if ((snap.completed_step >= 0) != (snap.cached_result != nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "restored state of ", options_.label,
-        snap.completed_step >= 0 ? " lacks the result of its completed step"
-                                 : " has a result but no completed step"));
+    return absl::InvalidArgumentError(absl::StrCat("restored state of ", label,
+                                                   snap.completed_step >= 0
+                                                       ? " lacks the result of its completed step"
+                                                       : " has a result but no completed step"));
+  }
+  if (absl::Status s = cluster::Optimizer::CheckState(optimizer, elements, snap.optimizer);
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("restored state of ", label, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepAccumulator::Restore(ChunkSnapshot snap) {
+  if (absl::Status s = CheckSnapshot(snap, optimizer_.options(), elements_, options_.label);
+      !s.ok()) {
+    return s;
   }
   absl::MutexLock lock(&mu_);
   if (started_ || completed_step_ >= 0 || arrived_count_ > 0) {

@@ -165,6 +165,11 @@ class StepAccumulator {
   // before any push: FailedPrecondition otherwise; InvalidArgument (nothing changed) when
   // the snapshot is inconsistent (steps, sizes, a completed step without its result).
   absl::Status Restore(ChunkSnapshot snapshot);
+  // Restore's checks of the snapshot alone (steps, the result, the optimizer state), for a
+  // chunk of `elements` with `optimizer`; `label` names it in the error.
+  static absl::Status CheckSnapshot(const ChunkSnapshot& snapshot,
+                                    const cluster::OptimizerOptions& optimizer, size_t elements,
+                                    absl::string_view label);
 
   // Ends every wait with `status` and refuses later pushes with it.
   void Cancel(const absl::Status& status);
