@@ -252,9 +252,11 @@ absl::Status ShardService::RestoreFromCheckpoint() {
   // Checked now rather than at the first checkpoint, which would fail only in the log while
   // training went on without any.
   if (absl::Status st = CheckCheckpointDirWritable(dir); !st.ok()) return st;
-  // Every chunk this shard will restore is decoded and checked before anything is declared:
-  // a set whose states cannot be restored (damage behind valid checksums, a forged file) is
-  // skipped for an older one, as a damaged set is, instead of stopping the shard for good.
+  // Every chunk state is decoded and checked before anything is declared: a set whose states
+  // cannot be restored (damage behind valid checksums, a forged file) is skipped for an older
+  // one, as a damaged set is, instead of stopping the shard for good. All of them, not only
+  // this shard's: every shard must come to the same set. Those it owns are kept for the
+  // restore below.
   cluster::ShardMap map(1, 0);
   std::vector<bool> down, joining;
   uint32_t self = 0;
@@ -291,14 +293,15 @@ absl::Status ShardService::RestoreFromCheckpoint() {
             absl::StrCat("chunk ", st.chunk(), " of '", st.key(), "' has no declaration"));
       }
       const Owned& t = it->second;
-      if (t.live[size_t{st.chunk()} * replicas_] != self) continue;
       const size_t n = t.layout.size(st.chunk());
       absl::StatusOr<ChunkSnapshot> snap = ChunkStateFromProto(st, n, t.dtype);
       if (!snap.ok()) return snap.status();
       absl::Status s = StepAccumulator::CheckSnapshot(
           *snap, t.optimizer, n, absl::StrCat("key '", st.key(), "' chunk ", st.chunk()));
       if (!s.ok()) return s;
-      checked[{st.key(), st.chunk()}] = *std::move(snap);
+      if (t.live[size_t{st.chunk()} * replicas_] == self) {
+        checked[{st.key(), st.chunk()}] = *std::move(snap);
+      }
     }
     return absl::OkStatus();
   };
