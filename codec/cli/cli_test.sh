@@ -112,6 +112,11 @@ def npy(path, header, data=b""):
 npy(sys.argv[1] + "/wrap.npy",
     "{'descr': '<f4', 'fortran_order': False, 'shape': (1104524548, 16701072065), }",
     struct.pack("<4f", 1, 2, 3, 4))
+# Nine dimensions: a .gcz holds eight (compress wrote a file decompress refused; at 257
+# the header's count byte wrapped).
+npy(sys.argv[1] + "/dims9.npy",
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1, 1, 2), }",
+    struct.pack("<2f", 1, 2))
 npy(sys.argv[1] + "/dup.npy",
     "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'descr': '<f8', }",
     struct.pack("<f", 1))  # right for the first descr: only the repeated key is wrong
@@ -137,6 +142,8 @@ check_fails "wrapping shape" "$GCOMP" compress "$DIR/wrap.npy" "$DIR/x.gcz"
 grep -q "too large" "$DIR/err" || fail "wrapping shape: error does not say too large"
 check_fails "key given twice" "$GCOMP" compress "$DIR/dup.npy" "$DIR/x.gcz"
 grep -q "twice" "$DIR/err" || fail "key given twice: error does not say so"
+check_fails "nine dimensions" "$GCOMP" compress "$DIR/dims9.npy" "$DIR/x.gcz"
+grep -q "9 dimensions; a .gcz holds at most 8" "$DIR/err" || fail "nine dimensions: $(cat "$DIR/err")"
 [ ! -e "$DIR/x.gcz" ] || fail "output written on failure"
 ls "$DIR" | grep -q tmp && fail "temporary file left behind"
 

@@ -62,6 +62,13 @@ absl::Status Compress(const std::string& in_path, const std::string& out_path,
   if (!file.ok()) return file.status();
   absl::StatusOr<NpyF32View> array = ParseNpyF32View(file->bytes());
   if (!array.ok()) return Annotate(array.status(), in_path);
+  // Checked before anything is written: the header's count byte would wrap (257 dims read
+  // as 1) or be refused by decompress, after compress had said it succeeded.
+  if (array->shape.size() > kMaxGczDims) {
+    return absl::InvalidArgumentError(absl::StrCat(in_path, ": an array of ", array->shape.size(),
+                                                   " dimensions; a .gcz holds at most ",
+                                                   kMaxGczDims, " (reshape it first)"));
+  }
   const size_t n = array->data.size() / 4;
   // f32 is encoded straight from the file's bytes; a copy is made only where the data is
   // not 4-byte aligned (NumPy aligns it to 16 or 64) or another dtype is asked for.
@@ -172,9 +179,19 @@ absl::Status Decompress(const std::string& in_path, const std::string& out_path,
   // zero-filled or fault page by page, which costs more than decoding it.
   const DType dtype = header->dtype;
   const size_t per = info->block_elements, elem = codec::DTypeBytes(dtype);
-  // No more threads than blocks: the others would only wait.
-  const size_t workers =
+  // No more threads than blocks: the others would only wait. And no more than the window's
+  // memory bound allows: a block may hold 2^26 elements (256 MiB as f32), so a file of a few
+  // hundred bytes of such blocks asked for 512 MiB per thread (out of memory, and an abort,
+  // at 64 threads).
+  constexpr size_t kMaxWindowBytes = size_t{512} << 20;
+  const size_t block_bytes =
+      std::min<size_t>(per, count) * (sizeof(float) + (dtype == DType::kF32 ? 0 : elem));
+  size_t workers =
       std::min(static_cast<size_t>(std::max(threads, 1)), std::max<size_t>(info->blocks.size(), 1));
+  if (workers > 1) {
+    workers = std::min(workers,
+                       std::max<size_t>(1, kMaxWindowBytes / std::max<size_t>(block_bytes, 1) / 2));
+  }
   const size_t window = workers == 1 ? 1 : 2 * workers;
   const size_t window_elements = std::min<size_t>(count, window * per);
   // Not zero-filled (decoding writes every element first) and in huge pages where the

@@ -8,7 +8,6 @@ namespace gcomp::cli {
 namespace {
 constexpr char kMagic[4] = {'G', 'C', 'Z', '1'};
 constexpr uint8_t kVersion = 1;
-constexpr size_t kMaxDims = 8;
 }  // namespace
 
 void AppendGczHeader(const GczHeader& header, std::string* out) {
@@ -37,7 +36,7 @@ absl::StatusOr<GczHeader> ParseGcz(absl::string_view file, absl::string_view* fr
   if (dtype < 1 || dtype > 3) return absl::DataLossError("bad dtype in .gcz header");
   header.dtype = static_cast<codec::DType>(dtype);
   const size_t ndim = static_cast<uint8_t>(file[6]);
-  if (ndim > kMaxDims || file[7] != 0) return absl::DataLossError("bad .gcz header");
+  if (ndim > kMaxGczDims || file[7] != 0) return absl::DataLossError("bad .gcz header");
   if (file.size() < 8 + 8 * ndim) return absl::DataLossError(".gcz file truncated in its header");
   for (size_t i = 0; i < ndim; ++i) {
     uint64_t d;

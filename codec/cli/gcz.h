@@ -13,9 +13,12 @@
 
 namespace gcomp::cli {
 
+// The most dimensions a .gcz header holds.
+inline constexpr size_t kMaxGczDims = 8;
+
 struct GczHeader {
   codec::DType dtype = codec::DType::kF32;
-  std::vector<uint64_t> shape;  // at most 8 dims; product = element count
+  std::vector<uint64_t> shape;  // at most kMaxGczDims dims; product = element count
 };
 
 // Appends the file header to *out (the frame follows it).
