@@ -6,6 +6,7 @@ worker-side connection to it.
 """
 import json
 import operator
+import sys
 import os
 import shutil
 import signal
@@ -179,6 +180,27 @@ class WorkerClient:
 
     def __getattr__(self, name):
         return getattr(self._client, name)
+
+    def push_pull(self, key, step, data, out=None):
+        """The extension's push_pull, taking CPU torch tensors as well as numpy arrays and
+        other buffers (a tensor is passed as its numpy view, without a copy)."""
+        data = _buffer_of(data, writable=out is None)
+        if out is not None:
+            out = _buffer_of(out, writable=True)
+        return self._client.push_pull(key, step, data, out)
+
+    def pull(self, key, out):
+        """The extension's pull, taking a CPU torch tensor as well."""
+        return self._client.pull(key, _buffer_of(out, writable=True))
+
+
+def _buffer_of(x, writable):
+    """A torch tensor's numpy view (checked as the codec checks it); anything else as is."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        from gcomp import codec
+        return codec._as_buffer(x, writable=writable)[0]  # pylint: disable=protected-access
+    return x
 
 
 def connect(config_path, worker, metrics_address=""):

@@ -55,6 +55,10 @@ def _as_buffer(x, writable=False):
     """
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
+        if writable and x.requires_grad and torch.is_grad_enabled():
+            # As torch refuses an in-place op on such a tensor: autograd would not see it.
+            raise RuntimeError("a tensor that requires grad cannot be written in place; pass "
+                               "t.detach() or write under torch.no_grad()")
         if x.device.type != "cpu" or not x.is_contiguous():
             if writable:
                 raise ValueError("a tensor written in place or as the output must be a "

@@ -78,6 +78,31 @@ def test_push_pull_from_python_gives_every_worker_the_mean(mode, tmp_path):
         assert err <= 1e-9  # the shards' summation order may differ from ours by rounding
 
 
+def test_connected_clients_take_torch_tensors(tmp_path):
+    """gcomp.cluster.connect's Client takes CPU tensors where it takes numpy arrays (it
+    answered a tensor with pybind's "incompatible function arguments")."""
+    needs_server()
+    needs_client()
+    torch = pytest.importorskip("torch")
+    with cluster.LocalCluster(shards=1, workers=1, mode="lossless",
+                              workdir=str(tmp_path)) as c:
+        client = cluster.connect(c.config_path, 0)
+        x = torch.arange(1000, dtype=torch.float32)
+        client.declare("t", 1000)
+        got = torch.zeros(1000)
+        client.push_pull("t", 0, x.clone(), got)
+        assert torch.equal(got, x)
+        inplace = x.clone()
+        client.push_pull("t", 1, inplace)
+        assert torch.equal(inplace, x)
+        pulled = torch.zeros(1000)
+        client.pull("t", pulled)
+        assert torch.equal(pulled, x)
+        with pytest.raises(ValueError, match="contiguous"):
+            client.push_pull("t", 2, x.clone(), torch.zeros(2000)[::2])
+        client.close()
+
+
 def test_python_client_serves_prometheus_metrics(tmp_path):
     needs_server()
     needs_client()

@@ -69,6 +69,20 @@ def test_non_contiguous_tensor_is_encoded_but_rejected_as_output():
         codec.decode(frame, torch.empty(40, 50).t())
 
 
+def test_a_tensor_that_requires_grad_is_not_written_in_place():
+    # As torch refuses an in-place op on it (decode wrote into it, unseen by autograd).
+    x = torch.from_numpy(gradient_like(100, seed=4))
+    frame = codec.encode(x, LOSSLESS)
+    out = torch.zeros(100, requires_grad=True)
+    with pytest.raises(RuntimeError, match="requires grad cannot be written in place"):
+        codec.decode(frame, out)
+    assert torch.count_nonzero(out.detach()) == 0
+    with torch.no_grad():
+        codec.decode(frame, out)
+    assert torch.equal(out.detach(), x)
+    codec.encode(out)  # read, not written: taken
+
+
 def test_near_lossless_stays_within_the_stated_bound():
     x = gradient_like(200_000, seed=4)  # one block: the block maximum is the array's
     out = np.empty_like(x)
