@@ -291,6 +291,8 @@ absl::StatusOr<proto::ClusterConfig> ParseClusterConfig(
     absl::Status s = ApplyNode(root, "", &config);
     if (!s.ok()) return s;
   }
+  // As a key given twice in the file: one value silently overriding the other hides a mistake.
+  absl::flat_hash_map<std::string, std::string> given;
   for (const std::string& o : overrides) {
     size_t eq = o.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -298,6 +300,10 @@ absl::StatusOr<proto::ClusterConfig> ParseClusterConfig(
           absl::StrCat("cluster config override '", o, "': expected field=value"));
     }
     std::string field = o.substr(0, eq);
+    if (auto [it, fresh] = given.emplace(field, o); !fresh) {
+      return FieldError(
+          field, absl::StrCat("given twice in the overrides ('", it->second, "', then '", o, "')"));
+    }
     const config_fields::Field* f = config_fields::Find(field);
     if (f == nullptr) return FieldError(field, "unknown field");
     absl::Status s = config_fields::Set(*f, YAML::Node(o.substr(eq + 1)), &config);

@@ -294,6 +294,13 @@ TEST(ClusterConfig, ADeviceIsReadNoFurtherThanTheLimit) {
               HasSubstr(absl::StrCat("larger than ", kMaxClusterConfigBytes, " bytes")));
 }
 
+TEST(ClusterConfig, AnOverrideGivenTwiceIsNamed) {
+  absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood, {"job=a", "job=b"});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("given twice"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("'job=a', then 'job=b'"));
+}
+
 TEST(ClusterConfig, DuplicateShardAddressIsNamed) {
   absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood, {"shards=a:1,b:2,a:1"});
   ASSERT_FALSE(c.ok());

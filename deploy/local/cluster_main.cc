@@ -233,6 +233,16 @@ int main(int argc, char** argv) {
     }
     kill_shards.push_back(index);
   }
+  const int kill_worker = absl::GetFlag(FLAGS_kill_worker);
+  if (kill_worker < -1 || kill_worker >= W ||
+      (kill_worker >= 0 &&
+       (absl::GetFlag(FLAGS_kill_at_step) < 0 || absl::GetFlag(FLAGS_kill_at_step) >= steps))) {
+    fprintf(stderr,
+            "cluster: --kill_worker takes a worker index below --workers (%d), with "
+            "0 <= --kill_at_step < --steps; got %d\n",
+            W, kill_worker);
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_replicas) < 1 || absl::GetFlag(FLAGS_replicas) > S) {
     fprintf(stderr, "cluster: --replicas must be in [1, --shards]\n");
     return 2;
