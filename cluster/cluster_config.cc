@@ -291,8 +291,6 @@ absl::StatusOr<proto::ClusterConfig> ParseClusterConfig(
     absl::Status s = ApplyNode(root, "", &config);
     if (!s.ok()) return s;
   }
-  // As a key given twice in the file: one value silently overriding the other hides a mistake.
-  absl::flat_hash_map<std::string, std::string> given;
   for (const std::string& o : overrides) {
     size_t eq = o.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -300,10 +298,6 @@ absl::StatusOr<proto::ClusterConfig> ParseClusterConfig(
           absl::StrCat("cluster config override '", o, "': expected field=value"));
     }
     std::string field = o.substr(0, eq);
-    if (auto [it, fresh] = given.emplace(field, o); !fresh) {
-      return FieldError(
-          field, absl::StrCat("given twice in the overrides ('", it->second, "', then '", o, "')"));
-    }
     const config_fields::Field* f = config_fields::Find(field);
     if (f == nullptr) return FieldError(field, "unknown field");
     absl::Status s = config_fields::Set(*f, YAML::Node(o.substr(eq + 1)), &config);
@@ -329,8 +323,19 @@ absl::StatusOr<proto::ClusterConfig> LoadClusterConfig(const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat("cluster config '", path, "': ", text.status().message()));
   }
-  if (!text.ok())
+  if (!text.ok()) {
     return absl::NotFoundError(absl::StrCat("cannot read cluster config '", path, "'"));
+  }
+  // Overrides here come from a person (--set flags): as with a key given twice in the file,
+  // one value silently replacing the other would hide a mistake.
+  absl::flat_hash_map<std::string, std::string> given;
+  for (const std::string& o : overrides) {
+    const std::string field = o.substr(0, o.find('='));
+    if (auto [it, fresh] = given.emplace(field, o); !fresh) {
+      return FieldError(
+          field, absl::StrCat("given twice in the overrides ('", it->second, "', then '", o, "')"));
+    }
+  }
   return ParseClusterConfig(*text, overrides);
 }
 

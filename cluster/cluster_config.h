@@ -35,7 +35,8 @@ constexpr int kMaxShards = 4096;
 // A config file larger than this is refused unread (a path pointed at /dev/zero).
 constexpr uint64_t kMaxClusterConfigBytes = 16 << 20;
 
-// Reads the file at `path` (NotFound if it cannot be read), then as ParseClusterConfig.
+// Reads the file at `path` (NotFound if it cannot be read), then as ParseClusterConfig;
+// a field given twice in `overrides` (--set flags) is an error naming both.
 absl::StatusOr<proto::ClusterConfig> LoadClusterConfig(
     const std::string& path, const std::vector<std::string>& overrides = {});
 

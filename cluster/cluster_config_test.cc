@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "base/files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -295,7 +297,10 @@ TEST(ClusterConfig, ADeviceIsReadNoFurtherThanTheLimit) {
 }
 
 TEST(ClusterConfig, AnOverrideGivenTwiceIsNamed) {
-  absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(kGood, {"job=a", "job=b"});
+  const std::string path = absl::StrCat(::testing::TempDir(), "/twice.yaml");
+  ASSERT_TRUE(WriteFileAtomically(path, kGood).ok());
+  ASSERT_TRUE(LoadClusterConfig(path, {"job=a"}).ok());
+  absl::StatusOr<proto::ClusterConfig> c = LoadClusterConfig(path, {"job=a", "job=b"});
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("given twice"));
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("'job=a', then 'job=b'"));
