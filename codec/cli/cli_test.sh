@@ -138,6 +138,18 @@ grep -q "warning: 2 of 4 finite values are beyond f16's range" "$DIR/warn" ||
 "$GCOMP" compress --dtype f16 "$DIR/in.npy" "$DIR/small_values.gcz" 2> "$DIR/warn" ||
   fail "compress f16"
 [ ! -s "$DIR/warn" ] || fail "f16 warning without overflow: $(cat "$DIR/warn")"
+# A .gcz whose header shape disagrees with its frame: decompress and inspect both refuse it
+# (inspect printed it and exited 0).
+python3 - "$DIR/a.gcz" "$DIR/reshaped.gcz" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+struct.pack_into("<Q", b, 8, struct.unpack_from("<Q", b, 8)[0] - 1)
+open(sys.argv[2], "wb").write(b)
+PY
+check_fails "header shape not the frame's (decompress)" "$GCOMP" decompress "$DIR/reshaped.gcz" "$DIR/x.npy"
+grep -q "does not match the frame" "$DIR/err" || fail "reshaped decompress: $(cat "$DIR/err")"
+check_fails "header shape not the frame's (inspect)" "$GCOMP" inspect "$DIR/reshaped.gcz"
+grep -q "does not match the frame" "$DIR/err" || fail "reshaped inspect: $(cat "$DIR/err")"
 check_fails "wrapping shape" "$GCOMP" compress "$DIR/wrap.npy" "$DIR/x.gcz"
 grep -q "too large" "$DIR/err" || fail "wrapping shape: error does not say too large"
 check_fails "key given twice" "$GCOMP" compress "$DIR/dup.npy" "$DIR/x.gcz"

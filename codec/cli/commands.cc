@@ -50,6 +50,22 @@ absl::Status CheckNotTheInput(const std::string& in_path, const std::string& out
   return absl::OkStatus();
 }
 
+// The .gcz header's shape and dtype against its frame's: DataLoss naming the file.
+absl::Status CheckHeaderMatchesFrame(const GczHeader& header, const codec::FrameInfo& info,
+                                     const std::string& in_path) {
+  uint64_t count = 1;
+  for (uint64_t d : header.shape) {
+    if (__builtin_mul_overflow(count, d, &count)) {
+      return absl::DataLossError(absl::StrCat(in_path, ": header shape overflows 64 bits"));
+    }
+  }
+  if (count != info.elements || info.dtype != header.dtype) {
+    return absl::DataLossError(
+        absl::StrCat(in_path, ": header shape/dtype does not match the frame"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Compress(const std::string& in_path, const std::string& out_path,
@@ -160,16 +176,8 @@ absl::Status Decompress(const std::string& in_path, const std::string& out_path,
   if (!header.ok()) return Annotate(header.status(), in_path);
   absl::StatusOr<codec::FrameInfo> info = codec::InspectFrame(codec::AsBytes(frame));
   if (!info.ok()) return Annotate(info.status(), in_path);
-  uint64_t count = 1;
-  for (uint64_t d : header->shape) {
-    if (__builtin_mul_overflow(count, d, &count)) {
-      return absl::DataLossError(absl::StrCat(in_path, ": header shape overflows 64 bits"));
-    }
-  }
-  if (count != info->elements || info->dtype != header->dtype) {
-    return absl::DataLossError(
-        absl::StrCat(in_path, ": header shape/dtype does not match the frame"));
-  }
+  if (absl::Status st = CheckHeaderMatchesFrame(*header, *info, in_path); !st.ok()) return st;
+  const uint64_t count = info->elements;
   std::vector<size_t> shape(header->shape.begin(), header->shape.end());
   absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(out_path);
   if (!writer.ok()) return writer.status();
@@ -245,6 +253,7 @@ absl::Status Inspect(const std::string& in_path, std::ostream& out) {
   if (!header.ok()) return Annotate(header.status(), in_path);
   absl::StatusOr<codec::FrameInfo> info = codec::InspectFrame(codec::AsBytes(frame));
   if (!info.ok()) return Annotate(info.status(), in_path);
+  if (absl::Status st = CheckHeaderMatchesFrame(*header, *info, in_path); !st.ok()) return st;
   uint64_t nonzeros = 0, header_bytes = 0, mantissa = 0, zero_map = 0, table = 0, exponent = 0,
            stored = 0;
   std::string policy = "{}";
@@ -451,6 +460,9 @@ absl::Status Bench(const std::vector<std::string>& paths, const BenchOptions& op
     if (!array.ok()) return array.status();
     const std::vector<float>& data = array->data;
     const size_t n = data.size(), bytes = n * 4;
+    if (n == 0) {  // nothing to time: every rate would be 0 / 0
+      return absl::InvalidArgumentError(absl::StrCat(path, ": an empty array; nothing to time"));
+    }
     const char* src = reinterpret_cast<const char*>(data.data());
 
     // Each contestant encodes and decodes the whole buffer on 1 thread (pool null) or on
