@@ -48,6 +48,7 @@ class PSHookState:
         self.error_feedback = error_feedback
         self.prefix = prefix
         self._steps = {}
+        self._inflight = {}  # key -> concurrent.futures.Future of its latest push
         self._residuals = {}  # key -> (layout, float32 residual)
         self._lock = threading.Lock()
         self._closed = False
@@ -146,18 +147,31 @@ class PSHookState:
                     "this PSHookState or GradientSync (prefix %r) is closed; make a new one "
                     "to push again" % (self.prefix,))
             _claim_key(self.transport, key, self)
-        step = self.next_step(key, flat)
         fut = torch.futures.Future()
+        with self._lock:
+            previous = self._inflight.get(key)
 
         def run():
             try:
-                self.sync(key, step, flat, layout)
+                # One push of a key at a time: after a failed step, DDP or sync() stops
+                # waiting at the first error, and the next iteration's push of a key may
+                # come while that key's push of the failed one is still under way. Its step
+                # is taken once that one is over (and has rewound the count if it failed).
+                if previous is not None:
+                    concurrent.futures.wait([previous])
+                step = self.next_step(key, flat)
+                try:
+                    self.sync(key, step, flat, layout)
+                except BaseException:
+                    self._rewind(key, step)
+                    raise
                 fut.set_result(flat)
             except BaseException as e:  # surfaces in DDP's wait, naming the cause
-                self._rewind(key, step)
                 fut.set_exception(e)
 
-        self._executor.submit(run)
+        done = self._executor.submit(run)
+        with self._lock:
+            self._inflight[key] = done
         return fut
 
     def close(self):

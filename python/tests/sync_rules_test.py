@@ -4,6 +4,8 @@ that are None follow DDP's rules, the synced set follows requires_grad, sparse g
 are refused; and GlooTransport (a one-rank gloo group) cuts chunks as the Client does."""
 import os
 import tempfile
+import threading
+import time
 
 import pytest
 
@@ -359,6 +361,42 @@ def test_after_a_failed_push_pull_the_key_repeats_its_step(retry):
     assert transport.steps == [0, 1, 1, 2]
     assert torch.equal(transport.pushes[1][2], g + residual)
     sync.close()
+
+
+class SlowSecondKey(comm.Transport):
+    """Key .../0/... fails at once the first time; the other key takes 0.3 s a push."""
+
+    def __init__(self):
+        super().__init__()
+        self.pushes, self.failed = [], False
+        self.lock = threading.Lock()
+
+    def push_pull(self, key, step, tensor):
+        start = time.monotonic()
+        if "/0/" in key and not self.failed:
+            self.failed = True
+            raise TimeoutError("DEADLINE_EXCEEDED: missing workers: worker-1")
+        if "/0/" not in key:
+            time.sleep(0.3)
+        with self.lock:
+            self.pushes.append((key, step, start, time.monotonic()))
+
+
+def test_a_key_still_pushing_when_sync_fails_is_pushed_again_only_after():
+    # sync() raises at the first failed bucket while another bucket's push is under way;
+    # the next sync() pushes that key again only once that push is over, at the next step.
+    model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False))
+    transport = SlowSecondKey()
+    sync = gtorch.GradientSync(model, transport, bucket_bytes=64)
+    model(torch.ones(1, 4)).sum().backward()
+    with pytest.raises(TimeoutError):
+        sync.sync()
+    sync.sync()
+    sync.close()
+    slow = [(step, start, end) for key, step, start, end in transport.pushes if "/0/" not in key]
+    assert [step for step, _, _ in slow] == [0, 1]
+    assert slow[1][1] >= slow[0][2], "the key's second push began before its first was over"
+    assert [step for key, step, _, _ in transport.pushes if "/0/" in key] == [0]
 
 
 def test_zero_element_parameters_push_nothing():
