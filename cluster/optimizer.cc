@@ -160,6 +160,22 @@ absl::Status Optimizer::CheckState(const OptimizerOptions& options, size_t eleme
   if (state.steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer step count ", state.steps, " < 0"));
   }
+  // A step allocates what the kind keeps: a state that has taken steps but lacks any of it
+  // would restart it from zeros (a damaged or forged checkpoint).
+  if (state.steps > 0 && elements > 0) {
+    if (state.value.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state of ", state.steps, " steps lacks its value"));
+    }
+    if (state.m.empty() && uses_m) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state of ", state.steps, " steps lacks its first moment"));
+    }
+    if (state.v.empty() && options.kind == OptimizerKind::kAdam) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state of ", state.steps, " steps lacks its second moment"));
+    }
+  }
   return absl::OkStatus();
 }
 

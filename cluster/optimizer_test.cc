@@ -87,6 +87,17 @@ TEST(Optimizer, StateRestoresIntoAnIdenticalOptimizer) {
   EXPECT_EQ(b.Restore(wrong).code(), absl::StatusCode::kInvalidArgument);
   Optimizer sgd(OptimizerOptions{OptimizerKind::kSgd}, 3);
   EXPECT_EQ(sgd.Restore(a.state()).code(), absl::StatusCode::kInvalidArgument);  // has moments
+  // A state that has taken steps lacks nothing its kind keeps (it would restart from zeros).
+  for (std::vector<float> OptimizerState::*part :
+       {&OptimizerState::value, &OptimizerState::m, &OptimizerState::v}) {
+    OptimizerState lacking = a.state();
+    (lacking.*part).clear();
+    absl::Status s = b.Restore(lacking);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("lacks its"), absl::string_view::npos) << s;
+  }
+  OptimizerState fresh;  // no steps: nothing allocated yet is right
+  EXPECT_TRUE(b.Restore(fresh).ok());
 }
 
 }  // namespace
