@@ -30,7 +30,7 @@ StepAccumulator::Finalizer RawFinalizer() {
 
 std::vector<float> Values(const proto::CompressedBlock& b) {
   std::vector<float> v(b.data().size() / 4);
-  std::memcpy(v.data(), b.data().data(), b.data().size());
+  if (!v.empty()) std::memcpy(v.data(), b.data().data(), b.data().size());  // no null memcpy
   return v;
 }
 
