@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 
@@ -36,14 +37,33 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes
     close(fd);
     return too_large();
   }
-  std::string bytes(regular ? static_cast<size_t>(st.st_size) + 1 : size_t{64} << 10, '\0');
+  std::string bytes;
+  const auto out_of_memory = [&](size_t want) {
+    close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot read ", path, ": no memory for ", want, " bytes"));
+  };
+  // Allocation failures become a status here, not an exception through every caller.
+  size_t want = regular ? static_cast<size_t>(st.st_size) + 1 : size_t{64} << 10;
+  try {
+    bytes.resize(want);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(want);
+  }
   size_t size = 0;
   while (true) {
     if (size > max_bytes) {  // a device or pipe (or a file that grew)
       close(fd);
       return too_large();
     }
-    if (size == bytes.size()) bytes.resize(bytes.size() * 2);
+    if (size == bytes.size()) {
+      want = bytes.size() * 2;
+      try {
+        bytes.resize(want);
+      } catch (const std::bad_alloc&) {
+        return out_of_memory(want);
+      }
+    }
     const ssize_t n = read(fd, bytes.data() + size, bytes.size() - size);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {

@@ -19,8 +19,12 @@ namespace gcomp {
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 // The same, refusing with FailedPrecondition naming the limit a file of more than
 // `max_bytes`: a regular file by its size before anything is read, anything else (a
-// device such as /dev/zero, a pipe) once more than that has been read.
+// device such as /dev/zero, a pipe) once more than that has been read. ResourceExhausted
+// where memory for the bytes cannot be had.
 absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes);
+// The most read whole from a pipe or device, whose size is not known before: a path at
+// /dev/zero is refused after this much instead of read until memory runs out.
+inline constexpr uint64_t kMaxUnsizedReadBytes = uint64_t{1} << 30;
 
 // Writes `bytes` to a temporary file beside `path` and renames it over `path`, so `path`
 // is never left half-written: it holds either its old content or all of `bytes`.

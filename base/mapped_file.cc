@@ -33,7 +33,7 @@ absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path,
     file.size_ = static_cast<size_t>(st.st_size);
     return file;
   }
-  absl::StatusOr<std::string> bytes = ReadFile(path);
+  absl::StatusOr<std::string> bytes = ReadFile(path, options.max_unmapped_bytes);
   if (!bytes.ok()) return bytes.status();
   file.read_ = *std::move(bytes);
   return file;

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/files.h"
 
 namespace gcomp {
 
@@ -19,6 +20,9 @@ struct MappedFileOptions {
   // pages read. Turn it off for a file read once, front to back, a window at a time
   // (Prefetch, Release): mapping all of it at open makes the whole file resident at once.
   bool populate = true;
+  // The most bytes read from a file that cannot be mapped (a pipe, a device): more is
+  // refused with FailedPrecondition, so that a path at /dev/zero is not read for good.
+  uint64_t max_unmapped_bytes = kMaxUnsizedReadBytes;
 };
 
 class MappedFile {

@@ -95,6 +95,18 @@ TEST(MappedFile, EmptyAndUnmappableFilesAreRead) {
   EXPECT_EQ(proc->bytes(), copy);
 }
 
+// A device that never ends (gcomp inspect /dev/zero read until memory ran out) stops at the
+// limit; the default limit is kMaxUnsizedReadBytes.
+TEST(MappedFile, AnEndlessDeviceIsReadNoFurtherThanTheLimit) {
+  EXPECT_EQ(MappedFileOptions().max_unmapped_bytes, kMaxUnsizedReadBytes);
+  MappedFileOptions options;
+  options.max_unmapped_bytes = 1 << 20;
+  absl::StatusOr<MappedFile> zero = MappedFile::Open("/dev/zero", options);
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kFailedPrecondition) << zero.status();
+  EXPECT_NE(zero.status().message().find("larger than 1048576 bytes"), absl::string_view::npos)
+      << zero.status();
+}
+
 TEST(MappedFile, MissingFileIsNotFoundNamingIt) {
   absl::StatusOr<MappedFile> file = MappedFile::Open(TempPath("mapped_file_missing"));
   EXPECT_EQ(file.status().code(), absl::StatusCode::kNotFound);

@@ -1,5 +1,6 @@
 #include "base/npy.h"
 
+#include <sys/stat.h>
 
 #include <cstring>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/files.h"
+#include "base/system_memory.h"
 
 namespace gcomp {
 namespace {
@@ -124,7 +126,12 @@ absl::StatusOr<NpyArray> ParseNpyF32(absl::string_view bytes) {
 }
 
 absl::StatusOr<NpyArray> ReadNpyF32(const std::string& path) {
-  absl::StatusOr<std::string> bytes = ReadFile(path);
+  struct stat st;
+  const bool regular = stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  absl::StatusOr<std::string> bytes =
+      // A regular file larger than half the memory this process may have would only run out
+      // of it (the array is copied again below).
+      ReadFile(path, regular ? AvailableMemoryBytes() / 2 : kMaxUnsizedReadBytes);
   if (!bytes.ok()) return bytes.status();
   absl::StatusOr<NpyArray> array = ParseNpyF32(*bytes);
   if (!array.ok()) {
