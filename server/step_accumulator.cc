@@ -444,11 +444,11 @@ absl::Status StepAccumulator::CheckSnapshot(const ChunkSnapshot& snap,
 }
 
 absl::Status StepAccumulator::Restore(ChunkSnapshot snap) {
+  absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckSnapshot(snap, optimizer_.options(), elements_, options_.label);
       !s.ok()) {
     return s;
   }
-  absl::MutexLock lock(&mu_);
   if (started_ || completed_step_ >= 0 || arrived_count_ > 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot restore ", options_.label, ": it has already taken pushes"));
