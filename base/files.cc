@@ -38,43 +38,31 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes
     return too_large();
   }
   std::string bytes;
-  const auto out_of_memory = [&](size_t want) {
-    close(fd);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot read ", path, ": no memory for ", want, " bytes"));
-  };
   // Allocation failures become a status here, not an exception through every caller.
-  size_t want = regular ? static_cast<size_t>(st.st_size) + 1 : size_t{64} << 10;
-  try {
-    bytes.resize(want);
-  } catch (const std::bad_alloc&) {
-    return out_of_memory(want);
-  }
+  const auto grow = [&](size_t want) {
+    try {
+      bytes.resize(want);
+      return absl::OkStatus();
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot read ", path, ": no memory for ", want, " bytes"));
+    }
+  };
+  absl::Status status = grow(regular ? static_cast<size_t>(st.st_size) + 1 : size_t{64} << 10);
   size_t size = 0;
-  while (true) {
-    if (size > max_bytes) {  // a device or pipe (or a file that grew)
-      close(fd);
-      return too_large();
-    }
-    if (size == bytes.size()) {
-      want = bytes.size() * 2;
-      try {
-        bytes.resize(want);
-      } catch (const std::bad_alloc&) {
-        return out_of_memory(want);
-      }
-    }
+  while (status.ok() && size <= max_bytes) {  // past it: a device, a pipe, a file that grew
+    if (size == bytes.size() && !(status = grow(bytes.size() * 2)).ok()) break;
     const ssize_t n = read(fd, bytes.data() + size, bytes.size() - size);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      const int err = errno;
-      close(fd);
-      return absl::DataLossError(absl::StrCat("cannot read ", path, ": ", std::strerror(err)));
+      status = absl::DataLossError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+      break;
     }
     if (n == 0) break;
     size += static_cast<size_t>(n);
   }
   close(fd);
+  if (!status.ok()) return status;
   if (size > max_bytes) return too_large();
   bytes.resize(size);
   return bytes;

@@ -266,13 +266,13 @@ std::vector<SetInfo> ListSets(const std::string& dir) {
     s.path = absl::StrCat(dir, "/", name);
     if (!ParseSetName(name, &s.final, &s.step, &s.shards)) continue;
     int64_t latest = -1;
-    std::vector<uint32_t> missing;
+    std::vector<uint32_t> absent;  // no manifest file; s.missing: those of them not idle
     for (uint32_t k = 0; k < s.shards && s.problem.empty(); ++k) {
       const std::string mname = absl::StrCat(ShardPrefix(k, s.shards), ".manifest");
       const std::string mpath = absl::StrCat(s.path, "/", mname);
       absl::StatusOr<std::string> text = ReadFile(mpath, kMaxManifestBytes);
       if (absl::IsNotFound(text.status())) {
-        missing.push_back(k);
+        absent.push_back(k);
         continue;
       }
       if (!text.ok()) {  // there, but unreadable: damage, never a manifest not yet written
@@ -303,7 +303,7 @@ std::vector<SetInfo> ListSets(const std::string& dir) {
     // A missing manifest is no gap when a shard that wrote one names its shard idle (it
     // owned no chunk, so it completed no step). LoadSet still checks every chunk is there.
     if (s.problem.empty()) {  // a damaged manifest is the set's problem, not the missing ones
-      for (uint32_t k : missing) {
+      for (uint32_t k : absent) {
         const bool idle =
             std::any_of(s.manifests.begin(), s.manifests.end(), [k](const Manifest& m) {
               return std::binary_search(m.idle_shards.begin(), m.idle_shards.end(), k);
@@ -603,10 +603,9 @@ absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheck
     if (s.ok()) s = write_files();
   }
   if (!s.ok()) return s;
-  const std::string& file = m.file;
   // This shard's older data files in the set (a rewritten final set).
   for (const std::string& n : ListDir(set_path)) {
-    if (n != file && absl::StartsWith(n, prefix + "-") && absl::EndsWith(n, ".ckpt")) {
+    if (n != m.file && absl::StartsWith(n, prefix + "-") && absl::EndsWith(n, ".ckpt")) {
       ::unlink(absl::StrCat(set_path, "/", n).c_str());
     }
   }

@@ -270,21 +270,22 @@ absl::Status ShardService::RestoreFromCheckpoint() {
   absl::flat_hash_map<std::pair<std::string, uint32_t>, ChunkSnapshot> checked;
   const auto restorable = [&](const LoadedCheckpoint& c) -> absl::Status {
     checked.clear();
-    struct Owned {
+    struct Declared {  // what each chunk of a declared tensor is checked against
       cluster::ChunkLayout layout;
       codec::DType dtype;
       cluster::OptimizerOptions optimizer;
       std::vector<uint32_t> live;
     };
-    absl::flat_hash_map<std::string, Owned> tensors;
+    absl::flat_hash_map<std::string, Declared> tensors;
     for (const proto::TensorDeclaration& d : c.declarations) {
       absl::StatusOr<codec::DType> dtype = cluster::FromProto(d.dtype());
       if (!dtype.ok()) return dtype.status();
       absl::StatusOr<cluster::OptimizerOptions> opt = OptimizerFrom(d.optimizer());
       if (!opt.ok()) return opt.status();
       const cluster::ChunkLayout layout(d.elements(), codec::DTypeBytes(*dtype), d.chunk_bytes());
-      tensors.emplace(d.key(), Owned{layout, *dtype, *opt,
-                                     map.LiveReplicas(d.key(), layout, replicas_, down, joining)});
+      tensors.emplace(d.key(),
+                      Declared{layout, *dtype, *opt,
+                               map.LiveReplicas(d.key(), layout, replicas_, down, joining)});
     }
     for (const proto::ChunkState& st : c.chunks) {
       auto it = tensors.find(st.key());
@@ -292,7 +293,7 @@ absl::Status ShardService::RestoreFromCheckpoint() {
         return absl::DataLossError(
             absl::StrCat("chunk ", st.chunk(), " of '", st.key(), "' has no declaration"));
       }
-      const Owned& t = it->second;
+      const Declared& t = it->second;
       const size_t n = t.layout.size(st.chunk());
       absl::StatusOr<ChunkSnapshot> snap = ChunkStateFromProto(st, n, t.dtype);
       if (!snap.ok()) return snap.status();
