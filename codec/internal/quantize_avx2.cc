@@ -1,6 +1,7 @@
-// The encoder's element pass with AVX2 (and BMI2, POPCNT), 8 elements a step, for every
-// policy (near-lossless fields of up to 8 bits joined by PEXT where cpu.h's FastPext()
-// holds); and the largest finite exponent. Each function carries its target attribute, so
+// The encoder's element pass with AVX2 (and BMI2, POPCNT), 8 elements a step in 32-bit
+// lanes for every policy, and 16 or 32 a step in 16-bit lanes where near-lossless fields have
+// at most 8 bits (joined by PEXT where cpu.h's FastPext() holds, else by shifts); and the
+// largest finite exponent. Each function carries its target attribute, so
 // this file builds for any x86-64 CPU and its code runs only where cpu.cc found AVX2.
 #include <cstddef>
 #include <cstdint>
@@ -110,7 +111,13 @@ struct QuantVectors {
       special_above, ordinary_limit, half_w, one, all, sign32;
   // For the 32-element shift join (QuantizeNarrow16, PutNarrow32).
   __m256i one16, lo16, order;
-  __m128i W, top, to_bit23;
+  // For QuantizeOrdinary16, in 16-bit lanes: the width's offset, floor and cap raised by 8
+  // (so that a width indexes the upper half of a byte table), the zero and special limits,
+  // and the byte tables 2^(7 - k), 2^k and a byte's top k + 1 bits at index 8 + k (0 at
+  // index 0).
+  __m256i offset8_16, eight16, cap8_16, seven16, zero_below16, ordinary_limit16, low_byte16,
+      bit8_16, half_by_k, pow_by_k, keep_by_k;
+  __m128i W, top, to_bit23, x_shift16;
 };
 // `ordinary_zero_below`: the zero_below the ordinary forms take (see SplitAvx2Typed's
 // kSubnormals); the general form takes q's.
@@ -135,9 +142,29 @@ __attribute__((target("avx2"))) inline QuantVectors MakeQuantVectors(const Quant
   v.lo16 = _mm256_set1_epi32(0xffff);
   // The packs leave 32-bit units [a0-3 b0-3 c0-3 d0-3 | a4-7 ...]: this puts them in order.
   v.order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  // e is at most 255, so offsets and limits beyond these bounds give the same results.
+  const auto clamp16 = [](int x, int lo, int hi) {
+    return static_cast<int16_t>(x < lo ? lo : x > hi ? hi : x);
+  };
+  v.offset8_16 = _mm256_set1_epi16(clamp16(q.width_offset + 8, -512, 512));
+  v.eight16 = _mm256_set1_epi16(8);
+  v.cap8_16 = _mm256_set1_epi16(clamp16(q.width_cap + 8, 8, 15));
+  v.seven16 = _mm256_set1_epi16(7);
+  v.zero_below16 = _mm256_set1_epi16(clamp16(ordinary_zero_below, 0, 256));
+  v.ordinary_limit16 = _mm256_set1_epi16(clamp16(q.special_above - 1, -1, 256));
+  v.low_byte16 = _mm256_set1_epi16(0xff);
+  v.bit8_16 = _mm256_set1_epi16(0x100);
+  v.half_by_k = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, -128, 64, 32, 16, 8, 4, 2, 1, 0, 0, 0, 0,
+                                 0, 0, 0, 0, -128, 64, 32, 16, 8, 4, 2, 1);
+  v.pow_by_k = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0,
+                                0, 0, 0, 1, 2, 4, 8, 16, 32, 64, -128);
+  v.keep_by_k = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, -128, -64, -32, -16, -8, -4, -2, -1, 0, 0,
+                                 0, 0, 0, 0, 0, 0, -128, -64, -32, -16, -8, -4, -2, -1);
   v.W = _mm_cvtsi32_si128(q.mant_bits);
   v.top = _mm_cvtsi32_si128(q.top);
   v.to_bit23 = _mm_cvtsi32_si128(23 - q.mant_bits);
+  // A 16-bit float's magnitude, shifted up by 1, to its exponent over 8 mantissa bits.
+  v.x_shift16 = _mm_cvtsi32_si128(q.mant_bits > 7 ? q.mant_bits - 7 : 0);
   return v;
 }
 
@@ -385,12 +412,80 @@ __attribute__((target("avx2,popcnt"), always_inline)) inline void PutBytes16(__m
   *j += static_cast<size_t>(__builtin_popcount(m_hi));
 }
 
+// The ordinary forms (QuantizeOrdinary8) of 16 elements in 16-bit lanes, where every field
+// has at most 8 bits (width_cap <= 7). The rounding then adds at the 8th mantissa bit or
+// above, so x, the exponent field e over the top 8 mantissa bits (7 and a zero for bf16),
+// decides everything: the rounded x is x + 2^(7 - k), its high byte is the symbol, and the
+// field is y >> (8 - k2), y being the sign above the rounded x's low byte. AVX2 has no
+// variable 16-bit shifts: 2^(7 - k) comes from a byte table. Lanes are [a0-3 b0-3 | a4-7
+// b4-7] for the groups a and b of 8 elements, the order packs from 32-bit lanes leave.
+struct Ordinary16 {
+  __m256i zero;     // all ones for a zero
+  __m256i y;        // the sign (bit 8) and the rounded mantissa's top 8 bits
+  __m256i sym;      // the rounded exponent fields
+  __m256i k2_8;     // 8 + the width of the rounded element
+  __m256i special;  // nonzero where an element is not ordinary (see NotOrdinary8)
+};
+template <typename U, bool kSubnormals>
+__attribute__((target("avx2"), always_inline)) inline Ordinary16 QuantizeOrdinary16(
+    const U* in, const QuantVectors& v) {
+  __m256i x, signs, subnormal = _mm256_setzero_si256();
+  if constexpr (sizeof(U) == 4) {
+    const __m256i ua = Load8(in), ub = Load8(in + 8);
+    x = _mm256_packus_epi32(_mm256_srli_epi32(_mm256_slli_epi32(ua, 1), 16),
+                            _mm256_srli_epi32(_mm256_slli_epi32(ub, 1), 16));
+    // Signed saturation keeps the sign: bit 15 of each lane is the element's.
+    signs = _mm256_packs_epi32(ua, ub);
+    // A subnormal's nonzero bits may all lie below x: test the whole elements.
+    if constexpr (kSubnormals) {
+      subnormal = _mm256_or_si256(NotOrdinary8<true>(ua, Exponents8(ua, v), v),
+                                  NotOrdinary8<true>(ub, Exponents8(ub, v), v));
+    }
+  } else {
+    // 64-bit quarters [0-3 4-7 8-11 12-15] to [0-3 8-11 | 4-7 12-15].
+    signs =
+        _mm256_permute4x64_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in)), 0xd8);
+    const __m256i mag2 = _mm256_slli_epi16(signs, 1);
+    x = _mm256_srl_epi16(mag2, v.x_shift16);
+    if constexpr (kSubnormals) {
+      subnormal =
+          _mm256_andnot_si256(_mm256_cmpeq_epi16(mag2, _mm256_setzero_si256()),
+                              _mm256_cmpeq_epi16(_mm256_srli_epi16(x, 8), _mm256_setzero_si256()));
+    }
+  }
+  Ordinary16 o;
+  const __m256i e = _mm256_srli_epi16(x, 8);
+  o.zero = _mm256_cmpgt_epi16(v.zero_below16, e);
+  o.special = _mm256_or_si256(_mm256_cmpgt_epi16(e, v.ordinary_limit16), subnormal);
+  const __m256i k8 =
+      _mm256_min_epi16(_mm256_max_epi16(_mm256_add_epi16(e, v.offset8_16), v.eight16), v.cap8_16);
+  // Below the largest finite field x + 2^7 stays within 16 bits; a larger e is special.
+  const __m256i rounded = _mm256_add_epi16(x, _mm256_shuffle_epi8(v.half_by_k, k8));
+  o.sym = _mm256_srli_epi16(rounded, 8);
+  o.k2_8 = _mm256_min_epi16(_mm256_max_epi16(_mm256_add_epi16(o.sym, v.offset8_16), v.eight16),
+                            v.cap8_16);
+  o.y = _mm256_or_si256(_mm256_and_si256(rounded, v.low_byte16),
+                        _mm256_and_si256(_mm256_srli_epi16(signs, 7), v.bit8_16));
+  return o;
+}
+
+// The zero-map bytes (at map) and the nonzero symbols (at syms + *j) of an Ordinary16.
+__attribute__((target("avx2,popcnt"), always_inline)) inline void PutMapAndSymbols16(
+    const Ordinary16& o, const QuantVectors& v, uint8_t* map, uint8_t* syms, size_t* j) {
+  const uint32_t m16 = ~static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_permutevar8x32_epi32(
+                           _mm256_packs_epi16(o.zero, o.zero), v.order))) &
+                       0xffff;
+  std::memcpy(map, &m16, 2);
+  PutBytes16(_mm256_castsi256_si128(
+                 _mm256_permutevar8x32_epi32(_mm256_packus_epi16(o.sym, o.sym), v.order)),
+             m16, syms, j);
+}
+
 // Near-lossless, 16 ordinary elements (groups a and b of 8) whose fields have at most 8 bits
 // (width_cap <= 7), for the shift join of 32 elements a step (PutNarrow32). Writes the two
-// zero-map bytes at map and the nonzero symbols at syms + *j. After the packs from 32-bit
-// to 16-bit lanes, the 128-bit halves hold [a0-3 b0-3] and [a4-7 b4-7]; one multiply-add
-// then joins each pair of fields, field1 * 2^width0 + field0 (at most 255 * 256 + 255, so
-// the signed 16-bit multiply is exact).
+// zero-map bytes at map and the nonzero symbols at syms + *j. The field y >> (8 - k2) is a
+// high multiply by 2^(8 + k2); one multiply-add then joins each pair of fields, field1 *
+// 2^width0 + field0 (at most 255 * 256 + 255, so the signed 16-bit multiply is exact).
 struct Narrow16 {
   __m256i pairs;      // 32-bit lanes [a01 a23 b01 b23 | a45 a67 b45 b67], <= 16 bits each
   __m256i pair_bits;  // their widths, same lanes
@@ -399,30 +494,48 @@ struct Narrow16 {
 template <typename U, bool kSubnormals>
 __attribute__((target("avx2,popcnt"), always_inline)) inline Narrow16 QuantizeNarrow16(
     const U* in, const QuantVectors& v, uint8_t* map, uint8_t* syms, size_t* j) {
-  const __m256i ua = Load8(in), ub = Load8(in + 8);
-  const __m256i ea = Exponents8(ua, v);
-  const __m256i eb = Exponents8(ub, v);
-  const Quantized8 a = QuantizeOrdinary8<U>(ua, ea, v);
-  const Quantized8 b = QuantizeOrdinary8<U>(ub, eb, v);
-  // Bytes [a0-3 b0-3 a0-3 b0-3 | a4-7 b4-7 ...]; `order` brings a0-7 b0-7 to the front.
-  const __m256i nz16 = _mm256_packs_epi32(a.nz, b.nz);
-  const uint32_t m16 = static_cast<uint32_t>(_mm256_movemask_epi8(
-                           _mm256_permutevar8x32_epi32(_mm256_packs_epi16(nz16, nz16), v.order))) &
-                       0xffff;
-  std::memcpy(map, &m16, 2);
-  const __m256i sym16 = _mm256_packus_epi32(a.sym, b.sym);
-  PutBytes16(_mm256_castsi256_si128(
-                 _mm256_permutevar8x32_epi32(_mm256_packus_epi16(sym16, sym16), v.order)),
-             m16, syms, j);
-  const __m256i value16 = _mm256_packus_epi32(a.value, b.value);
-  const __m256i bits16 = _mm256_packus_epi32(a.bits, b.bits);
-  // 2^width of each even element, moved into the odd lane beside it; 1 in the even lanes.
-  const __m256i pow16 =
-      _mm256_packus_epi32(_mm256_sllv_epi32(v.one, a.bits), _mm256_sllv_epi32(v.one, b.bits));
-  const __m256i mult = _mm256_or_si256(_mm256_slli_epi32(pow16, 16), v.one);
-  return {
-      _mm256_madd_epi16(value16, mult), _mm256_madd_epi16(bits16, v.one16),
-      _mm256_or_si256(NotOrdinary8<kSubnormals>(ua, ea, v), NotOrdinary8<kSubnormals>(ub, eb, v))};
+  const Ordinary16 o = QuantizeOrdinary16<U, kSubnormals>(in, v);
+  PutMapAndSymbols16(o, v, map, syms, j);
+  // 2^(8 + k2) for a nonzero element (low byte from index 0, high byte from 8 + k2); 0 for a
+  // zero (index bytes with the top bit set), which zeroes its field.
+  const __m256i mult =
+      _mm256_shuffle_epi8(v.pow_by_k, _mm256_or_si256(_mm256_slli_epi16(o.k2_8, 8), o.zero));
+  const __m256i value16 = _mm256_mulhi_epu16(o.y, mult);
+  const __m256i bits16 = _mm256_andnot_si256(o.zero, _mm256_sub_epi16(o.k2_8, v.seven16));
+  // 2^width: mult / 2^7 for a nonzero element, 1 for a zero; moved into the odd lane beside.
+  const __m256i pow16 = _mm256_max_epu16(_mm256_srli_epi16(mult, 7), v.one16);
+  const __m256i mult_pairs = _mm256_or_si256(_mm256_slli_epi32(pow16, 16), v.one);
+  return {_mm256_madd_epi16(value16, mult_pairs), _mm256_madd_epi16(bits16, v.one16), o.special};
+}
+
+// PutOrdinaryBytes8 for 16 elements in 16-bit lanes, with their zero-map bytes and symbols:
+// B = y >> 1 and the mask of its top k2 + 1 bits share a lane, a shuffle and a permute
+// gather each group's 8 bytes and 8 masks, and one PEXT per group joins its fields. Writes
+// nothing and returns false where an element is not ordinary.
+template <typename U, bool kSubnormals>
+__attribute__((target("avx2,bmi2,popcnt"), always_inline)) inline bool PutOrdinaryBytes16(
+    const U* in, const QuantVectors& v, uint8_t* map, uint8_t* syms, size_t* j, WordWriter& w) {
+  const Ordinary16 o = QuantizeOrdinary16<U, kSubnormals>(in, v);
+  if (__builtin_expect(!_mm256_testz_si256(o.special, o.special), 0)) return false;
+  PutMapAndSymbols16(o, v, map, syms, j);
+  const __m256i lanes = _mm256_or_si256(
+      _mm256_srli_epi16(o.y, 1),
+      _mm256_shuffle_epi8(v.keep_by_k, _mm256_or_si256(_mm256_slli_epi16(o.k2_8, 8), o.zero)));
+  // 32-bit units [B a0-3, B b0-3, masks a0-3, masks b0-3 | the same for 4-7], then in order.
+  const __m256i split = _mm256_permutevar8x32_epi32(
+      _mm256_shuffle_epi8(
+          lanes, _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6,
+                                  8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)),
+      v.order);
+  const __m128i bytes = _mm256_castsi256_si128(split);
+  const __m128i masks = _mm256_extracti128_si256(split, 1);
+  const uint64_t mask_a = static_cast<uint64_t>(_mm_cvtsi128_si64(masks));
+  const uint64_t mask_b = static_cast<uint64_t>(_mm_extract_epi64(masks, 1));
+  w.Put(_pext_u64(static_cast<uint64_t>(_mm_cvtsi128_si64(bytes)), mask_a),
+        static_cast<unsigned>(__builtin_popcountll(mask_a)));
+  w.Put(_pext_u64(static_cast<uint64_t>(_mm_extract_epi64(bytes, 1)), mask_b),
+        static_cast<unsigned>(__builtin_popcountll(mask_b)));
+  return true;
 }
 
 // The 32 fields of two Narrow16 (groups a, b and c, d) appended to the plane: the pairs
@@ -538,6 +651,17 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t SplitAvx2Typed(const U* in, s
         continue;
       }
       PutNarrow32(ab, cd, v, w);
+    }
+  }
+  // 16 elements a step with PEXT, unless subnormals may be nonzero: then a step of 16 would
+  // often hold one and be done again 8 at a time (f16 gradients).
+  if constexpr (J == Join::kPext && !kSubnormals) {
+    for (; i + 16 <= n; i += 16) {
+      if (__builtin_expect(
+              !PutOrdinaryBytes16<U, kSubnormals>(in + i, v, mask_bytes + i / 8, syms, &j, w), 0)) {
+        step8(i);
+        step8(i + 8);
+      }
     }
   }
   for (; i + 8 <= n; i += 8) step8(i);

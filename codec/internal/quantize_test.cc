@@ -48,6 +48,39 @@ TEST(Quantize, ClosedFormWidthEqualsFormatDefinition) {
   }
 }
 
+// Every vector level, joining short fields with shifts and with PEXT, writes what the
+// scalar pass writes for in[0, n).
+void ExpectVectorSplitsEqualScalar(DType dtype, const void* in, size_t n, const QuantParams& q,
+                                   const std::string& where) {
+  const FloatBits lay = FloatBitsOf(dtype);
+  const size_t plane_room = (n * (lay.mant_bits + 1) + 7) / 8 + 16;
+  const size_t words = (n + 63) / 64;
+  std::vector<uint8_t> fast_plane(plane_room), slow_plane(plane_room);
+  std::vector<uint8_t> fast_syms(n + 8), slow_syms(n + 8);
+  std::vector<uint64_t> fast_bits(words), slow_bits(words);
+  size_t slow_nnz = 0;
+  const size_t slow_bytes = SplitElementsScalar(dtype, in, n, q, slow_plane.data(),
+                                                slow_syms.data(), slow_bits.data(), &slow_nnz);
+  for (auto [level, pext] : {std::pair{VectorLevel::kAvx2, false},
+                             {VectorLevel::kAvx2, true},
+                             {VectorLevel::kAvx512, false},
+                             {VectorLevel::kAvx512, true}}) {
+    if (level > MaxVectorLevel()) continue;
+    size_t fast_nnz = 0;
+    std::fill(fast_bits.begin(), fast_bits.end(), ~uint64_t{0});
+    std::fill(fast_syms.begin(), fast_syms.end(), 0xee);
+    const size_t fast_bytes = SplitElementsAt(level, dtype, in, n, q, fast_plane.data(),
+                                              fast_syms.data(), fast_bits.data(), &fast_nnz, pext);
+    const std::string how = absl::StrCat(level == VectorLevel::kAvx2 ? "AVX2 " : "AVX-512 ",
+                                         pext ? "(PEXT) " : "", where);
+    ASSERT_EQ(fast_nnz, slow_nnz) << how;
+    ASSERT_EQ(fast_bytes, slow_bytes) << how;
+    ASSERT_EQ(fast_bits, slow_bits) << how;
+    ASSERT_EQ(0, std::memcmp(fast_plane.data(), slow_plane.data(), slow_bytes)) << how;
+    ASSERT_EQ(0, std::memcmp(fast_syms.data(), slow_syms.data(), slow_nnz)) << how;
+  }
+}
+
 // The vectorized pass (where this CPU has it) must write the same plane, symbols and bitmap
 // as the scalar one, for every pattern, dtype, policy and length (tails included).
 TEST(Quantize, VectorSplitEqualsScalarSplit) {
@@ -71,39 +104,54 @@ TEST(Quantize, VectorSplitEqualsScalarSplit) {
             const uint8_t* in = values.data() + lo * DTypeBytes(dtype);
             const int emax = MaxFiniteExponentScalar(dtype, in, n);
             const QuantParams q = MakeQuantParams(lay, p, emax);
-            const size_t plane_room = (n * (lay.mant_bits + 1) + 7) / 8 + 16;
-            const size_t words = (n + 63) / 64;
-            std::vector<uint8_t> fast_plane(plane_room), slow_plane(plane_room);
-            std::vector<uint8_t> fast_syms(n + 8), slow_syms(n + 8);
-            std::vector<uint64_t> fast_bits(words), slow_bits(words);
-            size_t slow_nnz = 0;
-            const size_t slow_bytes = SplitElementsScalar(
-                dtype, in, n, q, slow_plane.data(), slow_syms.data(), slow_bits.data(), &slow_nnz);
-            // Both vector levels join short fields with shifts or with PEXT.
-            for (auto [level, pext] : {std::pair{VectorLevel::kAvx2, false},
-                                       {VectorLevel::kAvx2, true},
-                                       {VectorLevel::kAvx512, false},
-                                       {VectorLevel::kAvx512, true}}) {
-              if (level > MaxVectorLevel()) continue;
-              size_t fast_nnz = 0;
-              std::fill(fast_bits.begin(), fast_bits.end(), ~uint64_t{0});
-              std::fill(fast_syms.begin(), fast_syms.end(), 0xee);
-              const size_t fast_bytes =
-                  SplitElementsAt(level, dtype, in, n, q, fast_plane.data(), fast_syms.data(),
-                                  fast_bits.data(), &fast_nnz, pext);
-              const std::string where =
-                  absl::StrCat(level == VectorLevel::kAvx2 ? "AVX2 " : "AVX-512 ",
-                               pext ? "(PEXT) " : "", DTypeName(dtype), " ", PatternName(pattern),
-                               " R=", p.rel_bits, " A=", p.abs_log2, " n=", n, " at ", lo);
-              ASSERT_EQ(fast_nnz, slow_nnz) << where;
-              ASSERT_EQ(fast_bytes, slow_bytes) << where;
-              ASSERT_EQ(fast_bits, slow_bits) << where;
-              ASSERT_EQ(0, std::memcmp(fast_plane.data(), slow_plane.data(), slow_bytes)) << where;
-              ASSERT_EQ(0, std::memcmp(fast_syms.data(), slow_syms.data(), slow_nnz)) << where;
-            }
+            ExpectVectorSplitsEqualScalar(
+                dtype, in, n, q,
+                absl::StrCat(DTypeName(dtype), " ", PatternName(pattern), " R=", p.rel_bits,
+                             " A=", p.abs_log2, " n=", n, " at ", lo));
+            if (HasFatalFailure()) return;
           }
         }
       }
+    }
+  }
+}
+
+// f32 blocks so small that the floor keeps exponent field 0 (zero_below 0): subnormals keep
+// all their bits, and a step of 32 holding one must leave the narrow joins for the general
+// form. Half of each block has no subnormal, so both kinds of step run.
+TEST(Quantize, TinyF32BlocksKeepTheirSubnormals) {
+  if (MaxVectorLevel() < VectorLevel::kAvx2)
+    GTEST_SKIP() << "this CPU has no AVX2: only the scalar path runs";
+  const FloatBits lay = FloatBitsOf(DType::kF32);
+  std::mt19937 rng(11);
+  const size_t n = 2048;
+  std::vector<uint32_t> values(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t sign = (rng() & 1) << 31;
+    const uint32_t mant = rng() & 0x7fffff;
+    const bool subnormal_half = i >= n / 2;
+    switch (rng() % 8) {
+      case 0:
+        values[i] = sign;
+        break;  // +-0
+      case 1:
+        values[i] = subnormal_half ? sign | mant | 1 : sign;
+        break;  // subnormal
+      default:
+        values[i] = sign | (1 + rng() % 12) << 23 | mant;  // fields 1-12
+    }
+  }
+  for (auto [r, a] : {std::pair{7, -16}, {3, -12}, {5, -13}}) {
+    Policy p;
+    p.rel_bits = r;
+    p.abs_log2 = a;
+    const int emax = MaxFiniteExponentScalar(DType::kF32, values.data(), n);
+    const QuantParams q = MakeQuantParams(lay, p, emax);
+    ASSERT_EQ(q.zero_below, 0) << "R=" << r << " A=" << a;  // the general form's case
+    for (size_t lo : {size_t{0}, n / 2 - 16, n / 2}) {
+      ExpectVectorSplitsEqualScalar(DType::kF32, values.data() + lo, n / 2, q,
+                                    absl::StrCat("R=", r, " A=", a, " at ", lo));
+      if (HasFatalFailure()) return;
     }
   }
 }
