@@ -527,14 +527,7 @@ __attribute__((target("avx2,bmi2,popcnt"), always_inline)) inline bool PutOrdina
           lanes, _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6,
                                   8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)),
       v.order);
-  const __m128i bytes = _mm256_castsi256_si128(split);
-  const __m128i masks = _mm256_extracti128_si256(split, 1);
-  const uint64_t mask_a = static_cast<uint64_t>(_mm_cvtsi128_si64(masks));
-  const uint64_t mask_b = static_cast<uint64_t>(_mm_extract_epi64(masks, 1));
-  w.Put(_pext_u64(static_cast<uint64_t>(_mm_cvtsi128_si64(bytes)), mask_a),
-        static_cast<unsigned>(__builtin_popcountll(mask_a)));
-  w.Put(_pext_u64(static_cast<uint64_t>(_mm_extract_epi64(bytes, 1)), mask_b),
-        static_cast<unsigned>(__builtin_popcountll(mask_b)));
+  PutPext16(_mm256_castsi256_si128(split), _mm256_extracti128_si256(split, 1), w);
   return true;
 }
 

@@ -88,14 +88,7 @@ __attribute__((always_inline, target(GCOMP_TARGET_AVX512))) inline void PutMaske
                                                        46, 50, 54, 58, 62, 3,  7,  11, 15, 19, 23,
                                                        27, 31, 35, 39, 43, 47, 51, 55, 59, 63};
   const __m512i packed = _mm512_permutexvar_epi8(_mm512_load_si512(kBytes23), both);
-  const __m128i b = _mm512_castsi512_si128(packed);
-  const __m128i keep = _mm512_extracti32x4_epi32(packed, 1);
-  const uint64_t k0 = static_cast<uint64_t>(_mm_cvtsi128_si64(keep));
-  const uint64_t k1 = static_cast<uint64_t>(_mm_extract_epi64(keep, 1));
-  w.Put(_pext_u64(static_cast<uint64_t>(_mm_cvtsi128_si64(b)), k0),
-        static_cast<unsigned>(__builtin_popcountll(k0)));
-  w.Put(_pext_u64(static_cast<uint64_t>(_mm_extract_epi64(b, 1)), k1),
-        static_cast<unsigned>(__builtin_popcountll(k1)));
+  PutPext16(_mm512_castsi512_si128(packed), _mm512_extracti32x4_epi32(packed, 1), w);
 }
 
 // The quantization of 16 elements of any kind by the closed form with both special cases

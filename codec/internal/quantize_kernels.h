@@ -119,6 +119,19 @@ inline SplitPath SplitPathOf(const QuantParams& q) {
 
 #if defined(__x86_64__)
 
+// Appends two groups of 8 fields, each the bits of a byte in `bytes` that its byte in `masks`
+// selects (one PEXT per group; see the PEXT joins in quantize_avx2.cc and quantize_avx512.cc).
+__attribute__((target("avx2,bmi2,popcnt"), always_inline)) inline void PutPext16(__m128i bytes,
+                                                                                 __m128i masks,
+                                                                                 WordWriter& w) {
+  const uint64_t mask_a = static_cast<uint64_t>(_mm_cvtsi128_si64(masks));
+  const uint64_t mask_b = static_cast<uint64_t>(_mm_extract_epi64(masks, 1));
+  w.Put(_pext_u64(static_cast<uint64_t>(_mm_cvtsi128_si64(bytes)), mask_a),
+        static_cast<unsigned>(__builtin_popcountll(mask_a)));
+  w.Put(_pext_u64(static_cast<uint64_t>(_mm_extract_epi64(bytes, 1)), mask_b),
+        static_cast<unsigned>(__builtin_popcountll(mask_b)));
+}
+
 // k(s) for 8 symbols at once; see WidthOf.
 __attribute__((target("avx2"))) inline __m256i WidthOf8(__m256i s, __m256i offset, __m256i cap,
                                                         __m256i full, __m256i special_above) {
