@@ -24,13 +24,10 @@ double Ratio(const proto::StatsResponse& s) {
   return double(s.raw_bytes_in() + s.raw_bytes_out()) / double(wire);
 }
 
-// A table cell: no newlines or tabs, which would break the alignment.
-std::string OneLine(std::string s) {
-  for (char& c : s) {
-    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
-  }
-  return s;
-}
+// A table cell: a shard's last error holds text a peer chose (a key, a job), so newlines,
+// tabs and terminal commands are escaped (they would break the alignment or act on the
+// terminal).
+std::string OneLine(absl::string_view s) { return EscapeForText(s); }
 
 std::string ErrorCell(const absl::Status& s) {
   return OneLine(absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));

@@ -277,7 +277,11 @@ TEST(FormatStatusTable, AlignsColumnsAndShowsUnitsAndRatio) {
   a.stats.set_raw_bytes_out(uint64_t{200} << 20);
   a.stats.set_memory_used_bytes(uint64_t{3} << 29);
   a.stats.set_memory_budget_bytes(uint64_t{8} << 30);
-  a.stats.set_last_error("INVALID_ARGUMENT: line\nbreak");
+  // A peer's key: a line break, a screen clear (ESC [ and its one-byte form U+009B) and a
+  // right-to-left override reach the terminal escaped.
+  a.stats.set_last_error(
+      "INVALID_ARGUMENT: line\nbreak \x1b[2J \xc2\x9b"
+      "2J \xe2\x80\xae");
   ShardStatus b;
   b.shard = 1;
   b.address = "shard-1.gcomp:7070";
@@ -290,7 +294,9 @@ TEST(FormatStatusTable, AlignsColumnsAndShowsUnitsAndRatio) {
   EXPECT_NE(lines[1].find("100.0 MiB"), std::string::npos) << table;
   EXPECT_NE(lines[1].find("4.00x"), std::string::npos) << table;
   EXPECT_NE(lines[1].find("1.5 GiB/8.0 GiB"), std::string::npos) << table;
-  EXPECT_NE(lines[1].find("INVALID_ARGUMENT: line break"), std::string::npos) << table;
+  EXPECT_NE(lines[1].find("INVALID_ARGUMENT: line\\nbreak \\x1b[2J \\u009b2J \\u202e"),
+            std::string::npos)
+      << table;
   EXPECT_NE(lines[2].find("DOWN"), std::string::npos) << table;
   EXPECT_NE(lines[2].find("UNAVAILABLE: failed to connect to all addresses"), std::string::npos);
   // Every column starts at the same offset in every line: the state column shows it.
@@ -303,7 +309,8 @@ TEST(FormatStatusTable, AlignsColumnsAndShowsUnitsAndRatio) {
 
   EXPECT_EQ(FormatStatusJson(status).find("\n"), FormatStatusJson(status).size() - 1);
   EXPECT_NE(FormatStatusJson(status).find("\"ratio\":4.0000"), std::string::npos);
-  EXPECT_NE(FormatStatusJson(status).find("\"last_error\":\"INVALID_ARGUMENT: line\\nbreak\""),
+  EXPECT_NE(FormatStatusJson(status).find(
+                "\"last_error\":\"INVALID_ARGUMENT: line\\nbreak \\u001b[2J \\u009b2J \\u202e\""),
             std::string::npos)
       << FormatStatusJson(status);
 }

@@ -28,6 +28,31 @@ TEST(JsonQuote, KeepsValidUtf8AndReplacesInvalidBytes) {
   EXPECT_EQ(JsonQuote("\xf4\x90\x80\x80"), "\"\\ufffd\\ufffd\\ufffd\\ufffd\"");  // > U+10FFFF
 }
 
+// Code points that act on a terminal or on the text's direction without showing.
+TEST(JsonQuote, EscapesHiddenControls) {
+  EXPECT_EQ(JsonQuote("\xc2\x9b"
+                      "2J"),
+            "\"\\u009b2J\"");                       // C1 CSI
+  EXPECT_EQ(JsonQuote("\xc2\x85"), "\"\\u0085\"");  // C1 next line
+  EXPECT_EQ(JsonQuote("txt\xe2\x80\xae"
+                      "gpj"),
+            "\"txt\\u202egpj\"");  // right-to-left override
+  EXPECT_EQ(JsonQuote("\xe2\x81\xa6\xd8\x9c\xe2\x80\x8f"), "\"\\u2066\\u061c\\u200f\"");
+  EXPECT_EQ(JsonQuote("\xc2\xa0\xe2\x80\xaf"), "\"\xc2\xa0\xe2\x80\xaf\"");  // spaces: shown
+}
+
+TEST(EscapeForText, EscapesWhatCouldForgeALineOrActOnATerminal) {
+  EXPECT_EQ(EscapeForText("plain caf\xc3\xa9 \xe2\x82\xac"), "plain caf\xc3\xa9 \xe2\x82\xac");
+  EXPECT_EQ(EscapeForText("a\nb\tc\rd"), "a\\nb\\tc\\x0dd");
+  EXPECT_EQ(EscapeForText("\x1b[2J\x7f"), "\\x1b[2J\\x7f");
+  EXPECT_EQ(EscapeForText(std::string("nul\0x", 5)), "nul\\x00x");
+  EXPECT_EQ(EscapeForText("\xc2\x9b"
+                          "2J \xe2\x80\xae \xe2\x81\xa9"),
+            "\\u009b2J \\u202e \\u2069");
+  EXPECT_EQ(EscapeForText("\xff\xc3"), "\\xff\\xc3");  // invalid UTF-8, byte by byte
+  EXPECT_EQ(EscapeForText("quote \" and \\ stay"), "quote \" and \\ stay");
+}
+
 TEST(AppendJsonString, Appends) {
   std::string out = "{\"k\":";
   AppendJsonString("v", &out);

@@ -61,27 +61,14 @@ class JsonFormatter final : public spdlog::formatter {
   const std::string process_;  // already quoted
 };
 
-// The text format's message (flag %*): control characters escaped, so that a tensor key or
-// worker name sent by a peer cannot end the line and forge one of its own, nor put
-// terminal escapes or NULs in the log. Other bytes (UTF-8 included) are kept.
+// The text format's message (flag %*): hidden controls escaped (EscapeForText), so that a
+// tensor key or worker name sent by a peer cannot end the line and forge one of its own,
+// nor put terminal commands, NULs or direction overrides in the log. Other text is kept.
 class EscapedMessage final : public spdlog::custom_flag_formatter {
  public:
   void format(const spdlog::details::log_msg& msg, const std::tm&,
               spdlog::memory_buf_t& dest) override {
-    static constexpr char kHex[] = "0123456789abcdef";
-    for (const char c : absl::string_view(msg.payload.data(), msg.payload.size())) {
-      const unsigned char u = static_cast<unsigned char>(c);
-      if (u >= 0x20 && u != 0x7f) {
-        dest.push_back(c);
-      } else if (c == '\n') {
-        dest.append(absl::string_view("\\n"));
-      } else if (c == '\t') {
-        dest.append(absl::string_view("\\t"));
-      } else {
-        const char escaped[] = {'\\', 'x', kHex[u >> 4], kHex[u & 15]};
-        dest.append(escaped, escaped + 4);
-      }
-    }
+    dest.append(EscapeForText(absl::string_view(msg.payload.data(), msg.payload.size())));
   }
   std::unique_ptr<spdlog::custom_flag_formatter> clone() const override {
     return std::make_unique<EscapedMessage>();
@@ -126,7 +113,9 @@ namespace log {
 
 std::string Clip(absl::string_view text, size_t max_bytes) {
   if (text.size() <= max_bytes) return std::string(text);
-  return absl::StrCat(text.substr(0, max_bytes), "... (", text.size(), " bytes)");
+  size_t keep = max_bytes;  // back to the first byte of a UTF-8 character
+  while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xc0) == 0x80) --keep;
+  return absl::StrCat(text.substr(0, keep), "... (", text.size(), " bytes)");
 }
 
 bool LineBudget::Admit() {

@@ -62,8 +62,9 @@ void Error(spdlog::format_string_t<Args...> fmt, Args&&... args) {
 //
 //   static log::LineBudget* const budget = new log::LineBudget(10, "rejected pushes");
 //   if (budget->Admit()) log::Warn("rejected push ...");
-// `text` from a network peer (a reason, a name) cut to `max_bytes` for a log line, with
-// the full length said: "<first max_bytes bytes>... (N bytes)".
+// `text` from a network peer (a reason, a name) cut to at most `max_bytes` for a log line
+// or a message, at a UTF-8 character boundary, with the full length said:
+// "<first bytes>... (N bytes)".
 std::string Clip(absl::string_view text, size_t max_bytes = 200);
 
 class LineBudget {

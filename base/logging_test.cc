@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/testing/capture_stderr.h"
 #include "gtest/gtest.h"
 
 namespace gcomp {
@@ -38,24 +39,7 @@ TEST(InitLogging, AcceptsKnownLevelAndLogs) {
   log::Info("value {} and {}", 1, "two");  // must compile and not throw
 }
 
-// Everything written to stderr while `body` runs.
-template <typename Body>
-std::string CaptureStderr(Body body) {
-  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/stderr.txt";
-  std::fflush(stderr);
-  const int saved = dup(2);
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  dup2(fd, 2);
-  close(fd);
-  body();
-  std::fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using testing::CaptureStderr;
 
 // A strict reader for the flat objects of string values the JSON format writes: returns
 // the fields, or nothing if `line` is not exactly such an object (so a stray quote, a raw
@@ -183,11 +167,14 @@ TEST(InitLogging, TextFormatIsOneLinePerMessageWithProgramAndLevel) {
 }
 
 // What a peer sends (a tensor key, a worker name) lands in messages: control characters
-// are escaped, so it can neither forge a line of its own nor write terminal escapes.
+// (C1 and direction overrides too) are escaped, so it can neither forge a line of its own
+// nor write terminal escapes.
 TEST(InitLogging, TextFormatEscapesControlCharacters) {
   const std::string key =
       std::string("k\n2026-12-05T00:00:00.000 E gcomp_server[0]] forged\r\x1b[31m") +
-      std::string(1, '\0') + "\tend \xc3\xa9";
+      std::string(1, '\0') +
+      "\tend \xc3\xa9 \xc2\x9b"
+      "2J \xe2\x80\xae";
   const std::string out = CaptureStderr([&] {
     ASSERT_TRUE(InitLogging("gcomp_escape_test", "info", "text").ok());
     log::Warn("declared '{}'", key);
@@ -195,7 +182,7 @@ TEST(InitLogging, TextFormatEscapesControlCharacters) {
   ASSERT_TRUE(InitLogging("logging_test_after3", "info").ok());
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_NE(out.find("declared 'k\\n2026-12-05T00:00:00.000 E gcomp_server[0]] "
-                     "forged\\x0d\\x1b[31m\\x00\\tend \xc3\xa9'\n"),
+                     "forged\\x0d\\x1b[31m\\x00\\tend \xc3\xa9 \\u009b2J \\u202e'\n"),
             std::string::npos)
       << out;
 }

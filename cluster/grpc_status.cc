@@ -1,6 +1,7 @@
 #include "cluster/grpc_status.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -9,7 +10,17 @@ namespace gcomp::cluster {
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  const absl::string_view message = status.message();
+  std::string sent;
+  if (message.size() <= kMaxStatusMessageBytes) {
+    sent = std::string(message);
+  } else {
+    // Room for the note; then back to the first byte of a UTF-8 character.
+    size_t keep = kMaxStatusMessageBytes - 40;
+    while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xc0) == 0x80) --keep;
+    sent = absl::StrCat(message.substr(0, keep), " [", message.size() - keep, " more bytes cut]");
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::move(sent));
 }
 
 absl::Status FromGrpc(const grpc::Status& status, absl::string_view context) {

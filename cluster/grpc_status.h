@@ -4,13 +4,21 @@
 #ifndef GCOMP_CLUSTER_GRPC_STATUS_H_
 #define GCOMP_CLUSTER_GRPC_STATUS_H_
 
+#include <cstddef>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/support/status.h"
 
 namespace gcomp::cluster {
 
-// What a gRPC handler returns for `status`.
+// The longest message a handler sends, in bytes. gRPC sends it percent-encoded in the
+// trailers, each byte outside printable ASCII as three, and a client refuses trailers over
+// 8 KiB (its default) with RESOURCE_EXHAUSTED, losing the code and the reason.
+inline constexpr size_t kMaxStatusMessageBytes = 2000;
+
+// What a gRPC handler returns for `status`: the code, and the message cut to
+// kMaxStatusMessageBytes (at a UTF-8 character boundary) with a note of what was cut.
 grpc::Status ToGrpc(const absl::Status& status);
 
 // What a client makes of a call's status; a non-empty `context` (the call and the peer)

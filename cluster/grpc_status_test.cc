@@ -1,5 +1,8 @@
 #include "cluster/grpc_status.h"
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace gcomp::cluster {
@@ -11,6 +14,25 @@ TEST(GrpcStatus, EveryCodeAndMessageSurvivesTheRoundTrip) {
     const grpc::Status g = ToGrpc(s);
     EXPECT_EQ(static_cast<int>(g.error_code()), code);
     EXPECT_EQ(FromGrpc(g), s) << code;
+  }
+}
+
+// A message too long for a client's trailer limit is cut, whole characters kept, with a note.
+TEST(GrpcStatus, LongMessagesAreCutAtACharacterBoundary) {
+  const std::string exact(kMaxStatusMessageBytes, 'a');
+  EXPECT_EQ(ToGrpc(absl::DeadlineExceededError(exact)).error_message(), exact);
+  for (const std::string unit : {"x", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80"}) {
+    std::string long_message = "missing workers: ";
+    while (long_message.size() < 20000) long_message += unit;
+    const grpc::Status g = ToGrpc(absl::DeadlineExceededError(long_message));
+    EXPECT_EQ(g.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    const std::string& m = g.error_message();
+    EXPECT_LE(m.size(), kMaxStatusMessageBytes) << unit.size();
+    EXPECT_EQ(m.rfind("missing workers: ", 0), 0u);
+    const size_t note = m.find(" [");
+    ASSERT_NE(note, std::string::npos);
+    EXPECT_EQ((note - 17) % unit.size(), 0u) << "a character was split: " << unit.size();
+    EXPECT_EQ(m.substr(note), absl::StrCat(" [", long_message.size() - note, " more bytes cut]"));
   }
 }
 

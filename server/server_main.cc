@@ -30,9 +30,9 @@
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
 #include "cluster/reshard_coordinator.h"
-#include "google/protobuf/stubs/logging.h"
 #include "prometheus/registry.h"
 #include "server/grpc_service.h"
+#include "server/library_logs.h"
 
 ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
 ABSL_FLAG(int, shard, -1, "This process's shard index into the config's `shards` list.");
@@ -65,17 +65,6 @@ ABSL_FLAG(int64_t, parent_pid, 0,
           "ran) shuts down at once. 0: whatever process is the parent at start.");
 
 namespace {
-
-// protobuf's own messages (e.g. "invalid UTF-8" for a string field a peer sent, logged
-// while parsing, before any token check) go through the process's logger, in its format,
-// at most 10 lines a second: a peer can cause them at will.
-void ProtobufLogHandler(google::protobuf::LogLevel level, const char* filename, int line,
-                        const std::string& message) {
-  static gcomp::log::LineBudget* const budget =
-      new gcomp::log::LineBudget(10, "protobuf library messages");
-  if (level < google::protobuf::LOGLEVEL_WARNING || !budget->Admit()) return;
-  gcomp::log::Warn("protobuf ({}:{}): {}", filename, line, message);
-}
 
 // Re-reads `path` every `poll` until `stop`; a valid config of a higher epoch makes shard 0
 // of the running map run the re-shard. A file that does not load is logged once per
@@ -203,7 +192,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;
   }
-  google::protobuf::SetLogHandler(&ProtobufLogHandler);
+  gcomp::server::RouteLibraryLogs();
   if (absl::GetFlag(FLAGS_config).empty() || shard < 0) {
     gcomp::log::Error("--config and --shard (or --shard_from_hostname) are required");
     return 2;

@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "base/logging.h"
 
 namespace gcomp::server {
@@ -122,11 +121,25 @@ absl::StatusOr<bool> StepAccumulator::Admit(uint32_t worker, int64_t step) {
 }
 
 std::string StepAccumulator::MissingLocked() const {
-  std::vector<std::string> missing;
+  // The list goes into a status every waiting worker receives and the chunk keeps as its
+  // last failure; worker names are chosen by peers. So it is bounded: a few names, each
+  // clipped, then a count.
+  constexpr size_t kListed = 8;
+  constexpr size_t kNameBytes = 48;
+  std::string out;
+  size_t missing = 0;
   for (uint32_t w = 0; w < options_.workers; ++w) {
-    if (!arrived_[w]) missing.push_back(namer_(w));
+    if (arrived_[w]) continue;
+    if (missing < kListed) {
+      absl::StrAppend(&out, missing > 0 ? ", " : "", log::Clip(namer_(w), kNameBytes));
+    }
+    ++missing;
   }
-  return absl::StrJoin(missing, ", ");
+  if (missing > kListed) {
+    absl::StrAppend(&out, " and ", missing - kListed, " more (", missing, " of ", options_.workers,
+                    " workers missing)");
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<float>> StepAccumulator::TakeBuffer() {

@@ -257,6 +257,23 @@ TEST(StepAccumulator, TimeoutNamesMissingWorkersForEveryWaiter) {
   EXPECT_EQ(Values(*r->reply)[0], 3.0f);
 }
 
+// Peers choose worker names, and every waiting worker receives the list (gRPC clients refuse
+// a status over 8 KiB) and every chunk keeps it: a few names, each clipped, then a count.
+TEST(StepAccumulator, TheMissingWorkerListIsBounded) {
+  StepAccumulatorOptions o;
+  o.workers = 1000;
+  o.step_timeout = absl::Milliseconds(50);
+  o.label = "key 'w' chunk 0";
+  StepAccumulator acc(o, cluster::Optimizer({}, 1), RawFinalizer(), [](uint32_t w) {
+    return absl::StrCat(std::string(2000, w % 2 ? 'x' : '\xe2'), w);  // invalid UTF-8 too
+  });
+  const absl::Status s = acc.Push(0, 0, {1}, absl::InfiniteFuture()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(s.message().size(), 1200u) << s.message().size();
+  EXPECT_THAT(std::string(s.message()), HasSubstr("... (2001 bytes), "));
+  EXPECT_THAT(std::string(s.message()), HasSubstr(" and 991 more (999 of 1000 workers missing)"));
+}
+
 TEST(StepAccumulator, CallerDeadlineKeepsTheContribution) {
   auto acc = Make(2, 1);
   auto early = acc->Push(0, 0, {4}, absl::Now() + absl::Milliseconds(20));
