@@ -92,8 +92,12 @@ class PSHookState:
             pushed = self.transport.quantize(flat)
             if pushed is not flat:
                 # Kept in float32 (a bfloat16 difference would round most of it away), on
-                # the gradient's device (the codec's round trip runs on the CPU).
-                residual = flat.float() - pushed.to(flat.device).float()
+                # the gradient's device (the codec's round trip runs on the CPU). Inf and
+                # NaN go through exactly and leave no residual: inf - inf is NaN, which
+                # would be added to that element at every later step (an overflow that a
+                # loss scaler skips would then make it skip every step after).
+                residual = torch.nan_to_num(flat.float() - pushed.to(flat.device).float(),
+                                            nan=0.0, posinf=0.0, neginf=0.0)
         self.transport.push_pull(key, step, flat)
         if residual is None:
             return

@@ -317,6 +317,31 @@ def test_error_feedback_follows_each_parameter_when_the_buckets_change():
     sync.close()
 
 
+def test_error_feedback_keeps_no_residual_for_inf_or_nan():
+    # A loss scaler's overflow step puts inf or NaN in a gradient and skips the step. The
+    # residual of such an element was inf - inf = NaN and came back at every later step,
+    # so the scaler skipped every step after the first overflow.
+    model = nn.Linear(4, 1, bias=False)
+    transport = Recording()
+    sync = gtorch.GradientSync(model, transport, error_feedback=True)
+    for step, bad in enumerate([None, float("inf"), float("nan"), None, None]):
+        model.weight.grad = torch.full((1, 4), 0.3)
+        if bad is not None:
+            model.weight.grad[0, 1] = bad
+        sync.sync()
+        pushed = transport.pushes[-1][2]
+        if bad is None:
+            assert torch.isfinite(pushed).all(), (step, pushed)
+            assert torch.isfinite(model.weight.grad).all(), (step, model.weight.grad)
+        else:
+            assert not torch.isfinite(pushed[1]), (step, pushed)
+    # The finite elements still carry their quantization error forward: 0.3 is pushed as
+    # 0.25, then 0.35 as 0.25, ... so the pushes average to 0.3 over the steps.
+    firsts = torch.stack([p[2][0] for p in transport.pushes])
+    assert abs(firsts.mean().item() - 0.3) < 0.06, firsts
+    sync.close()
+
+
 class FailsOnce(Recording):
     """Recording, with steps, whose push of `fail_at` (call index) raises TimeoutError."""
 
