@@ -294,6 +294,12 @@ void ShardService::RunSwitch() {
     const int new_index = IndexOf(next, self_address_);
     const cluster::ShardMap next_map(next.shards_size(), next.shard_map_epoch());
     uint64_t owned = 0;
+    // ReshardStatus reports this re-shard's moves: they were summed over every re-shard
+    // since the shard started (a second re-shard reported the first one's chunks too).
+    chunks_kept_ = 0;
+    chunks_received_ = 0;
+    chunks_sent_ = 0;
+    bytes_sent_ = 0;
     for (auto& [key, t] : tensors_) {
       declarations.push_back(t->Declaration(config_));
       std::vector<uint32_t> owner = next_map.Assign(key, t->layout);

@@ -20,6 +20,7 @@
 #include "cluster/cluster_config.h"
 #include "cluster/grpc_status.h"
 #include "cluster/reshard_coordinator.h"
+#include "cluster/shard_map.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -214,6 +215,21 @@ TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
     EXPECT_LT(r.chunks_moved, r.chunks_total) << r.ToJson();
     EXPECT_GT(r.bytes_moved, 0u) << r.ToJson();
   }
+  // Each result counts its own moves: the chunks whose owner's address the new map changes
+  // (the second used to count the first one's too).
+  const auto moves = [](const proto::ClusterConfig& from, const proto::ClusterConfig& to) {
+    const cluster::ShardMap before(from.shards_size(), from.shard_map_epoch());
+    const cluster::ShardMap after(to.shards_size(), to.shard_map_epoch());
+    uint64_t n = 0;
+    for (const auto& [key, elements] : kTensors) {
+      const cluster::ChunkLayout layout(elements, sizeof(float), from.chunk_bytes());
+      const std::vector<uint32_t> was = before.Assign(key, layout), is = after.Assign(key, layout);
+      for (size_t c = 0; c < was.size(); ++c) n += from.shards(was[c]) != to.shards(is[c]);
+    }
+    return n;
+  };
+  EXPECT_EQ(results[0].chunks_moved, moves(two, three)) << results[0].ToJson();
+  EXPECT_EQ(results[1].chunks_moved, moves(three, back)) << results[1].ToJson();
   EXPECT_GE(switches, 2u * kWorkers);
   for (int w = 0; w < kWorkers; ++w) {
     ASSERT_EQ(moved[w].size(), kTensors.size()) << "worker " << w << " did not finish";
