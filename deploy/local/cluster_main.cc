@@ -659,6 +659,19 @@ int main(int argc, char** argv) {
       moved_chunks += Num(r.json, "chunks_moved");
       moved_bytes += Num(r.json, "bytes_moved");
       items.push_back(r.json);
+      // The switch comes at the asked step or later (past every step a chunk had started):
+      // one past the last step means no step ran on the new map, and the run tested nothing
+      // of it.
+      const double switch_step = Num(r.json, "switch_step");
+      if (switch_step >= steps) {
+        reshards_ok = false;
+        if (first_error.empty()) {
+          first_error = absl::StrFormat(
+              "re-shard %d (asked for step %d) switched at step %.0f, after the last step (%d): "
+              "no step ran on its map; give more --steps or an earlier STEP",
+              static_cast<int>(i + 1), events[i].step, switch_step, steps - 1);
+        }
+      }
     }
     const bool same = digest == fixed_digest;
     if (!same && first_error.empty()) {
