@@ -23,6 +23,23 @@ bool SameOptimizer(const cluster::OptimizerOptions& a, const cluster::OptimizerO
          a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.epsilon == b.epsilon;
 }
 
+// The settings that take part in an update: "momentum (learning_rate 0.01, momentum 0.9)".
+std::string DescribeOptimizer(const cluster::OptimizerOptions& o) {
+  switch (o.kind) {
+    case cluster::OptimizerKind::kNone:
+      return "none";
+    case cluster::OptimizerKind::kSgd:
+      return absl::StrCat("sgd (learning_rate ", o.learning_rate, ")");
+    case cluster::OptimizerKind::kMomentum:
+      return absl::StrCat("momentum (learning_rate ", o.learning_rate, ", momentum ", o.momentum,
+                          ")");
+    case cluster::OptimizerKind::kAdam:
+      return absl::StrCat("adam (learning_rate ", o.learning_rate, ", beta1 ", o.beta1, ", beta2 ",
+                          o.beta2, ", epsilon ", o.epsilon, ")");
+  }
+  return "?";
+}
+
 }  // namespace
 
 absl::Status ShardService::DeclareTensor(const proto::DeclareTensorRequest& r,
@@ -159,12 +176,23 @@ absl::StatusOr<ShardService::Tensor*> ShardService::DeclareLocked(
   if (it != tensors_.end()) {
     Tensor* t = it->second.get();
     const bool same_optimizer = SameOptimizer(t->optimizer, opt);
-    if (t->dtype != dtype || t->layout.elements != r.elements() || !same_optimizer) {
+    if (t->dtype != dtype || t->layout.elements != r.elements()) {
       return absl::AlreadyExistsError(absl::StrCat(
           "tensor '", r.key(), "' already declared as ", codec::DTypeName(t->dtype), " x ",
           t->layout.elements, "; this request declares ", codec::DTypeName(dtype), " x ",
-          r.elements(), same_optimizer ? "" : " with another optimizer",
+          r.elements(),
           " (every worker must declare a key alike; another model or job needs other keys)"));
+    }
+    if (!same_optimizer) {
+      // Most often a config whose optimizer changed, restarted from a checkpoint that keeps
+      // the settings each key was declared with.
+      return absl::AlreadyExistsError(absl::StrCat(
+          "tensor '", r.key(), "' already declared with optimizer ",
+          DescribeOptimizer(t->optimizer), "; this request declares it with ",
+          DescribeOptimizer(opt),
+          ". A key keeps its optimizer settings, through checkpoints too: every worker must "
+          "declare it alike, and a changed optimizer in the config needs other keys or a "
+          "checkpoint directory without this job's sets (docs/CHECKPOINT.md)"));
     }
     return t;
   }

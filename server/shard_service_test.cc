@@ -362,6 +362,22 @@ TEST_F(ShardServiceTest, ConflictingRedeclareIsAlreadyExists) {
   EXPECT_THAT(std::string(shard_->DeclareTensor(d, &r).message()),
               HasSubstr("this request declares bf16 x 20"));
   d.set_dtype(proto::DTYPE_F32);
+  // Another optimizer (as after a restart whose config changed the learning rate, from a
+  // checkpoint that keeps the old one): both settings named, and what to do.
+  proto::OptimizerConfig* o = d.mutable_optimizer();
+  o->set_name("momentum");
+  o->set_learning_rate(0.001);
+  o->set_momentum(0.9);
+  o->set_beta1(0.9);
+  o->set_beta2(0.999);
+  o->set_epsilon(1e-8);
+  const absl::Status other = shard_->DeclareTensor(d, &r);
+  EXPECT_EQ(other.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(other.message()),
+              HasSubstr("'w' already declared with optimizer none; this request declares it "
+                        "with momentum (learning_rate 0.001, momentum 0.9). A key keeps its "
+                        "optimizer settings, through checkpoints too"));
+  d.clear_optimizer();
   EXPECT_TRUE(shard_->DeclareTensor(d, &r).ok());  // identical: idempotent
 }
 
