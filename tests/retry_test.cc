@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <future>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -97,7 +99,15 @@ class LossyReplies final : public proto::Aggregation::Service {
   }
   grpc::Status Pull(grpc::ServerContext* c, const proto::PullRequest* r,
                     proto::CompressedBlock* out) override {
-    return inner_.Pull(c, r, out);
+    grpc::Status s = inner_.Pull(c, r, out);
+    absl::MutexLock lock(&mu_);
+    if (s.ok() && tamper_pull_) tamper_pull_(out->mutable_address());
+    return s;
+  }
+  // Changes the address of every later Pull reply (a broken or hostile shard).
+  void TamperPulls(std::function<void(proto::BlockAddress*)> tamper) {
+    absl::MutexLock lock(&mu_);
+    tamper_pull_ = std::move(tamper);
   }
   grpc::Status Stats(grpc::ServerContext* c, const proto::StatsRequest* r,
                      proto::StatsResponse* out) override {
@@ -107,6 +117,8 @@ class LossyReplies final : public proto::Aggregation::Service {
  private:
   server::AggregationGrpcService inner_;
   std::atomic<int> lose_;
+  absl::Mutex mu_;
+  std::function<void(proto::BlockAddress*)> tamper_pull_ ABSL_GUARDED_BY(mu_);
 };
 
 // A TCP forwarder on loopback to `backend_port` that swallows its first connection:
@@ -290,6 +302,41 @@ TEST(Retry, LostRepliesAreRetriedAndCountedOnce) {
   EXPECT_EQ(stats.steps_completed(), 3u);  // one step per chunk: no double count
   EXPECT_EQ(stats.pushes(), 3u + 2u);
   EXPECT_EQ(stats.duplicate_pushes(), 2u);  // the retries got the cached result
+}
+
+// Pull and ResumeStep check what a reply is addressed to, as push-pull does: a reply for
+// another key or chunk was decoded into the output when its size matched, and a step of
+// 2^63 - 1 overflowed ResumeStep's + 1.
+TEST(Retry, MisaddressedPullRepliesAreRefused) {
+  auto shard = NewShard(1, 0);
+  LossyReplies service(shard.get(), 0);
+  Listener listener(&service, "127.0.0.1:0");
+  auto client = worker::Client::Connect(Config(listener.port(), 1, 0), Worker(0));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, kElements).ok());
+  ASSERT_TRUE((*client)->Declare("u", codec::DType::kF32, kElements).ok());
+  std::vector<float> out(kElements, 7.0f);
+  ASSERT_TRUE((*client)->Pull("t", out.data()).ok());
+  EXPECT_EQ(*(*client)->ResumeStep("t"), 0);
+  struct Case {
+    std::function<void(proto::BlockAddress*)> tamper;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {[](proto::BlockAddress* a) { a->set_key("u"); }, "reply addressed to 'u' chunk 0"},
+           {[](proto::BlockAddress* a) { a->set_chunk(a->chunk() + 1); }, "chunk 1 step -1"},
+           {[](proto::BlockAddress* a) { a->set_step(std::numeric_limits<int64_t>::max()); },
+            "step 9223372036854775807"},
+           {[](proto::BlockAddress* a) { a->set_step(-2); }, "step -2"}}) {
+    service.TamperPulls(c.tamper);
+    std::fill(out.begin(), out.end(), 7.0f);
+    const absl::Status pulled = (*client)->Pull("t", out.data());
+    EXPECT_EQ(pulled.code(), absl::StatusCode::kInternal) << pulled;
+    EXPECT_THAT(std::string(pulled.message()), HasSubstr(c.says)) << pulled;
+    EXPECT_EQ(out[0], 7.0f);  // the first chunk's reply was refused before decoding
+    const absl::StatusOr<int64_t> resume = (*client)->ResumeStep("t");
+    EXPECT_EQ(resume.status().code(), absl::StatusCode::kInternal) << resume.status();
+  }
 }
 
 TEST(Retry, ExhaustedBudgetIsUnavailableNamingTheShard) {

@@ -269,6 +269,8 @@ struct Client::Impl {
 
   absl::Status RunPushPull(const std::string& key, int64_t step, const void* input, void* output);
 
+  // A chunk's last completed step is below 2^62 (the shard's limit): ResumeStep adds 1.
+  static constexpr int64_t kMaxResumableStep = int64_t{1} << 62;
   // Chunk c's current value from its shard (Pull, with retries).
   absl::StatusOr<proto::CompressedBlock> PullChunk(const std::string& key, const TensorInfo& t,
                                                    uint32_t c) {
@@ -290,6 +292,15 @@ struct Client::Impl {
       if (!st.ok() && switches < kMaxMapSwitches && ResendAfterSwitch(st, *m, shard, &error)) continue;
       if (!error.ok()) return error;
       if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
+      // As for push-pull: a reply for another chunk (or a step no chunk can be at) from a
+      // broken or hostile shard is refused, not decoded into the output.
+      const proto::BlockAddress& got = resp.address();
+      if (got.key() != key || got.chunk() != c || got.step() < -1 ||
+          got.step() >= kMaxResumableStep) {
+        return absl::InternalError(absl::StrCat(
+            "pull of '", key, "' chunk ", c, " on shard ", shard, " (", m->config.shards(shard),
+            "): reply addressed to '", got.key(), "' chunk ", got.chunk(), " step ", got.step()));
+      }
       return resp;
     }
   }

@@ -2,8 +2,11 @@
 // its shards, declaring tensors under it, and moving to a newer map when a re-shard or a
 // failover replaced it (docs/SERVICE.md, "Re-sharding" and "Replication and failover").
 #include <algorithm>
+#include <iterator>
+#include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "worker/client_impl.h"
@@ -42,6 +45,13 @@ std::shared_ptr<MapState> Client::Impl::BuildMap(const proto::ClusterConfig& cfg
                                  std::make_unique<cluster::PushPullStub>(channel)});
     }
     m->reshard.push_back(proto::Resharding::NewStub(chans[0]));
+  }
+  // Channels to addresses this map does not list are dropped from the cache: they close
+  // once no map uses them, so maps that come and go (or a shard that hands out maps of
+  // thousands of addresses) cannot pile up connections.
+  const absl::flat_hash_set<std::string> listed(cfg.shards().begin(), cfg.shards().end());
+  for (auto it = channels.begin(); it != channels.end();) {
+    it = listed.contains(it->first) ? std::next(it) : channels.erase(it);
   }
   return m;
 }

@@ -36,6 +36,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/json.h"
 #include "base/large_buffer.h"
 #include "base/logging.h"
 #include "base/malloc_tuning.h"
@@ -98,10 +99,6 @@ struct Tensor {
   std::vector<double> up_err, g_err;
 };
 
-std::string JsonEscape(absl::string_view s) {
-  return absl::StrReplaceAll(s, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", " "}});
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,8 +115,10 @@ int main(int argc, char** argv) {
                                                   absl::GetFlag(FLAGS_log_format));
   std::string error;
   auto finish = [&](bool ok, const std::string& body) {
-    std::printf("{\"worker\":%u,\"ok\":%s%s,\"error\":\"%s\"}\n", w, ok ? "true" : "false",
-                body.c_str(), JsonEscape(error).c_str());
+    // The error may hold a shard's status message: quoted as JSON, control characters
+    // and terminal commands escaped, so the line parses and prints harmlessly.
+    std::printf("{\"worker\":%u,\"ok\":%s%s,\"error\":%s}\n", w, ok ? "true" : "false",
+                body.c_str(), gcomp::JsonQuote(error).c_str());
     std::fflush(stdout);
     return ok ? 0 : 1;
   };

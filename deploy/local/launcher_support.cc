@@ -24,8 +24,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "base/usage_trend.h"
 #include "absl/time/clock.h"
+#include "base/json.h"
+#include "base/usage_trend.h"
 
 namespace gcomp::launcher {
 
@@ -142,12 +143,8 @@ std::optional<Progress> ReadProgress(const std::string& path) {
 }
 
 std::string Escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += (c == '\n') ? ' ' : c;
-  }
-  return o;
+  const std::string quoted = JsonQuote(s);
+  return quoted.substr(1, quoted.size() - 2);
 }
 
 WorkerResults ReadWorkerResults(const std::string& dir, const std::vector<int>& wait_status,

@@ -105,7 +105,9 @@ bool CheckSoak(const std::vector<SoakTrack>& tracks, int from_step, double max_g
 std::string BaselineDigest(int argc, char** argv, const std::vector<std::string>& drop,
                            std::string* error);
 
-// `s` as the inside of a JSON string: quotes and backslashes escaped, newlines as spaces.
+// `s` as the inside of a JSON string (JsonQuote without its quotes): control characters,
+// terminal commands and invalid UTF-8 escaped, so that text a shard or worker chose cannot
+// break the summary line or act on a terminal.
 std::string Escape(const std::string& s);
 
 }  // namespace gcomp::launcher

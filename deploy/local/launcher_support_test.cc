@@ -27,7 +27,11 @@ TEST(LauncherSupport, FieldsOfAFlatJsonLine) {
   EXPECT_EQ(Num(json, "steps"), 12);
   EXPECT_EQ(Num(json, "absent"), 0);
   EXPECT_EQ(Field(json, "absent"), std::nullopt);
-  EXPECT_EQ(Escape("say \"hi\"\\\nnow"), "say \\\"hi\\\"\\\\ now");
+  EXPECT_EQ(Escape("say \"hi\"\\\nnow"), "say \\\"hi\\\"\\\\\\nnow");
+  // A shard's status message in an error: terminal commands and direction overrides too.
+  EXPECT_EQ(Escape("\x1b[31mEVIL\xe2\x80\xae\xc2\x9b"
+                   "2J"),
+            "\\u001b[31mEVIL\\u202e\\u009b2J");
 }
 
 TEST(LauncherSupport, ProgressFile) {
