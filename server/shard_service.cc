@@ -165,7 +165,7 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
   }
   static log::LineBudget* const registrations = new log::LineBudget(20, "registrations");
   if (registrations->Admit()) {
-    log::Info("shard {}: worker {} registered as '{}'", shard(), r.worker(), r.name());
+    log::Info("shard {}: worker {} registered as '{}'", shard(), r.worker(), log::Clip(r.name()));
   }
   response->set_shard(shard());
   response->set_workers(config_.workers());
