@@ -114,6 +114,31 @@ void ShardService::ExpiryLoop() {
   }
 }
 
+void ShardService::DropPendingPushesOf(uint32_t worker) {
+  std::vector<std::shared_ptr<StepAccumulator>> all;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [key, t] : tensors_) {
+      for (const auto& [chunk, acc] : t->chunks) all.push_back(acc);
+    }
+  }
+  // UNAVAILABLE: the clients push again by themselves, and the step then takes the new
+  // process's gradient (before, the replaced process's push stayed and the new one's was
+  // taken for its retry, until the step timed out).
+  const absl::Status dropped = absl::UnavailableError(absl::StrCat(
+      "a new process registered as worker ", worker, " ('", log::Clip(WorkerName(worker), 48),
+      "'), so the push of the process it replaced was dropped from this step: push it again"));
+  uint64_t steps = 0;
+  for (const std::shared_ptr<StepAccumulator>& acc : all)
+    steps += acc->DropPendingOf(worker, dropped);
+  if (steps > 0) {
+    log::Info(
+        "shard {}: worker {} re-registered from a new process: its pushes to {} pending "
+        "steps dropped, those steps start again",
+        shard(), worker, steps);
+  }
+}
+
 void ShardService::ExpireTimedOutSteps() {
   std::vector<std::shared_ptr<StepAccumulator>> all;
   {
@@ -155,14 +180,16 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
                                                    " bytes exceeds limits.max_key_bytes = ",
                                                    config_.limits().max_key_bytes()));
   }
+  uint64_t replaced = 0;
   {
     absl::MutexLock lock(&names_mu_);
     if (!r.name().empty()) worker_names_[r.worker()] = r.name();
     // The latest registration wins: a restarted worker takes its index over from the
     // process that died, and a second live process with the index shows at the first one's
     // next push.
-    if (r.session() != 0) worker_sessions_[r.worker()].store(r.session());
+    if (r.session() != 0) replaced = worker_sessions_[r.worker()].exchange(r.session());
   }
+  if (replaced != 0 && replaced != r.session()) DropPendingPushesOf(r.worker());
   static log::LineBudget* const registrations = new log::LineBudget(20, "registrations");
   if (registrations->Admit()) {
     log::Info("shard {}: worker {} registered as '{}'", shard(), r.worker(), log::Clip(r.name()));

@@ -230,6 +230,9 @@ class ShardService {
   // left): a push to the same chunk would reap them, but none may come, and their slots
   // would refuse honest steps for good. Checks once a second until expiry_stop_.
   void ExpiryLoop() ABSL_LOCKS_EXCLUDED(mu_, expiry_mu_);
+  // Fails every pending step that `worker` pushed to (StepAccumulator::DropPendingOf): a
+  // new process registered with its index.
+  void DropPendingPushesOf(uint32_t worker) ABSL_LOCKS_EXCLUDED(mu_);
   void ExpireTimedOutSteps() ABSL_LOCKS_EXCLUDED(mu_);
   // Adds the current snapshots of the owned chunks missing from a `fill` set; false (the set
   // is skipped, logged) when the map changed since or they do not fit the memory budget.

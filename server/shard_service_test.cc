@@ -253,8 +253,10 @@ TEST_F(ShardServiceTest, PushesOfAProcessWhoseWorkerIndexWasTakenOverAreAlreadyE
 }
 
 // Two processes with one worker index, the first already waiting for the step's other
-// worker when the second registers: its wait ends with the same error, long before the
-// step would time out, and its contribution stays in the step.
+// worker when the second registers (a restarted worker): its wait ends long before the step
+// would time out, and its contribution leaves the step, which takes the new process's
+// gradient instead (it used to keep the replaced one's and take the new push for a retry).
+// The replaced process, pushing again, learns that another took its index.
 TEST(ShardServiceSessions, AWaitingPushEndsWhenAnotherProcessTakesItsWorkerIndex) {
   auto created = ShardService::Create(
       Config(2, 1, {"chunk_bytes=64", "step_timeout_ms=20000", "rpc_timeout_ms=30000"}),
@@ -304,16 +306,20 @@ TEST(ShardServiceSessions, AWaitingPushEndsWhenAnotherProcessTakesItsWorkerIndex
   absl::SleepFor(absl::Milliseconds(200));  // the push is waiting for worker 1
   ASSERT_TRUE(register_as(0, 0xb).ok());
   waiting.join();
-  EXPECT_EQ(first.code(), absl::StatusCode::kAlreadyExists) << first;
-  EXPECT_THAT(first.message(), HasSubstr("another process registered as worker 0 ('host-11')"));
+  EXPECT_EQ(first.code(), absl::StatusCode::kUnavailable) << first;
+  EXPECT_THAT(first.message(), HasSubstr("a new process registered as worker 0 ('host-11')"));
   EXPECT_LT(waited, absl::Seconds(5));
-  // The step goes on: worker 0's contribution is there; the new process's push of step 0
-  // is a duplicate and gets the mean once worker 1 pushes.
-  std::thread again([&] { EXPECT_TRUE(push(0, 0xb, 100.0f).first.ok()); });
+  const absl::Status replaced = push(0, 0xa, 2.0f).first;
+  EXPECT_EQ(replaced.code(), absl::StatusCode::kAlreadyExists) << replaced;
+  EXPECT_THAT(replaced.message(), HasSubstr("another process registered as worker 0 ('host-11')"));
+  // The step starts again: the new process's gradient and worker 1's.
+  std::thread again([&] { EXPECT_EQ(push(0, 0xb, 100.0f).second, 52.0f); });
   auto [done, mean] = push(1, 0, 4.0f);
   again.join();
   EXPECT_TRUE(done.ok()) << done;
-  EXPECT_EQ(mean, 3.0f);
+  EXPECT_EQ(mean, 52.0f);
+  // Registering again from the same process drops nothing.
+  ASSERT_TRUE(register_as(0, 0xb).ok());
 }
 
 // A replica sent to a job that keeps none says so, whatever else the message holds.

@@ -98,6 +98,14 @@ void StepAccumulator::ExpireLocked() {
   if (arrived_count_ > 0 && absl::Now() >= step_deadline_) FailLocked(TimedOutLocked());
 }
 
+bool StepAccumulator::DropPendingOf(uint32_t worker, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked();
+  if (worker >= options_.workers || arrived_count_ == 0 || !arrived_[worker]) return false;
+  FailLocked(status);
+  return true;
+}
+
 void StepAccumulator::ExpireIfDue() {
   absl::MutexLock lock(&mu_);
   ExpireLocked();

@@ -171,6 +171,12 @@ class StepAccumulator {
                                     const cluster::OptimizerOptions& optimizer, size_t elements,
                                     absl::string_view label);
 
+  // Fails the pending step with `status` if `worker` has pushed to it; whether it did. For
+  // a new process that took the worker's index over (a restart): the push of the process
+  // it replaced holds another gradient, and must not be averaged in. The step's other
+  // pushers get `status` and push again; so does the new process.
+  bool DropPendingOf(uint32_t worker, const absl::Status& status);
+
   // Ends every wait with `status` and refuses later pushes with it.
   void Cancel(const absl::Status& status);
 
