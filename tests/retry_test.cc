@@ -286,19 +286,34 @@ TEST(Retry, PushSucceedsOnceTheShardListensAgain) {
   EXPECT_EQ(stats.rejected_pushes(), 0u);
 }
 
+// One worker on one shard behind LossyReplies, tensor "t" declared.
+struct LossyJob {
+  LossyJob(uint32_t max_retries, int lose)
+      : shard(NewShard(1, max_retries)),
+        service(shard.get(), lose),
+        listener(&service, "127.0.0.1:0"),
+        client(worker::Client::Connect(Config(listener.port(), 1, max_retries), Worker(0))) {
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (client.ok()) {
+      EXPECT_TRUE((*client)->Declare("t", codec::DType::kF32, kElements).ok());
+    }
+  }
+  std::unique_ptr<server::ShardService> shard;
+  LossyReplies service;
+  Listener listener;
+  absl::StatusOr<std::unique_ptr<worker::Client>> client;
+};
+
 TEST(Retry, LostRepliesAreRetriedAndCountedOnce) {
-  auto shard = NewShard(1, 5);
-  LossyReplies service(shard.get(), 2);
-  Listener listener(&service, "127.0.0.1:0");
-  auto client = worker::Client::Connect(Config(listener.port(), 1, 5), Worker(0));
-  ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, kElements).ok());
+  LossyJob job(5, 2);
+  ASSERT_TRUE(job.client.ok());
+  worker::Client& client = **job.client;
   std::vector<float> in = Input(0), out(kElements);
-  ASSERT_TRUE((*client)->PushPull("t", 0, in.data(), out.data()).ok());
+  ASSERT_TRUE(client.PushPull("t", 0, in.data(), out.data()).ok());
   EXPECT_EQ(0, std::memcmp(out.data(), Mean(1).data(), kElements * 4));
-  EXPECT_EQ((*client)->stats().retries, 2u);
+  EXPECT_EQ(client.stats().retries, 2u);
   proto::StatsResponse stats;
-  shard->Stats(&stats);
+  job.shard->Stats(&stats);
   EXPECT_EQ(stats.steps_completed(), 3u);  // one step per chunk: no double count
   EXPECT_EQ(stats.pushes(), 3u + 2u);
   EXPECT_EQ(stats.duplicate_pushes(), 2u);  // the retries got the cached result
@@ -308,16 +323,13 @@ TEST(Retry, LostRepliesAreRetriedAndCountedOnce) {
 // another key or chunk was decoded into the output when its size matched, and a step of
 // 2^63 - 1 overflowed ResumeStep's + 1.
 TEST(Retry, MisaddressedPullRepliesAreRefused) {
-  auto shard = NewShard(1, 0);
-  LossyReplies service(shard.get(), 0);
-  Listener listener(&service, "127.0.0.1:0");
-  auto client = worker::Client::Connect(Config(listener.port(), 1, 0), Worker(0));
-  ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->Declare("t", codec::DType::kF32, kElements).ok());
-  ASSERT_TRUE((*client)->Declare("u", codec::DType::kF32, kElements).ok());
+  LossyJob job(0, 0);
+  ASSERT_TRUE(job.client.ok());
+  worker::Client& client = **job.client;
+  ASSERT_TRUE(client.Declare("u", codec::DType::kF32, kElements).ok());
   std::vector<float> out(kElements, 7.0f);
-  ASSERT_TRUE((*client)->Pull("t", out.data()).ok());
-  EXPECT_EQ(*(*client)->ResumeStep("t"), 0);
+  ASSERT_TRUE(client.Pull("t", out.data()).ok());
+  EXPECT_EQ(*client.ResumeStep("t"), 0);
   struct Case {
     std::function<void(proto::BlockAddress*)> tamper;
     std::string says;
@@ -328,13 +340,13 @@ TEST(Retry, MisaddressedPullRepliesAreRefused) {
            {[](proto::BlockAddress* a) { a->set_step(std::numeric_limits<int64_t>::max()); },
             "step 9223372036854775807"},
            {[](proto::BlockAddress* a) { a->set_step(-2); }, "step -2"}}) {
-    service.TamperPulls(c.tamper);
+    job.service.TamperPulls(c.tamper);
     std::fill(out.begin(), out.end(), 7.0f);
-    const absl::Status pulled = (*client)->Pull("t", out.data());
+    const absl::Status pulled = client.Pull("t", out.data());
     EXPECT_EQ(pulled.code(), absl::StatusCode::kInternal) << pulled;
     EXPECT_THAT(std::string(pulled.message()), HasSubstr(c.says)) << pulled;
     EXPECT_EQ(out[0], 7.0f);  // the first chunk's reply was refused before decoding
-    const absl::StatusOr<int64_t> resume = (*client)->ResumeStep("t");
+    const absl::StatusOr<int64_t> resume = client.ResumeStep("t");
     EXPECT_EQ(resume.status().code(), absl::StatusCode::kInternal) << resume.status();
   }
 }
