@@ -44,6 +44,13 @@ size_t Utf8SequenceLength(absl::string_view s, size_t i, uint32_t* code_point) {
 
 }  // namespace
 
+absl::string_view Utf8Prefix(absl::string_view s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return s;
+  size_t keep = max_bytes;  // back to the first byte of a character
+  while (keep > 0 && (static_cast<uint8_t>(s[keep]) & 0xc0) == 0x80) --keep;
+  return s.substr(0, keep);
+}
+
 bool IsHiddenControl(uint32_t cp) {
   return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || cp == 0x061C || cp == 0x200E || cp == 0x200F ||
          (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);

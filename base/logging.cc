@@ -113,9 +113,7 @@ namespace log {
 
 std::string Clip(absl::string_view text, size_t max_bytes) {
   if (text.size() <= max_bytes) return std::string(text);
-  size_t keep = max_bytes;  // back to the first byte of a UTF-8 character
-  while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xc0) == 0x80) --keep;
-  return absl::StrCat(text.substr(0, keep), "... (", text.size(), " bytes)");
+  return absl::StrCat(Utf8Prefix(text, max_bytes), "... (", text.size(), " bytes)");
 }
 
 bool LineBudget::Admit() {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/json.h"
 
 namespace gcomp::cluster {
 
@@ -15,10 +16,8 @@ grpc::Status ToGrpc(const absl::Status& status) {
   if (message.size() <= kMaxStatusMessageBytes) {
     sent = std::string(message);
   } else {
-    // Room for the note; then back to the first byte of a UTF-8 character.
-    size_t keep = kMaxStatusMessageBytes - 40;
-    while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xc0) == 0x80) --keep;
-    sent = absl::StrCat(message.substr(0, keep), " [", message.size() - keep, " more bytes cut]");
+    const absl::string_view kept = Utf8Prefix(message, kMaxStatusMessageBytes - 40);  // + note
+    sent = absl::StrCat(kept, " [", message.size() - kept.size(), " more bytes cut]");
   }
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::move(sent));
 }

@@ -114,14 +114,17 @@ void ShardService::ExpiryLoop() {
   }
 }
 
-void ShardService::DropPendingPushesOf(uint32_t worker) {
+std::vector<std::shared_ptr<StepAccumulator>> ShardService::Accumulators() const {
   std::vector<std::shared_ptr<StepAccumulator>> all;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    for (const auto& [key, t] : tensors_) {
-      for (const auto& [chunk, acc] : t->chunks) all.push_back(acc);
-    }
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [key, t] : tensors_) {
+    for (const auto& [chunk, acc] : t->chunks) all.push_back(acc);
   }
+  return all;
+}
+
+void ShardService::DropPendingPushesOf(uint32_t worker) {
+  const std::vector<std::shared_ptr<StepAccumulator>> all = Accumulators();
   // UNAVAILABLE: the clients push again by themselves, and the step then takes the new
   // process's gradient (before, the replaced process's push stayed and the new one's was
   // taken for its retry, until the step timed out).
@@ -140,13 +143,7 @@ void ShardService::DropPendingPushesOf(uint32_t worker) {
 }
 
 void ShardService::ExpireTimedOutSteps() {
-  std::vector<std::shared_ptr<StepAccumulator>> all;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    for (const auto& [key, t] : tensors_) {
-      for (const auto& [chunk, acc] : t->chunks) all.push_back(acc);
-    }
-  }
+  const std::vector<std::shared_ptr<StepAccumulator>> all = Accumulators();
   const uint64_t before = admission_->usage().pending_steps;
   for (const std::shared_ptr<StepAccumulator>& acc : all) acc->ExpireIfDue();
   const uint64_t after = admission_->usage().pending_steps;

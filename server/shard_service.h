@@ -230,6 +230,8 @@ class ShardService {
   // left): a push to the same chunk would reap them, but none may come, and their slots
   // would refuse honest steps for good. Checks once a second until expiry_stop_.
   void ExpiryLoop() ABSL_LOCKS_EXCLUDED(mu_, expiry_mu_);
+  // Every chunk's accumulator held here (a copy of the list: used outside mu_).
+  std::vector<std::shared_ptr<StepAccumulator>> Accumulators() const ABSL_LOCKS_EXCLUDED(mu_);
   // Fails every pending step that `worker` pushed to (StepAccumulator::DropPendingOf): a
   // new process registered with its index.
   void DropPendingPushesOf(uint32_t worker) ABSL_LOCKS_EXCLUDED(mu_);
