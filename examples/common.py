@@ -5,7 +5,8 @@ The launcher (no --rank) starts S shards (real gcomp_server processes) when the 
 server is available, then W copies of the script as workers; each worker trains one slice
 of every global batch under DDP with the hook, writes its losses and byte counts to a file,
 and rank 0 also evaluates on the held-out split. The launcher prints one JSON line:
-mode, steps, train_loss, test_accuracy|test_loss, raw_bytes, wire_bytes, ratio, seconds.
+mode, steps, train_loss, test_accuracy|test_loss, raw_bytes, wire_bytes, ratio, seconds,
+transport.
 
 With --cluster-config the script is one worker of a job whose shards already run (a pod of
 a Kubernetes Indexed Job, deploy/k8s/examples/): its index comes from --worker-index (or
@@ -15,6 +16,7 @@ job's JSON line.
 """
 import argparse
 import json
+import math
 import os
 import socket
 import subprocess
@@ -84,6 +86,8 @@ def parse_args(description, defaults):
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--worker-spec", help=argparse.SUPPRESS)
     args = p.parse_args()
+    # What the command line set, before defaults and the config fill the rest in.
+    given = {"rel_bits": args.rel_bits, "abs_log2": args.abs_log2}
     try:
         if args.cluster_config:
             resolve_from_config(args)
@@ -98,19 +102,52 @@ def parse_args(description, defaults):
                 if args.mode != "near-lossless":
                     raise ValueError("--preset %s is a near-lossless setting; use --mode "
                                      "near-lossless" % args.preset)
+                for key, value in given.items():
+                    if value is not None and value != PRESETS[args.preset][key]:
+                        raise ValueError("--preset %s sets --%s %d; --%s %d disagrees"
+                                         % (args.preset, key.replace("_", "-"),
+                                            PRESETS[args.preset][key], key.replace("_", "-"),
+                                            value))
                 for key, value in PRESETS[args.preset].items():
                     setattr(args, key, value)
             if args.rel_bits is None:
                 args.rel_bits = defaults.get("rel_bits", 7)
             if args.abs_log2 is None:
                 args.abs_log2 = defaults.get("abs_log2", -16)
+        check_settings(args, given)
     except ValueError as e:
         p.error(str(e))
-    if args.workers < 1:
-        p.error("--workers must be at least 1")
-    if args.batch % args.workers:
-        p.error("--batch must be a multiple of --workers")
     return args
+
+
+def check_settings(args, given):
+    """Raises ValueError naming the first flag whose value cannot make a run, before any
+    process starts (a bad value would otherwise end in a worker's traceback). given: the
+    near-lossless settings as the command line set them (None where it did not)."""
+    for flag, low in (("workers", 1), ("shards", 1), ("steps", 1), ("batch", 1)):
+        if getattr(args, flag) < low:
+            raise ValueError("--%s must be at least %d, got %d" % (flag, low, getattr(args, flag)))
+    if args.batch % args.workers:
+        raise ValueError("--batch %d must be a multiple of --workers (%d)"
+                         % (args.batch, args.workers))
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise ValueError("--lr must be a positive number, got %r" % args.lr)
+    if args.mode != "near-lossless":
+        # These only change near-lossless; accepting them would print results of a run
+        # that did not do what was asked.
+        if args.error_feedback:
+            raise ValueError("--error-feedback needs --mode near-lossless (with --mode %s "
+                             "nothing is left out to feed back)" % args.mode)
+        for flag in ("rel_bits", "abs_log2"):
+            if given[flag] is not None:
+                raise ValueError("--%s is a near-lossless setting; --mode is %s"
+                                 % (flag.replace("_", "-"), args.mode))
+        return
+    from gcomp import codec
+    try:
+        codec.Policy(mode=args.mode, rel_bits=args.rel_bits, abs_log2=args.abs_log2)
+    except ValueError as e:
+        raise ValueError("near-lossless setting out of range (--rel-bits, --abs-log2): %s" % e)
 
 
 def _env_int(names):

@@ -23,6 +23,30 @@ MODE_FLAGS = {"none": ["--mode", "none"], "lossless": ["--mode", "lossless"],
               "near-lossless": ["--mode", "near-lossless"],
               "aggressive": ["--mode", "near-lossless", "--preset", "aggressive"]}
 SCRIPTS = {"digits": "train_digits.py", "text": "train_text.py"}
+# The flags run_mode sets on every row; the first ones are compare.py's own too.
+OWN_FLAGS = ("--workers", "--shards", "--seed", "--steps", "--progress")
+ROW_FLAGS = OWN_FLAGS + ("--mode", "--preset", "--error-feedback", "--loss-log")
+# Flags of the example for the near-lossless row only (the aggressive row keeps its preset).
+NEAR_FLAGS = ("--rel-bits", "--abs-log2")
+
+
+def split_extra(extra):
+    """The example's flags after --: (for every row, for the near-lossless row). Raises
+    ValueError for a flag that would change what a row is (given again after --, it would
+    win in every row, and the table would compare runs that are not what its rows say)."""
+    common, near = [], []
+    i = 0
+    while i < len(extra):
+        name, has_value = extra[i].split("=", 1)[0], "=" in extra[i]
+        if name in OWN_FLAGS:
+            raise ValueError("%s after -- : give compare.py's own %s (before --)" % (name, name))
+        if name in ROW_FLAGS:
+            raise ValueError("%s is set by compare.py for each row (%s) and cannot be given to "
+                             "the example" % (name, ", ".join(MODES)))
+        take = 1 if has_value or name not in NEAR_FLAGS else 2
+        (near if name in NEAR_FLAGS else common).extend(extra[i:i + take])
+        i += take
+    return common, near
 
 
 def run_mode(example, mode, args, log_path):
@@ -31,7 +55,7 @@ def run_mode(example, mode, args, log_path):
            "--seed", str(args.seed), "--loss-log", log_path,
            # Resolved here: the example's stderr is ours, so auto means the same there.
            "--progress", "always" if progress_line.enabled(args.progress) else "never"
-           ] + args.extra
+           ] + args.extra + (args.near_extra if mode == "near-lossless" else [])
     if args.steps:
         cmd += ["--steps", str(args.steps)]
     print("compare: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
@@ -93,6 +117,10 @@ def table(example, results, transport, args):
             r["ratio"], r["seconds"]))
     head = ("%s, %d workers, %d shards, %s steps, seed %d, transport %s" % (
         example, args.workers, args.shards, results["none"]["steps"], args.seed, transport))
+    if args.extra:
+        head += ", every row: %s" % " ".join(args.extra)
+    if args.near_extra:
+        head += ", near-lossless row: %s" % " ".join(args.near_extra)
     rows = [head, ""] + rows + ["", "| target | measured | met |", "| --- | --- | --- |"]
     rows += ["| %s | %s | %s |" % (name, value, "yes" if ok else "**no**")
              for name, value, ok in checks(example, results)]
@@ -110,8 +138,19 @@ def main():
     p.add_argument("--progress", choices=progress_line.MODES, default="auto",
                    help="each run's progress line (step, steps/s, ratio, ETA) on stderr; "
                         "auto: only when stderr is a terminal")
-    p.add_argument("extra", nargs="*", help="more flags for the example (after --)")
+    p.add_argument("extra", nargs="*",
+                   help="more flags for the example (after --); --rel-bits and --abs-log2 "
+                        "go to the near-lossless row only")
     args = p.parse_args()
+    for flag in ("workers", "shards"):
+        if getattr(args, flag) < 1:
+            p.error("--%s must be at least 1, got %d" % (flag, getattr(args, flag)))
+    if args.steps < 0:
+        p.error("--steps must be at least 1 (or 0 for the example's own), got %d" % args.steps)
+    try:
+        args.extra, args.near_extra = split_extra(args.extra)
+    except ValueError as e:
+        p.error(str(e))
     os.makedirs(args.out_dir, exist_ok=True)
     results, curves, transport = {}, {}, "?"
     for mode in MODES:

@@ -5,7 +5,7 @@ images, 30% held out, stratified), through the gcomp-ps parameter server.
     /usr/bin/python3 examples/train_digits.py --mode near-lossless --workers 2 --shards 2
 
 Ends with one JSON line: mode, steps, train_loss, test_accuracy (a fraction), raw_bytes,
-wire_bytes, ratio, seconds.
+wire_bytes, ratio, seconds, transport (ps or gloo: the one it ran on).
 """
 import os
 import sys

@@ -6,7 +6,8 @@ out), through the gcomp-ps parameter server.
     /usr/bin/python3 examples/train_text.py --mode near-lossless --workers 2 --shards 2
 
 Ends with one JSON line: mode, steps, train_loss, test_loss (mean cross-entropy in nats per
-byte on the held-out text), raw_bytes, wire_bytes, ratio, seconds.
+byte on the held-out text), raw_bytes, wire_bytes, ratio, seconds, transport (ps or gloo:
+the one it ran on).
 """
 import glob
 import os

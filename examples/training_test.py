@@ -105,6 +105,44 @@ def test_digits_aggressive_preset_compresses_more(digits_runs):
     assert r["ratio"] > digits_runs["near-lossless"]["ratio"]
 
 
+@pytest.mark.parametrize("flags, expected", [
+    (["--steps", "0"], "--steps must be at least 1, got 0"),
+    (["--shards", "0"], "--shards must be at least 1, got 0"),
+    (["--workers", "0"], "--workers must be at least 1, got 0"),
+    (["--batch", "-4"], "--batch must be at least 1, got -4"),
+    (["--batch", "33"], "--batch 33 must be a multiple of --workers (2)"),
+    (["--lr", "-1"], "--lr must be a positive number, got -1.0"),
+    (["--lr", "nan"], "--lr must be a positive number, got nan"),
+    (["--rel-bits", "40"], "rel_bits must be in [0, 23], got 40"),
+    (["--abs-log2", "3"], "abs_log2 must be in [-128, 0], got 3"),
+    (["--mode", "none", "--error-feedback"], "--error-feedback needs --mode near-lossless"),
+    (["--mode", "lossless", "--rel-bits", "3"], "--rel-bits is a near-lossless setting"),
+])
+def test_launcher_flags_are_checked_before_anything_starts(flags, expected):
+    # Checked before any process starts or the extension is needed (works without a build).
+    out = subprocess.run([sys.executable, os.path.join(HERE, "train_digits.py"), "--workers", "2"]
+                         + flags, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert expected in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_compare_routes_and_refuses_the_flags_after_the_separator():
+    sys.path.insert(0, HERE)
+    import compare
+    assert compare.split_extra(["--rel-bits", "5", "--batch", "32", "--abs-log2=-12"]) == (
+        ["--batch", "32"], ["--rel-bits", "5", "--abs-log2=-12"])
+    for flags, expected in ((["--", "--mode", "lossless"], "--mode is set by compare.py"),
+                            (["--", "--error-feedback"], "--error-feedback is set by compare.py"),
+                            (["--", "--workers=3"], "give compare.py's own --workers"),
+                            (["--steps", "-3"], "--steps must be at least 1"),
+                            (["--shards", "0"], "--shards must be at least 1, got 0")):
+        out = subprocess.run([sys.executable, os.path.join(HERE, "compare.py")] + flags,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert expected in out.stderr, out.stderr
+
+
 def test_preset_is_refused_outside_near_lossless():
     out = subprocess.run([sys.executable, os.path.join(HERE, "train_digits.py"), "--mode",
                           "lossless", "--preset", "aggressive"],

@@ -28,6 +28,14 @@ class Policy:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError("mode must be one of %s, got %r" % (MODES, self.mode))
+        # The codec's ranges (codec/dtype.cc CheckPolicyRanges), checked here so that a bad
+        # value is refused where it is written, not at the first encode inside a hook.
+        for name, low, high in (("rel_bits", 0, 23), ("abs_log2", -128, 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError("%s must be an int, got %r" % (name, value))
+            if not low <= value <= high:
+                raise ValueError("%s must be in [%d, %d], got %d" % (name, low, high, value))
 
 
 def _torch_dtypes():

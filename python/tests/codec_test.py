@@ -2,6 +2,7 @@
 bad input, and the shared real gradients."""
 import glob
 import os
+import re
 
 import numpy as np
 import pytest
@@ -119,6 +120,16 @@ def test_bad_input_raises_value_error_not_a_crash():
         codec.decode(codec.encode(x, LOSSLESS), np.empty(4095, np.float32))
     with pytest.raises(ValueError):
         codec.Policy("zstd")
+    # The codec's ranges are refused where the policy is made, naming the field.
+    for kwargs, words in (({"rel_bits": 24}, "rel_bits must be in [0, 23], got 24"),
+                          ({"rel_bits": -1}, "rel_bits must be in [0, 23]"),
+                          ({"abs_log2": 1}, "abs_log2 must be in [-128, 0], got 1"),
+                          ({"abs_log2": -129}, "abs_log2 must be in [-128, 0]"),
+                          ({"rel_bits": 7.5}, "rel_bits must be an int"),
+                          ({"abs_log2": True}, "abs_log2 must be an int")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            codec.Policy("near-lossless", **kwargs)
+    assert codec.Policy("near-lossless", rel_bits=np.int64(23), abs_log2=-128).rel_bits == 23
     with pytest.raises(ValueError):
         ext.encode(x, "f32", "near-lossless", 99, -16)
     with pytest.raises(TypeError):
