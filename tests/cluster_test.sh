@@ -39,6 +39,20 @@ rc=$?
 echo "$err"
 [[ $rc -eq 2 && "$err" == *"'max_inflight_chunkz': unknown field"* ]] || fail "bad --set not refused"
 
+# A shard that refuses its flags or its checkpoint folder fails the run at once, in its own
+# words, not after the workers' 20 s connect timeout.
+touch "$TEST_TMPDIR/a-file"
+for bad in "--decode_threads 0|decode_threads must be 1 to 256, got 0" \
+           "--checkpoint_dir $TEST_TMPDIR/a-file/ckpt|$TEST_TMPDIR/a-file"; do
+  start=$(date +%s)
+  out="$("$CLUSTER" --shards 2 --workers 2 --steps 2 --gradients "$GRAD" ${bad%%|*} | tail -1)"
+  elapsed=$(( $(date +%s) - start ))
+  echo "$out"
+  [[ "$out" == *'"ok":false'* && "$out" == *'"error":"shard '[01]' exited with status 1 (see shard'* \
+     && "$out" == *"${bad#*|}"* ]] || fail "shard refusing ${bad%%|*} not reported"
+  (( elapsed < 15 )) || fail "took ${elapsed}s to fail on ${bad%%|*}"
+done
+
 start=$(date +%s)
 out="$("$CLUSTER" --shards 2 --workers 3 --steps 4 --gradients "$GRAD" --kill_worker 1 \
         --kill_at_step 1 --step_timeout_ms 2000 | tail -1)"

@@ -136,6 +136,8 @@ ABSL_FLAG(int, linger_ms, 0,
 
 namespace {
 
+using gcomp::launcher::BaselineDigest;
+using gcomp::launcher::CheckSoak;
 using gcomp::launcher::Escape;
 using gcomp::launcher::Field;
 using gcomp::launcher::FindBinary;
@@ -146,11 +148,10 @@ using gcomp::launcher::Progress;
 using gcomp::launcher::ReadFile;
 using gcomp::launcher::ReadProgress;
 using gcomp::launcher::ReadWorkerResults;
-using gcomp::launcher::WorkerResults;
-using gcomp::launcher::BaselineDigest;
-using gcomp::launcher::CheckSoak;
 using gcomp::launcher::SoakTrack;
 using gcomp::launcher::Spawn;
+using gcomp::launcher::WhyFromLog;
+using gcomp::launcher::WorkerResults;
 
 double CpuSeconds(const struct rusage& u) {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
@@ -540,6 +541,7 @@ int main(int argc, char** argv) {
   int64_t shown_steps = 0;
   gcomp::ProgressPrinter printer(stderr, gcomp::ProgressEnabled(progress_mode, STDERR_FILENO));
   std::map<pid_t, int> early_exits;  // wait status of children other than workers
+  bool stopped_workers = false;      // for a shard that exited with an error
   while (left > 0) {
     if (soak_from >= 0 && absl::Now() >= next_sample) {
       sample();
@@ -561,6 +563,20 @@ int main(int argc, char** argv) {
     if (p > 0) {
       if (std::find(workers.begin(), workers.end(), p) == workers.end()) {
         early_exits[p] = st;  // a shard (or a stray child) that ended during the run
+        // A shard that exited with an error (a flag or config it refused, a checkpoint
+        // folder it cannot write, a fatal error) has failed the run: its workers would
+        // only wait for it up to their connect timeout or step deadline.
+        bool shard = false;
+        {
+          absl::MutexLock lock(&logs_mu);  // `servers` grows on the re-shard thread
+          shard = log_of.count(p) != 0;
+        }
+        if (shard && WIFEXITED(st) && WEXITSTATUS(st) != 0 && !stopped_workers) {
+          stopped_workers = true;
+          for (int w = 0; w < W; ++w) {
+            if (status[w] == -1) kill(workers[w], SIGTERM);
+          }
+        }
       }
       for (int w = 0; w < W; ++w) {
         if (workers[w] == p) {
@@ -612,8 +628,9 @@ int main(int argc, char** argv) {
     const bool killed_here =
         std::find(kill_shards.begin(), kill_shards.end(), static_cast<int>(k)) != kill_shards.end();
     if (WIFEXITED(st) && WEXITSTATUS(st) != 0) {
-      shard_error =
-          absl::StrCat("shard ", k, " exited with status ", WEXITSTATUS(st), " (see ", log, ")");
+      const std::string why = WhyFromLog(ReadFile(absl::StrCat(dir, "/", log)));
+      shard_error = absl::StrCat("shard ", k, " exited with status ", WEXITSTATUS(st), " (see ",
+                                 log, why.empty() ? "" : ": ", why, ")");
     } else if (WIFSIGNALED(st) && WTERMSIG(st) != SIGTERM &&
                !(WTERMSIG(st) == SIGKILL && killed_here)) {
       shard_error = absl::StrCat("shard ", k, " died of signal ", WTERMSIG(st), " (see ", log, ")");
@@ -707,7 +724,10 @@ int main(int argc, char** argv) {
                                     failovers, same ? "true" : "false");
   }
   // A shard that failed is most often why the workers failed: it comes first.
-  if (!shard_error.empty()) {
+  if (stopped_workers) {
+    // What the workers report after SIGTERM says nothing more.
+    first_error = absl::StrCat(shard_error, "; the launcher stopped the workers");
+  } else if (!shard_error.empty()) {
     first_error = first_error.empty() ? shard_error : absl::StrCat(shard_error, "; ", first_error);
   }
   const bool all_ok =

@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -108,6 +109,20 @@ std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+std::string WhyFromLog(const std::string& log, size_t max_bytes) {
+  absl::string_view last_error, last;
+  for (absl::string_view line : absl::StrSplit(log, '\n', absl::SkipWhitespace())) {
+    last = line;
+    // base/logging's format: "<time> E <name>] <text>"; the text is what tells.
+    const size_t space = line.find(' ');
+    if (space == absl::string_view::npos || line.substr(space, 3) != " E ") continue;
+    const size_t text = line.find("] ", space);
+    last_error = text == absl::string_view::npos ? line : line.substr(text + 2);
+  }
+  const absl::string_view why = last_error.empty() ? last : last_error;
+  return std::string(Utf8Prefix(absl::StripAsciiWhitespace(why), max_bytes));
 }
 
 std::optional<std::string> Field(const std::string& json, const std::string& key) {

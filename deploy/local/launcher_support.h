@@ -52,6 +52,11 @@ class OutliveChildren {
 // The whole file; empty if it cannot be read.
 std::string ReadFile(const std::string& path);
 
+// What a failed process's log says about why: the text of its last error line ("<time> E
+// <name>] text"), else its last non-empty line; at most max_bytes (cut at a character), ""
+// for an empty log.
+std::string WhyFromLog(const std::string& log, size_t max_bytes = 400);
+
 // The raw text of "key": value in a flat JSON line written by gcomp_worker.
 std::optional<std::string> Field(const std::string& json, const std::string& key);
 // The number at "key" (0 if absent).

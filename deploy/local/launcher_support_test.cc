@@ -34,6 +34,21 @@ TEST(LauncherSupport, FieldsOfAFlatJsonLine) {
             "\\u001b[31mEVIL\\u202e\\u009b2J");
 }
 
+TEST(LauncherSupport, WhyFromLogTakesTheLastErrorLine) {
+  const std::string log =
+      "2026-12-07T01:29:14.038 W gcomp_server[0]] security: INSECURE\n"
+      "2026-12-07T01:29:14.047 E gcomp_server[0]] INVALID_ARGUMENT: decode_threads must be 1 "
+      "to 256, got 0\n"
+      "2026-12-07T01:29:14.048 I gcomp_server[0]] stopped\n\n";
+  EXPECT_EQ(WhyFromLog(log), "INVALID_ARGUMENT: decode_threads must be 1 to 256, got 0");
+  // Without an error line, the last line (a crash's own words, say).
+  EXPECT_EQ(WhyFromLog("a\nterminate called after throwing\n  \n"),
+            "terminate called after throwing");
+  EXPECT_EQ(WhyFromLog(""), "");
+  // Bounded, and cut at a character: 3-byte characters, 10 bytes kept of 12.
+  EXPECT_EQ(WhyFromLog("t E n] \u20ac\u20ac\u20ac\u20ac", 10), "\u20ac\u20ac\u20ac");
+}
+
 TEST(LauncherSupport, ProgressFile) {
   const std::string path = TempDir() + "/progress";
   std::ofstream(path) << "7 1000 250\n";
