@@ -261,7 +261,7 @@ def launch(args, script):
     transport = choose_transport(args)
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="gcomp-train-") as tmp:
-        spec = dict(vars(args), transport=transport, port=free_port(), tmp=tmp,
+        spec = dict(vars(args), transport=transport, tmp=tmp,
                     show_progress=progress_line.enabled(args.progress, sys.stderr))
         cluster_ctx = None
         if transport == "ps":
@@ -385,7 +385,10 @@ def local_worker(args, task):
     # Gloo otherwise picks the interface its hostname resolves to, which on some machines
     # is not reachable between local processes, and the group hangs at start-up.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    spec["init_method"] = "tcp://127.0.0.1:%d" % spec["port"]
+    # The group meets in a file of the run's folder: a TCP port chosen beforehand could be
+    # taken meanwhile (a shard's listening or metrics port, another job), failing the start
+    # with "Address already in use".
+    spec["init_method"] = "file://" + os.path.join(spec["tmp"], "process-group")
     result = run_worker(spec, args.rank, task)
     with open(os.path.join(spec["tmp"], "worker%d.json" % args.rank), "w") as f:
         json.dump(result, f)

@@ -4,7 +4,6 @@ head that is trained only every other step, one large bucket; every step (includ
 after DDP rebuilds its buckets at the end of the first) gives every rank the exact mean."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -20,12 +19,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def test_hook_gives_the_exact_mean_under_ddp_option(option, tmp_path):
     if not gcomp.have_extension():
         pytest.skip(gcomp.extension_error())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # A file, not a TCP port picked beforehand (which another process could take meanwhile).
+    rendezvous = "file://" + str(tmp_path / ("process-group-" + os.urandom(6).hex()))
     outs = [str(tmp_path / ("rank%d.json" % r)) for r in range(2)]
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "ddp_options_worker.py"),
-                               "--rank", str(r), "--world", "2", "--port", str(port),
+                               "--rank", str(r), "--world", "2", "--init-method", rendezvous,
                                "--option", option, "--out", outs[r]],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(2)]

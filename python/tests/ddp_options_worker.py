@@ -51,14 +51,14 @@ def main():
     a = argparse.ArgumentParser()
     a.add_argument("--rank", type=int)
     a.add_argument("--world", type=int)
-    a.add_argument("--port", type=int)
+    a.add_argument("--init-method")
     a.add_argument("--option")
     a.add_argument("--out")
     args = a.parse_args()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port,
+    dist.init_process_group("gloo", init_method=args.init_method,
                             rank=args.rank, world_size=args.world)
     kwargs = {"bucket_cap_mb": 0.1}  # several buckets in every variant
     if args.option == "gradient_as_bucket_view":

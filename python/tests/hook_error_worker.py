@@ -23,9 +23,9 @@ def raised(fn):
 
 
 def main():
-    port, workdir = sys.argv[1], sys.argv[2]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    workdir = sys.argv[1]
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(workdir, "process-group"),
+                            rank=0, world_size=1)
     c = cluster.LocalCluster(shards=1, workers=1, mode="near-lossless", workdir=workdir)
     c.start()
     torch.manual_seed(0)

@@ -4,7 +4,6 @@ and "lossless", within the codec's bound for "near-lossless")."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_ranks(mode, tmp_path, world=2, cluster_config=None, dtype="f32"):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # A file, not a TCP port picked beforehand (which a shard could take meanwhile).
+    rendezvous = "file://" + str(tmp_path / ("process-group-" + os.urandom(6).hex()))
     procs, outs = [], []
     for r in range(world):
         out = str(tmp_path / ("rank%d.json" % r))
         outs.append(out)
         procs.append(subprocess.Popen(
             [sys.executable, os.path.join(HERE, "hook_worker.py"), "--rank", str(r),
-             "--world", str(world), "--port", str(port), "--mode", mode, "--out", out,
+             "--world", str(world), "--init-method", rendezvous, "--mode", mode, "--out", out,
              "--dtype", dtype]
             + (["--cluster-config", cluster_config] if cluster_config else []),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -113,11 +111,8 @@ def test_a_failed_push_pull_names_its_cause(tmp_path):
     Client's error (torch 1.13 once turned a hook's exception into "Unable to cast ... to
     Tensor"), and GradientSync.sync() raises that error itself."""
     needs_shards()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "hook_error_worker.py"), str(port), str(tmp_path)],
+        [sys.executable, os.path.join(HERE, "hook_error_worker.py"), str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -73,7 +73,7 @@ def main():
     a = argparse.ArgumentParser()
     a.add_argument("--rank", type=int)
     a.add_argument("--world", type=int)
-    a.add_argument("--port", type=int)
+    a.add_argument("--init-method")
     a.add_argument("--mode")
     a.add_argument("--out")
     a.add_argument("--cluster-config", help="push-pull through these shards (else gloo)")
@@ -85,7 +85,7 @@ def main():
     # Gloo otherwise picks the interface its hostname resolves to, which on some machines
     # is not reachable between local processes, and the group hangs at start-up.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port,
+    dist.init_process_group("gloo", init_method=args.init_method,
                             rank=args.rank, world_size=args.world)
     result = {"ddp_max_err": [], "sync_max_err": [], "ref_max_abs": [], "sync_ref_max_abs": []}
 
