@@ -41,6 +41,10 @@ def server_missing():
     return None
 
 
+class _PortTaken(Exception):
+    """A shard could not listen: its port was taken after it was picked."""
+
+
 def _free_ports(n):
     socks = []
     try:
@@ -108,6 +112,19 @@ class LocalCluster:
         why = server_missing()
         if why:
             raise RuntimeError(why)
+        # The ports were free when picked, but another process (a shard's metrics port, a
+        # process group) can take one before its shard listens: then new ones, a few times.
+        for attempt in range(4):
+            try:
+                return self._start_once()
+            except _PortTaken as taken:
+                if attempt == 3:
+                    raise RuntimeError("a shard could not listen on %s, four times: Address "
+                                       "already in use" % taken.args[0])
+                self.addresses = ["127.0.0.1:%d" % p for p in _free_ports(self.shards)]
+                self.config["shards"] = list(self.addresses)
+
+    def _start_once(self):
         with open(self.config_path, "w") as f:
             json.dump(self.config, f, indent=1)
         for k in range(self.shards):
@@ -129,6 +146,8 @@ class LocalCluster:
                     log = os.path.join(self.workdir, "shard%d.log" % k)
                     with open(log) as f:
                         tail = f.read()[-2000:]
+                    if "cannot listen on %s: Address already in use" % addr in tail:
+                        raise _PortTaken(addr)
                     raise RuntimeError("shard %d exited with %d: %s" % (k, code, tail))
                 try:
                     socket.create_connection((host, int(port)), timeout=1).close()

@@ -1,5 +1,6 @@
 """A local cluster of real gcomp_server shards, and (with the Client built) push-pull from
 Python: every worker gets the mean, exactly for lossless."""
+import json
 import threading
 
 import numpy as np
@@ -28,6 +29,21 @@ def test_shards_start_and_stop(tmp_path):
     with c:
         assert all(p.poll() is None for p in c.procs)
     assert c.procs == []
+
+
+def test_a_port_taken_before_the_shard_listens_is_replaced(tmp_path):
+    needs_server()
+    import socket
+    c = cluster.LocalCluster(shards=2, workers=1, mode="lossless", workdir=str(tmp_path))
+    taken = c.addresses[1]
+    # Bound without listening: a shard cannot listen there, and nothing answers a connect.
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", int(taken.rsplit(":", 1)[1])))
+        with c:
+            assert taken not in c.addresses and len(c.addresses) == 2
+            with open(c.config_path) as f:
+                assert json.load(f)["shards"] == c.addresses
+            assert all(p.poll() is None for p in c.procs)
 
 
 def test_bad_config_fails_with_the_shards_message(tmp_path):
