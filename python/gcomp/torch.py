@@ -49,7 +49,9 @@ class PSHookState:
         self.prefix = prefix
         self._steps = {}
         self._inflight = {}  # key -> concurrent.futures.Future of its latest push
-        self._residuals = {}  # key -> (layout, float32 residual)
+        self._residuals = {}  # key -> (layout, float32 residual) of its last push
+        # Parameter (data_ptr) -> (key, its float32 residual): from the last push holding it.
+        self._param_residuals = {}
         self._lock = threading.Lock()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -104,35 +106,42 @@ class PSHookState:
         # Only a push-pull that succeeded replaces the residuals: after a failed one the
         # step is pushed again (or the next batch is) with the residuals it had.
         with self._lock:
+            before = self._residuals.get(key)
             self._residuals[key] = (layout, residual)
-            if layout is not None:
-                # Each parameter's residual is looked up by parameter, wherever it sits now;
-                # older keys holding it are out of date.
-                ids = {p for p, _, _ in layout}
-                for other, (old_layout, _) in list(self._residuals.items()):
-                    if other != key and old_layout is not None and \
-                            ids & {p for p, _, _ in old_layout}:
-                        del self._residuals[other]
+            if layout is None:
+                return
+            # Each parameter's residual is kept by parameter, so that wherever it sits next
+            # it gets its own back. Replaced only by a push holding that parameter: when a
+            # bucket splits in two, each half finds its part whichever half finishes first.
+            for p, offset, n in layout:
+                self._param_residuals[p] = (key, residual[offset:offset + n])
+            if before is None or before[0] != layout:
+                # Buckets were rebuilt: drop keys none of whose parameters read from them.
+                read = {k for k, _ in self._param_residuals.values()}
+                for other in [k for k, (old, _) in self._residuals.items()
+                              if old is not None and k not in read]:
+                    del self._residuals[other]
 
     def _residual_for(self, key, flat, layout):
         with self._lock:
             kept = self._residuals.get(key)
-            if layout is None or (kept is not None and kept[0] == layout):
+            if layout is None:
                 if kept is None or kept[1].numel() != flat.numel():
                     return None
                 return kept[1]
-            # Gather each parameter's residual from the key that last pushed it.
-            where = {}
-            for old_layout, residual in self._residuals.values():
-                for p, offset, n in old_layout or ():
-                    where[p] = residual[offset:offset + n]
-        if not any(p in where for p, _, _ in layout):
+            # The key's own residual where it pushed the same pieces last and still holds
+            # each one's latest residual (the common case: one tensor, no copy).
+            if kept is not None and kept[0] == layout and all(
+                    self._param_residuals.get(p, (None,))[0] == key for p, _, _ in layout):
+                return kept[1]
+            pieces = [(offset, n, self._param_residuals.get(p)) for p, offset, n in layout]
+        if all(got is None for _, _, got in pieces):
             return None
+        # Gathered, each parameter's from the push that last held it.
         out = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
-        for p, offset, n in layout:
-            old = where.get(p)
-            if old is not None and old.numel() == n:
-                out[offset:offset + n] = old
+        for offset, n, got in pieces:
+            if got is not None and got[1].numel() == n:
+                out[offset:offset + n] = got[1]
         return out
 
     def submit(self, key, flat, layout=None):

@@ -317,6 +317,27 @@ def test_error_feedback_follows_each_parameter_when_the_buckets_change():
     sync.close()
 
 
+def test_error_feedback_survives_a_bucket_split_in_either_order():
+    # DDP's rebuild after step 0 can split one bucket [a, b] into [a] and [b], pushed
+    # concurrently: whichever finished first dropped the old key's residuals, and the other
+    # half lost its own (training then depended on thread timing).
+    torch.manual_seed(0)
+    a0, b0, a1, b1 = (torch.randn(6) for _ in range(4))
+    q = Recording().quantize
+    for order in (("a", "b"), ("b", "a")):
+        transport = Recording()
+        state = gtorch.PSHookState(transport, error_feedback=True)
+        state.sync("k/12", 0, torch.cat([a0, b0]), (("a", 0, 6), ("b", 6, 6)))
+        for name in order:
+            g = (a1 if name == "a" else b1).clone()
+            state.sync("k/%s/6" % name, 1, g, ((name, 0, 6),))
+        pushed = {key: t for key, _, t in transport.pushes}
+        assert torch.equal(pushed["k/a/6"], a1 + (a0 - q(a0))), order
+        assert torch.equal(pushed["k/b/6"], b1 + (b0 - q(b0))), order
+        assert state._residuals.keys() == {"k/a/6", "k/b/6"}  # the split key's tensor freed
+        state.close()
+
+
 def test_error_feedback_keeps_no_residual_for_inf_or_nan():
     # A loss scaler's overflow step puts inf or NaN in a gradient and skips the step. The
     # residual of such an element was inf - inf = NaN and came back at every later step,
