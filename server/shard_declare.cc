@@ -294,10 +294,14 @@ std::shared_ptr<StepAccumulator> ShardService::MakeAccumulator(const Tensor& t, 
   ao.admission = admission_.get();
   ShardMetrics* metrics = metrics_.get();
   const uint64_t raw_bytes = t.layout.size(c) * codec::DTypeBytes(t.dtype);
-  ao.on_step_completed = [metrics, raw_bytes](const StepTimings& timings) {
+  ao.on_step_completed = [this, metrics, raw_bytes](const StepTimings& timings) {
+    steps_completed_.fetch_add(1, std::memory_order_relaxed);
     metrics->ObserveStep(timings, raw_bytes);
   };
-  ao.on_step_failed = [metrics] { metrics->CountStepFailed(); };
+  ao.on_step_failed = [this, metrics] {
+    steps_failed_.fetch_add(1, std::memory_order_relaxed);
+    metrics->CountStepFailed();
+  };
   if (!config_.checkpoint().dir().empty() && config_.checkpoint().every_steps() > 0) {
     ao.snapshot_every_steps = config_.checkpoint().every_steps();
     ao.on_snapshot = [this, key = t.key, c](ChunkSnapshot snap) {

@@ -357,17 +357,11 @@ void ShardService::Stats(proto::StatsResponse* r) const {
     r->set_last_error(last_error_);
   }
   absl::MutexLock lock(&mu_);
-  uint64_t done = 0, failed = 0, chunks_owned = 0;
-  for (const auto& [key, t] : tensors_) {
-    chunks_owned += t->chunks.size();
-    for (const auto& [c, acc] : t->chunks) {
-      done += acc->steps_completed();
-      failed += acc->steps_failed();
-    }
-  }
+  uint64_t chunks_owned = 0;
+  for (const auto& [key, t] : tensors_) chunks_owned += t->chunks.size();
   r->set_chunks_owned(chunks_owned);
-  r->set_steps_completed(done);
-  r->set_steps_failed(failed);
+  r->set_steps_completed(steps_completed_.load());
+  r->set_steps_failed(steps_failed_.load());
   r->set_tensors(tensors_.size());
   *r->mutable_down_shards() = map_config_.down_shards();
   r->set_replication_degraded(map_config_.down_shards_size() > 0);

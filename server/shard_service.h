@@ -444,6 +444,10 @@ class ShardService {
   const std::unique_ptr<std::atomic<uint64_t>[]> worker_sessions_;
 
   std::atomic<uint64_t> pushes_{0};
+  // Chunk-steps completed and failed here since the start: counted as they happen, so that
+  // chunks moved away by a re-shard take nothing back (as the Prometheus counters).
+  std::atomic<uint64_t> steps_completed_{0};
+  std::atomic<uint64_t> steps_failed_{0};
   std::atomic<uint64_t> duplicate_pushes_{0};
   std::atomic<uint64_t> rejected_pushes_{0};
   std::atomic<uint64_t> bytes_in_{0};

@@ -201,10 +201,25 @@ TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   reshard(back, 8, {s0.get(), s1.get(), s2.get()});
+  // Every chunk-step the drained shard completes came before the switch.
+  const auto steps_completed = [](server::ShardServer* shard) {
+    proto::StatsResponse stats;
+    shard->service()->Stats(&stats);
+    return stats.steps_completed();
+  };
+  const uint64_t drained_steps = steps_completed(s2.get());
   // Drained: stopped at once. A worker that still has an old-map push for it finds the new
   // map through the other shards.
   s2.reset();
   trainer.join();
+  // Each chunk completes each step once, on whichever shard owned it then: the shards'
+  // counts add up to that through both re-shards (chunks moved away took theirs along).
+  uint64_t chunk_steps = 0;
+  for (const auto& [key, elements] : kTensors) {
+    chunk_steps += cluster::ChunkLayout(elements, sizeof(float), two.chunk_bytes()).num_chunks;
+  }
+  chunk_steps *= kSteps;
+  EXPECT_EQ(steps_completed(s0.get()) + steps_completed(s1.get()) + drained_steps, chunk_steps);
   ASSERT_EQ(results.size(), 2u);
   EXPECT_EQ(results[0].switch_step, 4);
   EXPECT_EQ(results[1].switch_step, 8);
