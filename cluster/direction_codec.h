@@ -4,6 +4,8 @@
 #ifndef GCOMP_CLUSTER_DIRECTION_CODEC_H_
 #define GCOMP_CLUSTER_DIRECTION_CODEC_H_
 
+#include <string>
+
 #include "codec/codec.h"
 #include "proto/block.pb.h"
 #include "proto/cluster_config.pb.h"
@@ -21,6 +23,12 @@ struct DirectionCodec {
 // Require a validated config (ValidateClusterConfig).
 DirectionCodec UplinkCodec(const proto::ClusterConfig& config);
 DirectionCodec DownlinkCodec(const proto::ClusterConfig& config);
+
+// One direction's setting in words, equal exactly for settings that code alike: "none",
+// "lossless", "near-lossless (rel_bits 7, abs_log2 -16)" (any spelling the codec reads, and
+// the bounds only where they count). A mode the codec does not know is quoted, clipped to
+// 40 bytes (it may come from a peer): `unknown mode "zstd"`.
+std::string DescribeCodec(const proto::CodecConfig& c);
 
 }  // namespace gcomp::cluster
 

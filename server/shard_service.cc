@@ -8,8 +8,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/logging.h"
 #include "base/system_memory.h"
+#include "cluster/direction_codec.h"
 #include "server/shard_tensor.h"
 
 namespace gcomp::server {
@@ -164,6 +166,7 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
                                           proto::RegisterWorkerResponse* response,
                                           absl::Time deadline) {
   if (absl::Status s = CheckJobAndEpoch(r.job(), r.shard_map_epoch(), deadline); !s.ok()) return s;
+  if (absl::Status s = CheckWorkerConfig(r); !s.ok()) return s;
   if (r.worker() >= config_.workers()) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", r.worker(), " out of range: job has ",
                                                    config_.workers(), " workers"));
@@ -195,6 +198,29 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
   response->set_workers(config_.workers());
   response->add_checksums_read(cluster::kFastChecksum);
   return absl::OkStatus();
+}
+
+absl::Status ShardService::CheckWorkerConfig(const proto::RegisterWorkerRequest& r) const {
+  std::vector<std::string> differ;
+  if (r.has_uplink() &&
+      cluster::DescribeCodec(r.uplink()) != cluster::DescribeCodec(config_.uplink())) {
+    differ.push_back(absl::StrCat("uplink ", cluster::DescribeCodec(r.uplink()), " against ",
+                                  cluster::DescribeCodec(config_.uplink())));
+  }
+  if (r.chunk_bytes() != 0 && r.chunk_bytes() != config_.chunk_bytes()) {
+    differ.push_back(
+        absl::StrCat("chunk_bytes ", r.chunk_bytes(), " against ", config_.chunk_bytes()));
+  }
+  if (r.workers() != 0 && r.workers() != config_.workers()) {
+    differ.push_back(absl::StrCat("workers ", r.workers(), " against ", config_.workers()));
+  }
+  if (differ.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "worker ", r.worker(), "'s cluster config disagrees with shard ", shard(),
+      "'s: ", absl::StrJoin(differ, "; "),
+      " (the worker's first). Every worker and shard must load the same config; one edited "
+      "while pods start reaches them at different moments, and running shards keep the "
+      "settings they started with"));
 }
 
 absl::Status ShardService::CheckSession(uint32_t worker, uint64_t session) const {

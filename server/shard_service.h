@@ -354,6 +354,9 @@ class ShardService {
   std::string WorkerName(uint32_t worker) const;
   // The request's own checks that need no shard state (key length, job, epoch).
   absl::Status CheckKey(const std::string& key) const;
+  // FailedPrecondition naming each setting of the registering worker's config (where it
+  // sends them) that differs from this shard's: uplink codec, chunk_bytes, workers.
+  absl::Status CheckWorkerConfig(const proto::RegisterWorkerRequest& r) const;
   // AlreadyExists when another process registered as `worker` after the one whose
   // `session` a push carries (session 0, from older clients, is not checked).
   absl::Status CheckSession(uint32_t worker, uint64_t session) const;

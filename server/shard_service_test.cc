@@ -719,6 +719,39 @@ TEST(ShardServiceLimits, LongWorkerNameIsRefused) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("limits.max_key_bytes"));
 }
 
+// A worker whose copy of the cluster config differs from the shard's in what the shard
+// decodes by was accepted: near-lossless blocks into a lossless job were averaged as sent.
+TEST(ShardServiceLimits, AWorkerWithAnotherConfigIsRefusedNamingBoth) {
+  auto shard = *ShardService::Create(Config(2, 1, {"chunk_bytes=64", "uplink.mode=lossless"}),
+                                     ShardOptions{});
+  proto::RegisterWorkerRequest reg;
+  reg.set_job("j");
+  reg.set_shard_map_epoch(1);
+  proto::RegisterWorkerResponse rr;
+  ASSERT_TRUE(shard->RegisterWorker(reg, &rr).ok());  // a client that sends none of them
+  reg.mutable_uplink()->set_mode("lossless");
+  reg.mutable_uplink()->set_rel_bits(2);  // not part of a lossless setting
+  reg.set_chunk_bytes(64);
+  reg.set_workers(2);
+  ASSERT_TRUE(shard->RegisterWorker(reg, &rr).ok());
+  proto::RegisterWorkerRequest other = reg;
+  other.mutable_uplink()->set_mode("near-lossless");
+  other.mutable_uplink()->set_abs_log2(-4);
+  other.set_chunk_bytes(128);
+  other.set_workers(3);
+  other.set_worker(2);
+  absl::Status s = shard->RegisterWorker(other, &rr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("worker 2's cluster config disagrees with shard 0's: uplink "
+                        "near-lossless (rel_bits 2, abs_log2 -4) against lossless; chunk_bytes "
+                        "128 against 64; workers 3 against 2 (the worker's first)"));
+  other = reg;
+  other.mutable_uplink()->set_mode("none");
+  EXPECT_THAT(std::string(shard->RegisterWorker(other, &rr).message()),
+              HasSubstr("uplink none against lossless (the worker"));
+}
+
 TEST(ShardServiceLimits, BadInitialValueLeavesNoTensor) {
   auto shard = *ShardService::Create(Config(1), ShardOptions{});
   proto::DeclareTensorRequest d = Declaration("w", 20);

@@ -62,6 +62,10 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms, b
   req.set_worker(options.worker);
   req.set_session(options.session);
   req.set_name(options.name);
+  // What the shards check against their own config.
+  *req.mutable_uplink() = config.uplink();
+  req.set_chunk_bytes(config.chunk_bytes());
+  req.set_workers(config.workers());
   req.set_shard_map_epoch(m.epoch());
   for (int s = 0; s < m.config.shards_size(); ++s) {
     if (m.down[s]) continue;  // failed over: its chunks are served by others
