@@ -20,7 +20,8 @@ TEST(DescribeCodec, EqualExactlyForSettingsThatCodeAlike) {
   // The bounds do not count outside near-lossless.
   EXPECT_EQ(DescribeCodec(Codec("lossless", 7, -16)), DescribeCodec(Codec("lossless", 2, -4)));
   EXPECT_EQ(DescribeCodec(Codec("lossless", 7, -16)), "lossless");
-  EXPECT_EQ(DescribeCodec(Codec("near-lossless", 7, -16)), "near-lossless (rel_bits 7, abs_log2 -16)");
+  EXPECT_EQ(DescribeCodec(Codec("near-lossless", 7, -16)),
+            "near-lossless (rel_bits 7, abs_log2 -16)");
   // Any spelling the codec reads.
   EXPECT_EQ(DescribeCodec(Codec("near_lossless", 7, -16)),
             DescribeCodec(Codec("near-lossless", 7, -16)));
