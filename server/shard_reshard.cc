@@ -71,6 +71,12 @@ absl::StatusOr<proto::PrepareReshardResponse> ShardService::PrepareReshard(
   if (phase_ == Phase::kFilling) {
     return absl::FailedPreconditionError("still receiving the chunks of the last re-shard");
   }
+  if (switch_running_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "still sending the chunks that the re-shard to epoch ", epoch_.load(),
+        " moved away (a new shard that does not answer holds them up to 60 s); try again "
+        "when it is done"));
+  }
   if (phase_ == Phase::kDrained) {
     return absl::FailedPreconditionError(absl::StrCat("this shard (", self_address_,
                                                       ") was removed by a re-shard"));
@@ -143,7 +149,7 @@ absl::StatusOr<proto::PrepareReshardResponse> ShardService::PrepareReshard(
 }
 
 absl::Status ShardService::CommitReshard(uint64_t next_epoch, int64_t switch_step) {
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   ExpirePrepareLocked();
   if (phase_ == Phase::kCommitted && next_config_.shard_map_epoch() == next_epoch) {
     return switch_step == switch_step_
@@ -179,8 +185,13 @@ absl::Status ShardService::CommitReshard(uint64_t next_epoch, int64_t switch_ste
   switch_step_ = switch_step;
   freeze_after_ = switch_step - 1;
   log::Info("shard {}: re-shard to epoch {} committed at step {}", shard(), next_epoch, switch_step);
-  if (switch_thread_.joinable()) switch_thread_.join();  // the last re-shard's, finished
+  // The last re-shard's thread has ended or is about to (a Prepare waits for its moves):
+  // joined outside mu_, which its last lines take.
+  std::thread previous = std::move(switch_thread_);
+  switch_running_ = true;
   switch_thread_ = std::thread([this] { RunSwitch(); });
+  lock.Release();
+  if (previous.joinable()) previous.join();
   return absl::OkStatus();
 }
 
@@ -376,6 +387,7 @@ void ShardService::RunSwitch() {
   if (!sent.ok()) log::Error("shard {}: moving chunks for epoch {}: {}", shard(), next.shard_map_epoch(), sent.ToString());
   absl::MutexLock lock(&mu_);
   moves_sent_ = sent.ok();
+  switch_running_ = false;
 }
 
 absl::Status ShardService::SendMoved(const proto::ClusterConfig& next,

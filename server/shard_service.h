@@ -410,6 +410,9 @@ class ShardService {
   uint64_t chunks_sent_ ABSL_GUARDED_BY(mu_) = 0, bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunks_received_ ABSL_GUARDED_BY(mu_) = 0, chunks_kept_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread switch_thread_;
+  // From a commit until its switch thread has sent the moved chunks (or given up): no
+  // other re-shard may be prepared meanwhile.
+  bool switch_running_ ABSL_GUARDED_BY(mu_) = false;
 
   // Replication and failover.
   const uint32_t replicas_;

@@ -5,10 +5,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/config.h"
+#include "absl/cleanup/cleanup.h"
+#include "absl/synchronization/notification.h"
 #include "base/process_usage.h"
 #include "cluster/shard_map.h"
 #include "cluster/wire_block.h"
-#include "absl/base/config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -750,6 +752,55 @@ TEST(ShardServiceLimits, AWorkerWithAnotherConfigIsRefusedNamingBoth) {
   other.mutable_uplink()->set_mode("none");
   EXPECT_THAT(std::string(shard->RegisterWorker(other, &rr).message()),
               HasSubstr("uplink none against lossless (the worker"));
+}
+
+// A second re-shard committed while the first still sent its moved chunks (to a new shard
+// that did not answer) joined the first's thread under the shard's lock, which that thread
+// needed: every call hung from then on, SIGTERM included. Now the second Prepare is refused
+// until the moves are done, and nothing waits under the lock.
+TEST(ShardServiceReshard, ANewReshardWaitsForTheLastOnesMoves) {
+  absl::Notification release;
+  std::atomic<int> sends{0};
+  ShardOptions options;
+  options.peers.send_transfer = [&](const std::string&, const proto::TransferRequest&) {
+    ++sends;
+    release.WaitForNotification();  // a new shard that does not answer yet
+    return absl::OkStatus();
+  };
+  const proto::ClusterConfig one = Config(1);
+  auto shard = *ShardService::Create(one, options);
+  // Before the shard's destructor (which joins the sending thread), however the test ends.
+  absl::Cleanup unblock = [&] {
+    if (!release.HasBeenNotified()) release.Notify();
+  };
+  proto::DeclareTensorResponse declared;
+  ASSERT_TRUE(shard->DeclareTensor(Declaration("w", 16 * 20), &declared).ok());
+  const auto prepare = [&](const std::vector<std::string>& shards, uint64_t epoch) {
+    proto::PrepareReshardRequest r;
+    *r.mutable_next() = one;
+    r.mutable_next()->clear_shards();
+    for (const std::string& a : shards) r.mutable_next()->add_shards(a);
+    r.mutable_next()->set_shard_map_epoch(epoch);
+    r.set_old_shards(1);
+    return shard->PrepareReshard(r);
+  };
+  ASSERT_TRUE(prepare({"127.0.0.1:1000", "127.0.0.1:1001"}, 2).ok());
+  ASSERT_TRUE(shard->CommitReshard(2, 0).ok());
+  while (sends.load() == 0) absl::SleepFor(absl::Milliseconds(1));
+  absl::StatusOr<proto::PrepareReshardResponse> second = prepare({"127.0.0.1:1000"}, 3);
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("still sending the chunks that the re-shard to epoch 2 moved away"));
+  proto::StatsResponse stats;
+  shard->Stats(&stats);  // answers: the lock is free
+  EXPECT_EQ(stats.shard_map_epoch(), 2u);
+  std::move(unblock).Invoke();
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (!(second = prepare({"127.0.0.1:1000"}, 3)).ok() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(shard->CommitReshard(3, 1).ok());
 }
 
 TEST(ShardServiceLimits, BadInitialValueLeavesNoTensor) {
