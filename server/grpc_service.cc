@@ -272,15 +272,24 @@ class PeerTransport {
   // no waiting for a connection, two quick retries.
   absl::Status Replicate(const std::string& address, const proto::ReplicateRequest& request) {
     grpc::Status st;
-    for (int attempt = 0; attempt < 2; ++attempt) {
+    bool waited_for_ready = false;
+    for (int attempt = 0; attempt < 6; ++attempt) {
       grpc::ClientContext ctx;
       // The retry waits for a connection (a channel may be between reconnect attempts).
-      ctx.set_wait_for_ready(attempt > 0);
+      ctx.set_wait_for_ready(waited_for_ready);
       ctx.set_deadline(absl::ToChronoTime(
-          absl::Now() + (attempt > 0 ? kReplicaConnectWait : absl::Seconds(10))));
+          absl::Now() + (waited_for_ready ? kReplicaConnectWait : absl::Seconds(10))));
       proto::ReplicateResponse response;
       st = StubFor(address)->Replicate(&ctx, request, &response);
-      if (st.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      if (st.error_code() == grpc::StatusCode::UNAVAILABLE && !waited_for_ready) {
+        waited_for_ready = true;
+      } else if (cluster::IsBusyRefusal(st)) {
+        // A backup busy with other calls is alive: its refusal would fail this step for
+        // every worker. Backs off 20 ms to 320 ms (0.6 s in all).
+        absl::SleepFor(absl::Milliseconds(20 << attempt));
+      } else {
+        break;
+      }
     }
     return cluster::FromGrpc(st, absl::StrCat("replicating to ", address));
   }

@@ -201,11 +201,23 @@ absl::Status ShardService::ReportDown(const proto::ReportDownRequest& r,
     return absl::FailedPreconditionError("this job keeps no replicas (config replicas: 1): "
                                          "a shard that is down stays down");
   }
+  // One coordination at a time. The reports of one failover (each shard's and worker's)
+  // wait for it and then find it done; past kMaxFailoverWaiters they are answered at once,
+  // since each waiting call holds a request thread (a flood of reports took them all).
+  // The running coordination probes every peer, so it finds any shard they report.
+  if (failover_waiters_.fetch_add(1) >= kMaxFailoverWaiters) {
+    failover_waiters_.fetch_sub(1);
+    return absl::UnavailableError(
+        absl::StrCat("more than ", kMaxFailoverWaiters,
+                     " down reports wait for the failover being coordinated here; look for "
+                     "its map, or report again"));
+  }
   absl::Status s;
   {
     absl::MutexLock failover(&failover_mu_);
     s = CoordinateFailover(r);
   }
+  failover_waiters_.fetch_sub(1);
   absl::MutexLock lock(&mu_);
   response->set_shard_map_epoch(epoch_.load());
   *response->mutable_down_shards() = map_config_.down_shards();
@@ -263,9 +275,12 @@ absl::Status ShardService::CoordinateFailover(const proto::ReportDownRequest& r)
     }
     for (std::thread& t : probes) t.join();
   }
+  // Down means no answer at all: a peer that refuses as busy (every request thread taken,
+  // as a flood of calls can make any shard) is alive, and failing it over would leave two
+  // shards serving its chunks.
   std::vector<uint32_t> dead;
   for (size_t p = 0; p < peers.size(); ++p) {
-    if (!answers[p].ok()) dead.push_back(peers[p]);
+    if (IsPeerGone(answers[p])) dead.push_back(peers[p]);
   }
   if (dead.empty()) {
     static log::LineBudget* const budget = new log::LineBudget(10, "reports of live shards");

@@ -421,6 +421,9 @@ class ShardService {
   bool rejoining_ ABSL_GUARDED_BY(mu_) = false;     // restarted: not serving yet
   std::thread rejoin_thread_;
   absl::Mutex failover_mu_;  // one coordinated failover at a time; before mu_
+  // ReportDown calls waiting for failover_mu_ or holding it (at most kMaxFailoverWaiters).
+  static constexpr int kMaxFailoverWaiters = 16;
+  std::atomic<int> failover_waiters_{0};
   uint64_t failovers_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunks_promoted_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunks_lost_ ABSL_GUARDED_BY(mu_) = 0;

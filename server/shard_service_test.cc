@@ -7,6 +7,7 @@
 
 #include "absl/base/config.h"
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "base/process_usage.h"
 #include "cluster/shard_map.h"
@@ -801,6 +802,61 @@ TEST(ShardServiceReshard, ANewReshardWaitsForTheLastOnesMoves) {
   }
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_TRUE(shard->CommitReshard(3, 1).ok());
+}
+
+// Any peer could have a live shard failed over: a report while that shard refused calls as
+// busy (its request threads taken by a flood) counted the refusal as "down", and two shards
+// then served its chunks. Reports beyond 16 that come while one is coordinated are answered
+// at once (queued reports each held a request thread).
+TEST(ShardServiceFailover, ABusyPeerIsNotDownAndFewReportsWait) {
+  absl::Notification release;
+  std::atomic<int> probes{0};
+  std::atomic<bool> block{false};
+  ShardOptions options;
+  options.peers.probe = [&](const std::string&, absl::Duration) {
+    ++probes;
+    if (block) release.WaitForNotification();
+    return absl::ResourceExhaustedError("Server Threadpool Exhausted");
+  };
+  auto shard = *ShardService::Create(Config(1, 2, {"chunk_bytes=64", "replicas=2"}), options);
+  absl::Cleanup unblock = [&] {
+    if (!release.HasBeenNotified()) release.Notify();
+  };
+  proto::ReportDownRequest report;
+  report.set_job("j");
+  report.set_shard_map_epoch(1);
+  report.set_shard(1);
+  report.set_forwarded(true);
+  proto::ReportDownResponse response;
+  ASSERT_TRUE(shard->ReportDown(report, &response).ok());
+  EXPECT_GE(probes.load(), 1);
+  EXPECT_EQ(response.shard_map_epoch(), 1u) << "a busy peer was failed over";
+  EXPECT_EQ(response.down_shards_size(), 0);
+
+  // 20 reports while the coordination's probe is held: 16 are let in (one coordinates, 15
+  // wait), the other 4 are answered at once.
+  block = true;
+  std::vector<std::thread> reports;
+  std::atomic<int> ok{0}, refused{0};
+  for (int i = 0; i < 20; ++i) {
+    reports.emplace_back([&] {
+      proto::ReportDownResponse r;
+      const absl::Status s = shard->ReportDown(report, &r);
+      if (s.ok()) ++ok;
+      if (absl::IsUnavailable(s) &&
+          absl::StrContains(s.message(), "more than 16 down reports wait for the failover")) {
+        ++refused;
+      }
+    });
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (refused.load() < 4 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(refused.load(), 4);
+  EXPECT_EQ(ok.load(), 0);  // held by the first one's probe
+  std::move(unblock).Invoke();
+  for (std::thread& t : reports) t.join();
+  EXPECT_EQ(ok.load(), 16);
+  EXPECT_EQ(refused.load(), 4);
 }
 
 TEST(ShardServiceLimits, BadInitialValueLeavesNoTensor) {
