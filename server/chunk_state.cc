@@ -1,10 +1,12 @@
 #include "server/chunk_state.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 #include "cluster/cluster_config.h"
 #include "cluster/wire_block.h"
 
@@ -152,15 +154,23 @@ void MergeChunkStatePart(const proto::ChunkState& part, proto::ChunkState* merge
 }
 
 absl::Status CheckChunkStatePart(const proto::ChunkState& part, size_t elements,
-                                 absl::string_view what) {
+                                 size_t max_name_bytes, absl::string_view what) {
   const size_t bound = cluster::MaxWireBytes(elements, codec::DType::kF32);
+  size_t longest_name = std::max(part.job().size(), part.key().size());
   for (const proto::CompressedBlock* block :
        {&part.value(), &part.first_moment(), &part.second_moment(), &part.cached_result()}) {
     if (block->data().size() > bound) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(what, " of '", part.key(), "' chunk ", part.chunk(), " holds a block of ",
-                       block->data().size(), " bytes, above the chunk's bound ", bound));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, " of '", log::Clip(part.key()), "' chunk ", part.chunk(), " holds a block of ",
+          block->data().size(), " bytes, above the chunk's bound ", bound));
     }
+    longest_name =
+        std::max({longest_name, block->address().job().size(), block->address().key().size()});
+  }
+  if (longest_name > max_name_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " of '", log::Clip(part.key()), "' chunk ", part.chunk(), " holds a name of ",
+        longest_name, " bytes, above limits.max_key_bytes = ", max_name_bytes));
   }
   return absl::OkStatus();
 }

@@ -46,8 +46,10 @@ void MergeChunkStatePart(const proto::ChunkState& part, proto::ChunkState* merge
 // the encoded bound of a chunk of `elements` floats: what a peer sending parts can make a
 // shard buffer per chunk is then about its own state. `what` begins the message, e.g.
 // "replicated part".
+// Its names (the part's job and key, each block's address) are at most `max_name_bytes`
+// (limits.max_key_bytes, or the job's name if longer): protobuf keeps a string whole.
 absl::Status CheckChunkStatePart(const proto::ChunkState& part, size_t elements,
-                                 absl::string_view what);
+                                 size_t max_name_bytes, absl::string_view what);
 
 }  // namespace gcomp::server
 

@@ -116,14 +116,30 @@ TEST(ChunkState, PartsAreBoundedByTheChunk) {
   part.set_chunk(3);
   part.mutable_first_moment()->set_data(
       std::string(cluster::MaxWireBytes(100, codec::DType::kF32), 'x'));
-  EXPECT_TRUE(CheckChunkStatePart(part, 100, "moved part").ok());
+  EXPECT_TRUE(CheckChunkStatePart(part, 100, 64, "moved part").ok());
   part.mutable_cached_result()->set_data(
       std::string(cluster::MaxWireBytes(100, codec::DType::kF32) + 1, 'x'));
-  const absl::Status s = CheckChunkStatePart(part, 100, "moved part");
+  const absl::Status s = CheckChunkStatePart(part, 100, 64, "moved part");
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(std::string(s.message()).find("moved part of 'w' chunk 3 holds a block of"),
             std::string::npos)
       << s;
+  // A name of any field past limits.max_key_bytes (a peer held 450 MB this way).
+  part.mutable_cached_result()->clear_data();
+  EXPECT_TRUE(CheckChunkStatePart(part, 100, 64, "moved part").ok());
+  for (int field = 0; field < 3; ++field) {
+    proto::ChunkState named = part;
+    const std::string long_name(65, 'n');
+    if (field == 0) named.set_job(long_name);
+    if (field == 1) named.mutable_value()->mutable_address()->set_key(long_name);
+    if (field == 2) named.mutable_second_moment()->mutable_address()->set_job(long_name);
+    const absl::Status refused = CheckChunkStatePart(named, 100, 64, "replicated part");
+    EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << field;
+    EXPECT_NE(std::string(refused.message())
+                  .find("holds a name of 65 bytes, above limits.max_key_bytes = 64"),
+              std::string::npos)
+        << refused;
+  }
   proto::ChunkState with_unknown;
   with_unknown.set_key("w");
   with_unknown.mutable_value()->set_data("v");

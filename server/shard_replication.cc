@@ -168,7 +168,8 @@ absl::Status ShardService::AcceptReplica(const proto::ReplicateRequest& r) {
   }
   // Each array of a part is at most one chunk's encoded size, so a peer cannot make this
   // shard hold more per backed-up chunk than its budgeted state.
-  if (absl::Status s = CheckChunkStatePart(part, t.layout.size(part.chunk()), "replicated part");
+  if (absl::Status s =
+          CheckChunkStatePart(part, t.layout.size(part.chunk()), MaxNameBytes(), "replicated part");
       !s.ok()) {
     return s;
   }

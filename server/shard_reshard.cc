@@ -506,8 +506,8 @@ absl::Status ShardService::AcceptTransfer(const proto::TransferRequest& r, absl:
                                                        " does not own it under epoch ", epoch));
       }
       // As for replicas: each block at most one chunk's encoded size.
-      if (absl::Status s =
-              CheckChunkStatePart(part, it->second->layout.size(part.chunk()), "moved part");
+      if (absl::Status s = CheckChunkStatePart(part, it->second->layout.size(part.chunk()),
+                                               MaxNameBytes(), "moved part");
           !s.ok()) {
         return s;
       }

@@ -357,6 +357,10 @@ class ShardService {
   // FailedPrecondition naming each setting of the registering worker's config (where it
   // sends them) that differs from this shard's: uplink codec, chunk_bytes, workers.
   absl::Status CheckWorkerConfig(const proto::RegisterWorkerRequest& r) const;
+  // The longest name a peer's chunk state may carry: a key, or this job's name.
+  size_t MaxNameBytes() const {
+    return std::max<size_t>(config_.limits().max_key_bytes(), config_.job().size());
+  }
   // AlreadyExists when another process registered as `worker` after the one whose
   // `session` a push carries (session 0, from older clients, is not checked).
   absl::Status CheckSession(uint32_t worker, uint64_t session) const;
