@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -253,8 +255,17 @@ class PeerTransport {
       grpc::ClientContext ctx;
       ctx.set_wait_for_ready(true);
       ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(20))));
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopped_) return absl::UnavailableError("shard shutting down: moved chunks not sent");
+        sending_.insert(&ctx);
+      }
       proto::TransferResponse response;
       grpc::Status st = stub->Transfer(&ctx, request, &response);
+      {
+        absl::MutexLock lock(&mu_);
+        sending_.erase(&ctx);
+      }
       if (st.ok()) return absl::OkStatus();
       // A busy refusal: the receiver's bound on calls waiting for the new map was full.
       const bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -340,6 +351,14 @@ class PeerTransport {
                              absl::StrCat("probing ", address));
   }
 
+  // At shutdown: the calls of Send in flight are cancelled and later ones refused, so that
+  // a peer that does not answer cannot hold the shard's exit for Send's minute of retries.
+  void Stop() {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+    for (grpc::ClientContext* ctx : sending_) ctx->TryCancel();
+  }
+
  private:
   explicit PeerTransport(cluster::ClientSecurity security) : security_(std::move(security)) {}
 
@@ -364,6 +383,8 @@ class PeerTransport {
   int max_message_bytes_ = 0;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<proto::Resharding::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<grpc::ClientContext*> sending_ ABSL_GUARDED_BY(mu_);  // Send's calls in flight
 };
 
 }  // namespace
@@ -471,6 +492,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   absl::StatusOr<cluster::ServerSecurity> security = cluster::MakeServerSecurity(config);
   if (!security.ok()) return security.status();
   std::unique_ptr<ShardServer> s(new ShardServer());
+  s->stop_peers_ = [peers = *peers] { peers->Stop(); };
   s->service_ = *std::move(service);
   s->grpc_service_ = std::make_unique<AggregationGrpcService>(s->service_.get(), security->token);
   s->reshard_service_ = std::make_unique<ReshardingGrpcService>(s->service_.get(), security->token);
@@ -568,6 +590,7 @@ ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
 void ShardServer::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
+  if (stop_peers_) stop_peers_();
   service_->Shutdown();
   // Probes see NOT_SERVING while calls drain, then no listener at all.
   if (health_server_ != nullptr && health_server_->GetHealthCheckService() != nullptr) {

@@ -2,6 +2,7 @@
 #ifndef GCOMP_SERVER_GRPC_SERVICE_H_
 #define GCOMP_SERVER_GRPC_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -177,6 +178,9 @@ class ShardServer {
  private:
   ShardServer() = default;
   std::unique_ptr<ShardService> service_;
+  // Cancels the peer calls that could hold the exit (moved chunks to a peer that does not
+  // answer).
+  std::function<void()> stop_peers_;
   std::unique_ptr<AggregationGrpcService> grpc_service_;
   std::unique_ptr<ReshardingGrpcService> reshard_service_;
   std::unique_ptr<AdminGrpcService> admin_service_;

@@ -424,6 +424,45 @@ TEST(ReshardErrors, PrepareCountsAChunksNextStepAsStarted) {
   ASSERT_TRUE(stub->Abort(&ctx3, abort, &aborted).ok());
 }
 
+// A re-shard to a new shard that does not answer: the old shard sends it the moved chunks
+// for up to a minute. A shutdown meanwhile (SIGTERM) cancels that, rather than waiting the
+// minute out (and a re-shard prepared meanwhile is refused, naming the moves).
+TEST(ReshardErrors, AShardSendingToAPeerThatDoesNotAnswerStopsAtOnce) {
+  const std::string a = absl::StrCat("127.0.0.1:", FreePort());
+  const proto::ClusterConfig one = Config({a}, 1, "none");
+  auto s0 = StartShard(one, 0);
+  PushOnes(one, 10, 1);
+  auto stub =
+      proto::Resharding::NewStub(grpc::CreateChannel(a, grpc::InsecureChannelCredentials()));
+  const proto::PrepareReshardRequest prepare = PrepareOneToTwo(a, 0, 60000);
+  grpc::ClientContext ctx;
+  proto::PrepareReshardResponse resp;
+  ASSERT_TRUE(stub->Prepare(&ctx, prepare, &resp).ok());
+  ASSERT_EQ(resp.highest_step(), 1);
+  proto::CommitReshardRequest commit;
+  commit.set_next_epoch(2);
+  commit.set_switch_step(2);
+  grpc::ClientContext ctx2;
+  proto::CommitReshardResponse committed;
+  const grpc::Status done = stub->Commit(&ctx2, commit, &committed);
+  ASSERT_TRUE(done.ok()) << done.error_message();
+  PushOnes(one, 10, 2, 1);  // step 1 on the old map: the switch comes after it
+  for (absl::Time give_up = absl::Now() + absl::Seconds(20); absl::Now() < give_up;) {
+    proto::ReshardStatusResponse status;
+    s0->service()->ReshardStatus(&status);
+    if (status.shard_map_epoch() == 2) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  proto::PrepareReshardRequest again = prepare;
+  again.mutable_next()->set_shard_map_epoch(3);
+  absl::StatusOr<proto::PrepareReshardResponse> refused = s0->service()->PrepareReshard(again);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("still sending the chunks"));
+  const absl::Time start = absl::Now();
+  s0.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "the shard waited out its transfer";
+}
+
 // Calls of a prepared epoch wait for the switch; past half the request threads they are
 // refused as busy, so a peer that sends hundreds of them (the Prepare freezing no step that
 // runs) cannot take every thread: the shard goes on answering its admin calls and the
