@@ -212,8 +212,9 @@ def _check_transport(transport, who):
     if not callable(getattr(transport, "push_pull", None)) or _is_worker_client(transport):
         raise TypeError(
             "%s takes a transport, got %s: wrap a worker Client as "
-            "gcomp.comm.ClientTransport(client) (e.g. PSHookState(ClientTransport("
-            "gcomp.cluster.connect(config_path, rank))))" % (who, type(transport).__name__))
+            "gcomp.comm.ClientTransport(client) (e.g. %s(%sClientTransport("
+            "gcomp.cluster.connect(config_path, rank))))"
+            % (who, type(transport).__name__, who, "model, " if who == "GradientSync" else ""))
     config = getattr(getattr(transport, "client", None), "config", None)
     optimizer = (config or {}).get("optimizer", {}).get("name", "none")
     if optimizer != "none":
@@ -352,6 +353,7 @@ class GradientSync:
                  prefix="grads", find_unused_parameters=False):
         _check_option("GradientSync", "bucket_bytes", bucket_bytes, int, minimum=1)
         _check_option("GradientSync", "find_unused_parameters", find_unused_parameters, bool)
+        _check_transport(transport, "GradientSync")  # named as the caller wrote it
         self.state = PSHookState(transport, error_feedback, prefix=prefix)
         self.model = model
         self.bucket_bytes = bucket_bytes
