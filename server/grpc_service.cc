@@ -280,11 +280,13 @@ class PeerTransport {
   }
 
   // Replication is on the step's critical path and a dead backup must be noticed fast:
-  // no waiting for a connection, two quick retries.
+  // no waiting for a connection at first, one short retry that waits for one; a busy
+  // backup (alive) is retried for 0.6 s.
   absl::Status Replicate(const std::string& address, const proto::ReplicateRequest& request) {
+    constexpr int kAttempts = 6;
     grpc::Status st;
     bool waited_for_ready = false;
-    for (int attempt = 0; attempt < 6; ++attempt) {
+    for (int attempt = 0; attempt < kAttempts; ++attempt) {
       grpc::ClientContext ctx;
       // The retry waits for a connection (a channel may be between reconnect attempts).
       ctx.set_wait_for_ready(waited_for_ready);
@@ -294,9 +296,9 @@ class PeerTransport {
       st = StubFor(address)->Replicate(&ctx, request, &response);
       if (st.error_code() == grpc::StatusCode::UNAVAILABLE && !waited_for_ready) {
         waited_for_ready = true;
-      } else if (cluster::IsBusyRefusal(st)) {
+      } else if (cluster::IsBusyRefusal(st) && attempt + 1 < kAttempts) {
         // A backup busy with other calls is alive: its refusal would fail this step for
-        // every worker. Backs off 20 ms to 320 ms (0.6 s in all).
+        // every worker. Backs off 20 ms to 320 ms (0.6 s in all); none after the last try.
         absl::SleepFor(absl::Milliseconds(20 << attempt));
       } else {
         break;

@@ -202,10 +202,10 @@ absl::Status ShardService::RegisterWorker(const proto::RegisterWorkerRequest& r,
 
 absl::Status ShardService::CheckWorkerConfig(const proto::RegisterWorkerRequest& r) const {
   std::vector<std::string> differ;
-  if (r.has_uplink() &&
-      cluster::DescribeCodec(r.uplink()) != cluster::DescribeCodec(config_.uplink())) {
-    differ.push_back(absl::StrCat("uplink ", cluster::DescribeCodec(r.uplink()), " against ",
-                                  cluster::DescribeCodec(config_.uplink())));
+  if (r.has_uplink()) {
+    const std::string theirs = cluster::DescribeCodec(r.uplink());
+    const std::string ours = cluster::DescribeCodec(config_.uplink());
+    if (theirs != ours) differ.push_back(absl::StrCat("uplink ", theirs, " against ", ours));
   }
   if (r.chunk_bytes() != 0 && r.chunk_bytes() != config_.chunk_bytes()) {
     differ.push_back(
