@@ -33,7 +33,7 @@ bool IsBusyRefusal(const grpc::Status& status) {
   if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) return false;
   const std::string& m = status.error_message();
   return absl::StrContains(m, "calls in flight on this shard") ||
-         absl::StrContains(m, "Threadpool Exhausted");
+         absl::StrContains(m, "(replies unread)") || absl::StrContains(m, "Threadpool Exhausted");
 }
 
 }  // namespace gcomp::cluster

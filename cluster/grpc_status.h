@@ -26,8 +26,9 @@ grpc::Status ToGrpc(const absl::Status& status);
 absl::Status FromGrpc(const grpc::Status& status, absl::string_view context = "");
 
 // Whether a RESOURCE_EXHAUSTED refusal is the shard being busy rather than full: one of its
-// bounds on calls in flight (per connection, per worker id, calls waiting for an epoch) or
-// gRPC's own when every request thread is taken. Those pass as calls end, so callers retry
+// bounds on calls in flight (per connection, per worker id, calls waiting for an epoch), an
+// address refused for a while for replies it left unread, or gRPC's own when every request
+// thread is taken. Those pass as calls end, so callers retry
 // them after a backoff; a memory budget or tensor count does not pass.
 bool IsBusyRefusal(const grpc::Status& status);
 

@@ -44,5 +44,19 @@ TEST(GrpcStatus, ContextPrefixesTheMessageOfErrorsOnly) {
   EXPECT_TRUE(FromGrpc(grpc::Status::OK, "PushPull").ok());
 }
 
+TEST(GrpcStatus, BusyRefusalsAreTheOnesThatPass) {
+  const auto exhausted = [](const char* m) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, m);
+  };
+  EXPECT_TRUE(IsBusyRefusal(exhausted("Server Threadpool Exhausted")));
+  EXPECT_TRUE(IsBusyRefusal(
+      exhausted("client ipv4:1.2.3.4:5 already has 6 calls in flight on this shard (limit)")));
+  EXPECT_TRUE(IsBusyRefusal(exhausted(
+      "client address 1.2.3.4 left replies unread on this shard (more than 128 at once, or "
+      "one for 30s): its calls are refused for 29s (replies unread)")));
+  EXPECT_FALSE(IsBusyRefusal(exhausted("memory budget of 1 GiB is used up")));
+  EXPECT_FALSE(IsBusyRefusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "(replies unread)")));
+}
+
 }  // namespace
 }  // namespace gcomp::cluster

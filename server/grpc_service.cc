@@ -30,9 +30,13 @@ absl::Time DeadlineOf(const grpc::ServerContext* context) {
   return absl::FromChrono(d);
 }
 
-// The check comes first in every method, before a call takes any resource.
-grpc::Status Authorize(const std::shared_ptr<cluster::JobToken>& token,
+// The checks come first in every method, before a call takes any resource: an address
+// refused for replies it left unread, then the job token.
+grpc::Status Authorize(const std::shared_ptr<cluster::JobToken>& token, UnreadReplies* unread,
                        const grpc::ServerContext* context, absl::string_view method) {
+  if (unread != nullptr) {
+    if (absl::Status s = unread->Admit(context->peer()); !s.ok()) return ToGrpc(s);
+  }
   return ToGrpc(cluster::AuthorizeCall(token.get(), *context, method));
 }
 
@@ -72,7 +76,8 @@ grpc::Status AggregationGrpcService::RegisterWorker(grpc::ServerContext* context
                                                     const proto::RegisterWorkerRequest* request,
                                                     proto::RegisterWorkerResponse* response) {
   ShardMetrics::InFlight in_flight = shard_->metrics()->Track("RegisterWorker");
-  if (grpc::Status s = Authorize(token_, context, "Aggregation.RegisterWorker"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Aggregation.RegisterWorker"); !s.ok())
+    return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());
   return ToGrpc(shard_->RegisterWorker(*request, response, DeadlineOf(context)));
@@ -82,7 +87,8 @@ grpc::Status AggregationGrpcService::DeclareTensor(grpc::ServerContext* context,
                                                    const proto::DeclareTensorRequest* request,
                                                    proto::DeclareTensorResponse* response) {
   ShardMetrics::InFlight in_flight = shard_->metrics()->Track("DeclareTensor");
-  if (grpc::Status s = Authorize(token_, context, "Aggregation.DeclareTensor"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Aggregation.DeclareTensor"); !s.ok())
+    return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());
   return ToGrpc(shard_->DeclareTensor(*request, response, DeadlineOf(context)));
@@ -92,7 +98,8 @@ grpc::Status AggregationGrpcService::PushPull(grpc::ServerContext* context,
                                               const cluster::WireMessage* request,
                                               cluster::WireMessage* response) {
   ShardMetrics::InFlight in_flight = shard_->metrics()->Track("PushPull");
-  if (grpc::Status s = Authorize(token_, context, "Aggregation.PushPull"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Aggregation.PushPull"); !s.ok())
+    return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());
   // Ids out of range are refused by the shard before any wait.
@@ -132,7 +139,7 @@ grpc::Status AggregationGrpcService::Pull(grpc::ServerContext* context,
                                           const proto::PullRequest* request,
                                           proto::CompressedBlock* response) {
   ShardMetrics::InFlight in_flight = shard_->metrics()->Track("Pull");
-  if (grpc::Status s = Authorize(token_, context, "Aggregation.Pull"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Aggregation.Pull"); !s.ok()) return s;
   absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
   if (!slot.ok()) return ToGrpc(slot.status());
   return ToGrpc(shard_->Pull(*request, response, DeadlineOf(context)));
@@ -140,7 +147,7 @@ grpc::Status AggregationGrpcService::Pull(grpc::ServerContext* context,
 
 grpc::Status AggregationGrpcService::Stats(grpc::ServerContext* context, const proto::StatsRequest*,
                                            proto::StatsResponse* response) {
-  if (grpc::Status s = Authorize(token_, context, "Aggregation.Stats"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Aggregation.Stats"); !s.ok()) return s;
   shard_->Stats(response);
   return grpc::Status::OK;
 }
@@ -148,7 +155,7 @@ grpc::Status AggregationGrpcService::Stats(grpc::ServerContext* context, const p
 grpc::Status ReshardingGrpcService::Prepare(grpc::ServerContext* context,
                                             const proto::PrepareReshardRequest* request,
                                             proto::PrepareReshardResponse* response) {
-  if (grpc::Status s = Authorize(token_, context, "Resharding.Prepare"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Resharding.Prepare"); !s.ok()) return s;
   absl::StatusOr<proto::PrepareReshardResponse> r = shard_->PrepareReshard(*request);
   if (!r.ok()) return ToGrpc(r.status());
   *response = *std::move(r);
@@ -158,28 +165,30 @@ grpc::Status ReshardingGrpcService::Prepare(grpc::ServerContext* context,
 grpc::Status ReshardingGrpcService::Commit(grpc::ServerContext* context,
                                            const proto::CommitReshardRequest* request,
                                            proto::CommitReshardResponse*) {
-  if (grpc::Status s = Authorize(token_, context, "Resharding.Commit"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Resharding.Commit"); !s.ok()) return s;
   return ToGrpc(shard_->CommitReshard(request->next_epoch(), request->switch_step()));
 }
 
 grpc::Status ReshardingGrpcService::Abort(grpc::ServerContext* context,
                                           const proto::AbortReshardRequest* request,
                                           proto::AbortReshardResponse*) {
-  if (grpc::Status s = Authorize(token_, context, "Resharding.Abort"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Resharding.Abort"); !s.ok()) return s;
   return ToGrpc(shard_->AbortReshard(request->next_epoch(), request->reason()));
 }
 
 grpc::Status ReshardingGrpcService::Transfer(grpc::ServerContext* context,
                                              const proto::TransferRequest* request,
                                              proto::TransferResponse*) {
-  if (grpc::Status s = Authorize(token_, context, "Resharding.Transfer"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Resharding.Transfer"); !s.ok())
+    return s;
   return ToGrpc(shard_->AcceptTransfer(*request, DeadlineOf(context)));
 }
 
 grpc::Status ReshardingGrpcService::GetConfig(grpc::ServerContext* context,
                                               const proto::GetConfigRequest*,
                                               proto::ClusterConfig* response) {
-  if (grpc::Status s = Authorize(token_, context, "Resharding.GetConfig"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Resharding.GetConfig"); !s.ok())
+    return s;
   *response = shard_->CurrentConfig();
   // File paths of this process mean nothing to the caller.
   response->mutable_security()->clear_token_file();
@@ -190,7 +199,8 @@ grpc::Status ReshardingGrpcService::GetConfig(grpc::ServerContext* context,
 grpc::Status ReshardingGrpcService::ReshardStatus(grpc::ServerContext* context,
                                                   const proto::ReshardStatusRequest*,
                                                   proto::ReshardStatusResponse* response) {
-  if (grpc::Status s = Authorize(token_, context, "Resharding.ReshardStatus"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Resharding.ReshardStatus"); !s.ok())
+    return s;
   shard_->ReshardStatus(response);
   return grpc::Status::OK;
 }
@@ -198,28 +208,31 @@ grpc::Status ReshardingGrpcService::ReshardStatus(grpc::ServerContext* context,
 grpc::Status ReshardingGrpcService::Replicate(grpc::ServerContext* context,
                                               const proto::ReplicateRequest* request,
                                               proto::ReplicateResponse*) {
-  if (grpc::Status s = Authorize(token_, context, "Resharding.Replicate"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Resharding.Replicate"); !s.ok())
+    return s;
   return ToGrpc(shard_->AcceptReplica(*request));
 }
 
 grpc::Status ReshardingGrpcService::ReportDown(grpc::ServerContext* context,
                                                const proto::ReportDownRequest* request,
                                                proto::ReportDownResponse* response) {
-  if (grpc::Status s = Authorize(token_, context, "Resharding.ReportDown"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Resharding.ReportDown"); !s.ok())
+    return s;
   return ToGrpc(shard_->ReportDown(*request, response));
 }
 
 grpc::Status ReshardingGrpcService::InstallMap(grpc::ServerContext* context,
                                                const proto::InstallMapRequest* request,
                                                proto::InstallMapResponse*) {
-  if (grpc::Status s = Authorize(token_, context, "Resharding.InstallMap"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Resharding.InstallMap"); !s.ok())
+    return s;
   return ToGrpc(shard_->InstallMap(*request));
 }
 
 grpc::Status ReshardingGrpcService::Rejoin(grpc::ServerContext* context,
                                            const proto::RejoinRequest* request,
                                            proto::RejoinResponse* response) {
-  if (grpc::Status s = Authorize(token_, context, "Resharding.Rejoin"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Resharding.Rejoin"); !s.ok()) return s;
   return ToGrpc(shard_->Rejoin(*request, response));
 }
 
@@ -393,7 +406,7 @@ class PeerTransport {
 
 grpc::Status AdminGrpcService::Ping(grpc::ServerContext* context, const proto::PingRequest*,
                                     proto::PingResponse* response) {
-  if (grpc::Status s = Authorize(token_, context, "Admin.Ping"); !s.ok()) return s;
+  if (grpc::Status s = Authorize(token_, unread_, context, "Admin.Ping"); !s.ok()) return s;
   response->set_process(process_);
   response->set_uptime_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(absl::Now() - started_)));
   return grpc::Status::OK;
@@ -451,6 +464,18 @@ void ApplyTransportLimits(const proto::ClusterConfig& config, grpc::ServerBuilde
   builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, l.idle_connection_ms);
 }
 
+UnreadReplies::Options UnreadRepliesOptionsFor(const proto::ClusterConfig& config,
+                                               std::function<void(uint64_t)> on_cancelled) {
+  UnreadReplies::Options o;
+  // Half the request threads: honest clients never leave that many replies unread at once
+  // (every call of a job is max_threads / 2 - 32), and one address cannot take them all.
+  o.max_per_address = static_cast<uint32_t>(TransportLimitsFor(config).max_threads / 2);
+  // A worker's call has given up by then.
+  o.timeout = absl::Milliseconds(std::max<uint32_t>(config.rpc_timeout_ms(), 1000));
+  o.on_cancelled = std::move(on_cancelled);
+  return o;
+}
+
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::ClusterConfig& config,
                                                                 const ShardOptions& options,
                                                                 const std::string& listen_address) {
@@ -496,10 +521,16 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   std::unique_ptr<ShardServer> s(new ShardServer());
   s->stop_peers_ = [peers = *peers] { peers->Stop(); };
   s->service_ = *std::move(service);
-  s->grpc_service_ = std::make_unique<AggregationGrpcService>(s->service_.get(), security->token);
-  s->reshard_service_ = std::make_unique<ReshardingGrpcService>(s->service_.get(), security->token);
+  s->unread_replies_ = std::make_unique<UnreadReplies>(UnreadRepliesOptionsFor(
+      config,
+      [metrics = s->service_->metrics()](uint64_t n) { metrics->CountUnreadRepliesCancelled(n); }));
+  UnreadReplies* unread = s->unread_replies_.get();
+  s->grpc_service_ =
+      std::make_unique<AggregationGrpcService>(s->service_.get(), security->token, unread);
+  s->reshard_service_ =
+      std::make_unique<ReshardingGrpcService>(s->service_.get(), security->token, unread);
   s->admin_service_ = std::make_unique<AdminGrpcService>(
-      absl::StrCat("gcomp_server shard ", options.shard), absl::Now(), security->token);
+      absl::StrCat("gcomp_server shard ", options.shard), absl::Now(), security->token, unread);
   // Replicated: a shard that restarts into a running job must not serve before it has
   // caught up (checked once it listens, since the peers then call it).
   s->service_->HoldForRejoinCheck();
@@ -519,10 +550,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   builder.RegisterService(s->grpc_service_.get());
   builder.RegisterService(s->reshard_service_.get());
   builder.RegisterService(s->admin_service_.get());
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> parse;
-  parse.push_back(std::make_unique<UnparseableRequestInterceptorFactory>(
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> intercept;
+  intercept.push_back(std::make_unique<UnreadRepliesInterceptorFactory>(unread));
+  intercept.push_back(std::make_unique<UnparseableRequestInterceptorFactory>(
       std::vector<std::string>{cluster::kPushPullMethod}));
-  builder.experimental().SetInterceptorCreators(std::move(parse));
+  builder.experimental().SetInterceptorCreators(std::move(intercept));
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes()));
   // PushPull handlers block until the step's last push: every step takes up to W x
@@ -539,6 +571,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
     return absl::UnavailableError(
         absl::StrCat("cannot start the gRPC server for ", listen_address));
   }
+  s->unread_replies_->StartWatchdog();
   s->listener_->Start(std::move(acceptor));
   if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
     health->SetServingStatus(proto::Aggregation::service_full_name(), true);

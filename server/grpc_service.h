@@ -19,6 +19,7 @@
 #include "server/call_limiter.h"
 #include "server/listener.h"
 #include "server/shard_service.h"
+#include "server/unread_replies.h"
 
 namespace gcomp::server {
 
@@ -34,11 +35,14 @@ uint32_t WorkerShareOfThreads(const proto::ClusterConfig& config);
 class AggregationGrpcService final : public grpc::Service {
  public:
   // `shard` is borrowed and must outlive this service. With a `token`, every call must
-  // carry it (cluster::AuthorizeCall).
+  // carry it (cluster::AuthorizeCall). With `unread`, calls from an address it refuses are
+  // refused first (borrowed, must outlive this service).
   explicit AggregationGrpcService(ShardService* shard,
-                                  std::shared_ptr<cluster::JobToken> token = nullptr)
+                                  std::shared_ptr<cluster::JobToken> token = nullptr,
+                                  UnreadReplies* unread = nullptr)
       : shard_(shard),
         token_(std::move(token)),
+        unread_(unread),
         limiter_(shard->config().limits().max_calls_per_client()),
         worker_limiter_(WorkerShareOfThreads(shard->config()),
                         "each worker's share of the shard's request threads") {
@@ -59,6 +63,7 @@ class AggregationGrpcService final : public grpc::Service {
  private:
   ShardService* shard_;
   const std::shared_ptr<cluster::JobToken> token_;  // null: calls are not checked
+  UnreadReplies* const unread_;                     // null: no address is refused
   CallLimiter limiter_;  // every call but Stats holds a slot while it runs
   // PushPull calls per worker id, whatever connections they come on: a push waits for
   // its step on a request thread, and one client claiming a worker id must not take the
@@ -75,10 +80,11 @@ class AggregationGrpcService final : public grpc::Service {
 // Resharding: the coordinator's and the peer shards' side of a live re-shard.
 class ReshardingGrpcService final : public proto::Resharding::Service {
  public:
-  // `shard` is borrowed and must outlive this service.
+  // `shard` (and `unread`, if any) are borrowed and must outlive this service.
   explicit ReshardingGrpcService(ShardService* shard,
-                                 std::shared_ptr<cluster::JobToken> token = nullptr)
-      : shard_(shard), token_(std::move(token)) {}
+                                 std::shared_ptr<cluster::JobToken> token = nullptr,
+                                 UnreadReplies* unread = nullptr)
+      : shard_(shard), token_(std::move(token)), unread_(unread) {}
 
   grpc::Status Prepare(grpc::ServerContext* context, const proto::PrepareReshardRequest* request,
                        proto::PrepareReshardResponse* response) override;
@@ -105,16 +111,21 @@ class ReshardingGrpcService final : public proto::Resharding::Service {
  private:
   ShardService* shard_;
   const std::shared_ptr<cluster::JobToken> token_;
+  UnreadReplies* const unread_;
 };
 
 // Admin.Ping: who answered and for how long it has been up.
 class AdminGrpcService final : public proto::Admin::Service {
  public:
   // `process` names the answering process, e.g. "gcomp_server shard 2". With a `token`,
-  // calls must carry it.
+  // calls must carry it; `unread` as for AggregationGrpcService.
   AdminGrpcService(std::string process, absl::Time started,
-                   std::shared_ptr<cluster::JobToken> token = nullptr)
-      : process_(std::move(process)), started_(started), token_(std::move(token)) {}
+                   std::shared_ptr<cluster::JobToken> token = nullptr,
+                   UnreadReplies* unread = nullptr)
+      : process_(std::move(process)),
+        started_(started),
+        token_(std::move(token)),
+        unread_(unread) {}
 
   grpc::Status Ping(grpc::ServerContext* context, const proto::PingRequest* request,
                     proto::PingResponse* response) override;
@@ -123,6 +134,7 @@ class AdminGrpcService final : public proto::Admin::Service {
   const std::string process_;
   const absl::Time started_;
   const std::shared_ptr<cluster::JobToken> token_;
+  UnreadReplies* const unread_;
 };
 
 // What a peer can make gRPC itself hold, before any message reaches the shard's own
@@ -152,6 +164,11 @@ TransportLimits TransportLimitsFor(const proto::ClusterConfig& config);
 // The limits above, and compressed requests refused before they are inflated.
 void ApplyTransportLimits(const proto::ClusterConfig& config, grpc::ServerBuilder* builder);
 
+// What a client may leave unread (server/unread_replies.h): half of max_threads at once from
+// one address, each reply for rpc_timeout_ms.
+UnreadReplies::Options UnreadRepliesOptionsFor(const proto::ClusterConfig& config,
+                                               std::function<void(uint64_t)> on_cancelled);
+
 // A running shard: ShardService + gRPC server (Aggregation, Admin, and the standard
 // grpc.health.v1 service, SERVING for "" and "gcomp.proto.Aggregation" until Shutdown).
 // The port speaks what the config's `security` says (cluster/credentials.h): mutual TLS
@@ -177,6 +194,8 @@ class ShardServer {
 
  private:
   ShardServer() = default;
+  // Replies not read in time (declared first: the servers' calls end before it goes).
+  std::unique_ptr<UnreadReplies> unread_replies_;
   std::unique_ptr<ShardService> service_;
   // Cancels the peer calls that could hold the exit (moved chunks to a peer that does not
   // answer).

@@ -61,6 +61,14 @@ ShardMetrics::ShardMetrics(const std::string& job, uint32_t shard)
                      .Labels(labels)
                      .Register(r)
                      .Add({});
+  unread_replies_cancelled_ = &prometheus::BuildCounter()
+                                   .Name("gcomp_shard_unread_replies_cancelled_total")
+                                   .Help(
+                                       "Replies a client left unread too long or too many "
+                                       "of, whose calls the shard cancelled.")
+                                   .Labels(labels)
+                                   .Register(r)
+                                   .Add({});
   auto& codec_bytes = prometheus::BuildCounter()
                           .Name("gcomp_shard_codec_bytes_total")
                           .Help("Raw tensor bytes decoded from pushes and encoded into replies.")
@@ -221,6 +229,10 @@ void ShardMetrics::CountPush(absl::StatusCode code) {
 }
 
 void ShardMetrics::CountDuplicate() { duplicates_->Increment(); }
+
+void ShardMetrics::CountUnreadRepliesCancelled(uint64_t replies) {
+  unread_replies_cancelled_->Increment(static_cast<double>(replies));
+}
 
 void ShardMetrics::UpdateRatios() {
   if (wire_in_->Value() > 0) ratio_in_->Set(raw_in_->Value() / wire_in_->Value());

@@ -42,6 +42,8 @@ class ShardMetrics {
   // A push's outcome, by status code ("OK", "DATA_LOSS", ...).
   void CountPush(absl::StatusCode code);
   void CountDuplicate();
+  // Calls cancelled because their client did not read the replies (server/unread_replies.h).
+  void CountUnreadRepliesCancelled(uint64_t replies);
   // Bytes of an accepted push (in) or of a reply (out): as raw tensor bytes and on the wire.
   void AddIn(uint64_t raw_bytes, uint64_t wire_bytes);
   void AddOut(uint64_t raw_bytes, uint64_t wire_bytes);
@@ -87,6 +89,7 @@ class ShardMetrics {
   prometheus::Family<prometheus::Counter>* pushes_;
   prometheus::Family<prometheus::Gauge>* calls_in_flight_;
   prometheus::Counter* duplicates_;
+  prometheus::Counter* unread_replies_cancelled_;
   prometheus::Counter* raw_in_;
   prometheus::Counter* raw_out_;
   prometheus::Counter* wire_in_;

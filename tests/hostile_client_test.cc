@@ -50,8 +50,8 @@ class HostileClientTest : public ::testing::Test {
     address_ = absl::StrCat("127.0.0.1:", FreePort());
     const std::string config = dir + "/cluster.yaml";
     std::ofstream(config) << "job: hostile\nworkers: 2\nshards: [\"" << address_ << "\"]\n"
-                          << "chunk_bytes: 1048576\nstep_timeout_ms: 20000\n"
-                          << "rpc_timeout_ms: 30000\n"
+                          << "chunk_bytes: 1048576\nstep_timeout_ms: " << rpc_timeout_ms_ * 2 / 3
+                          << "\nrpc_timeout_ms: " << rpc_timeout_ms_ << "\n"
                           << "limits: {memory_budget_bytes: " << kBudgetBytes
                           << ", max_tensors: 1000, max_calls_per_client: 6,"
                           << " max_pending_steps: 64" << extra_limits_ << "}\n";
@@ -212,6 +212,7 @@ class HostileClientTest : public ::testing::Test {
   // the shard's open-file limit (0: as inherited).
   std::string extra_limits_;
   rlim_t fd_limit_ = 0;
+  uint32_t rpc_timeout_ms_ = 30000;  // the step timeout is two thirds of it
   pid_t pid_ = -1;
   std::string address_;
   int connections_ = 0;
@@ -378,6 +379,91 @@ class SlowPeer {
   std::mutex send_mu_;
   std::thread reader_;
 };
+
+// A peer that sends whole unary calls to `path` (empty messages) from the local address
+// `from` and never reads a byte: its SETTINGS open every stream's flow-control window at
+// zero, so no reply's message can go out to it, and gRPC's synchronous server waits with the
+// handler's thread for it to.
+class NonReadingPeer {
+ public:
+  NonReadingPeer(const std::string& address, const std::string& from, int calls,
+                 const std::string& path) {
+    const size_t colon = address.rfind(':');
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+    inet_pton(AF_INET, address.substr(0, colon).c_str(), &to.sin_addr);
+    sockaddr_in local{};
+    local.sin_family = AF_INET;
+    inet_pton(AF_INET, from.c_str(), &local.sin_addr);
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
+        connect(fd_, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+      ADD_FAILURE() << "cannot connect from " << from << " to " << address;
+      return;
+    }
+    const std::string window_zero("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
+    std::string out = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + Http2Frame(4, 0, 0, window_zero);
+    auto literal = [](const std::string& name, const std::string& value) {
+      return std::string(1, '\0') + static_cast<char>(name.size()) + name +
+             static_cast<char>(value.size()) + value;
+    };
+    const std::string headers = literal(":method", "POST") + literal(":scheme", "http") +
+                                literal(":path", path) + literal(":authority", address) +
+                                literal("content-type", "application/grpc") +
+                                literal("te", "trailers");
+    const std::string empty_message(5, '\0');  // uncompressed, length 0
+    for (int i = 0; i < calls; ++i) {
+      const uint32_t id = 1 + 2 * static_cast<uint32_t>(i);
+      out += Http2Frame(1, 0x4, id, headers) + Http2Frame(0, 0x1, id, empty_message);
+    }
+    for (size_t off = 0; off < out.size();) {
+      const ssize_t n = send(fd_, out.data() + off, out.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) break;  // the shard closed the connection: that is allowed
+      off += static_cast<size_t>(n);
+    }
+  }
+  ~NonReadingPeer() {
+    if (fd_ >= 0) close(fd_);
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+constexpr char kStatsMethod[] = "/gcomp.proto.Aggregation/Stats";
+
+// Before: each of these calls held a request thread for as long as the connection lasted,
+// and past the thread quota (256 here) every other call got "Server Threadpool Exhausted".
+// Now one address may leave half the threads' worth of replies unread; the call one past
+// that cancels them all and the address is refused for rpc_timeout_ms.
+TEST_F(HostileClientTest, APeerThatReadsNoRepliesCannotTakeTheRequestThreads) {
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  ExpectStepWorks("w", 0, 1000);
+  const int before = ServerThreads();
+  std::vector<std::unique_ptr<NonReadingPeer>> peers;
+  for (int c = 0; c < 3; ++c) {
+    peers.push_back(std::make_unique<NonReadingPeer>(address_, "127.0.0.2", 200, kStatsMethod));
+  }
+  absl::SleepFor(absl::Seconds(2));
+  const int threads = ServerThreads();
+  // 128 at most held (half of 256), and a few more of gRPC's own.
+  EXPECT_LT(threads, before + 150) << "600 unread replies made " << threads << " threads";
+  // Calls from other addresses are served, without waiting for any timeout.
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 20; ++i) Stats();
+  ExpectStepWorks("w", 1, 1000);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // Once cancelled, the peer's calls hold nothing: the threads come back.
+  int after = ServerThreads();
+  for (absl::Time give_up = absl::Now() + absl::Seconds(20);
+       after > before + 40 && absl::Now() < give_up; after = ServerThreads()) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_LE(after, before + 40);
+  peers.clear();
+  ExpectStepWorks("w", 2, 1000);
+}
 
 // Slow peers cannot make gRPC hold more than its memory quota (TransportLimits): the first
 // connections' buffers do show in the shard's memory, then it stops growing, stays up, and
@@ -691,6 +777,32 @@ TEST_F(DescriptorFloodTest, RunningOutOfDescriptorsDoesNotStopTheShardAccepting)
   absl::SleepFor(absl::Milliseconds(500));
   ExpectStepWorks("w", 0, 1000);
   EXPECT_EQ(Stats().tensors(), 1u);
+}
+
+// A shard whose calls time out after 3 s (its steps after 2 s).
+class UnreadReplyTimeoutTest : public HostileClientTest {
+ protected:
+  UnreadReplyTimeoutTest() { rpc_timeout_ms_ = 3000; }
+};
+
+// Fewer unread replies than the bound: each is cancelled once it has waited rpc_timeout_ms,
+// and the threads they held come back.
+TEST_F(UnreadReplyTimeoutTest, RepliesLeftUnreadAreCancelledAfterTheCallTimeout) {
+  const int before = ServerThreads();
+  NonReadingPeer peer(address_, "127.0.0.2", 80, kStatsMethod);
+  int held = ServerThreads();
+  for (absl::Time give_up = absl::Now() + absl::Seconds(2);
+       held < before + 60 && absl::Now() < give_up; held = ServerThreads()) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_GE(held, before + 60) << "the unread replies were never held";
+  int after = held;
+  for (absl::Time give_up = absl::Now() + absl::Seconds(20);
+       after > before + 20 && absl::Now() < give_up; after = ServerThreads()) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_LE(after, before + 20) << "threads " << before << " -> " << held << " -> " << after;
+  Stats();
 }
 
 }  // namespace

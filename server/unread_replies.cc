@@ -1,0 +1,213 @@
+#include "server/unread_replies.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/logging.h"
+#include "grpc/grpc.h"
+#include "grpcpp/server_context.h"
+
+namespace gcomp::server {
+namespace {
+
+log::LineBudget* CancellationLines() {
+  static log::LineBudget* const budget = new log::LineBudget(10, "unread-reply cancellations");
+  return budget;
+}
+
+}  // namespace
+
+UnreadReplies::~UnreadReplies() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+void UnreadReplies::StartWatchdog() {
+  watchdog_ = std::thread([this] {
+    const absl::Duration period =
+        std::clamp(options_.timeout / 10, absl::Milliseconds(50), absl::Seconds(1));
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
+        if (mu_.AwaitWithTimeout(absl::Condition(&stopping), period)) return;
+      }
+      CancelOverdue();
+    }
+  });
+}
+
+std::string UnreadReplies::AddressOf(absl::string_view peer) {
+  const size_t scheme = peer.find(':');
+  const size_t port = peer.rfind(':');
+  if (scheme == absl::string_view::npos || port == scheme) return std::string(peer);
+  return std::string(peer.substr(scheme + 1, port - scheme - 1));
+}
+
+void UnreadReplies::TakeForCancel(Entry* entry, std::vector<std::shared_ptr<Reply>>* out) {
+  entry->cancelled = true;
+  out->push_back(entry->reply);
+  ++cancelled_;
+}
+
+void UnreadReplies::CancelOutsideLock(std::vector<std::shared_ptr<Reply>> replies) {
+  if (replies.empty()) return;
+  // Cancelling may end a call on this thread (its End takes mu_).
+  for (const std::shared_ptr<Reply>& r : replies) r->Cancel();
+  if (options_.on_cancelled) options_.on_cancelled(replies.size());
+}
+
+uint64_t UnreadReplies::Begin(absl::string_view peer, std::shared_ptr<Reply> reply) {
+  std::string address = AddressOf(peer);
+  std::vector<std::shared_ptr<Reply>> cancel;
+  uint64_t id;
+  uint32_t unread;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_id_++;
+    Address& a = addresses_[address];
+    unread = ++a.unread;
+    Entry& e = entries_[id];
+    e.address = address;
+    e.begun = absl::Now();
+    e.reply = std::move(reply);
+    if (unread > options_.max_per_address) {
+      a.refused_until = e.begun + options_.timeout;
+      for (auto& [other_id, other] : entries_) {
+        if (!other.cancelled && other.address == address) TakeForCancel(&other, &cancel);
+      }
+    }
+  }
+  if (!cancel.empty() && CancellationLines()->Admit()) {
+    log::Warn(
+        "client address {} left more than {} replies unread on this shard: {} cancelled, "
+        "and its calls refused for {}",
+        log::Clip(address, 64), options_.max_per_address, cancel.size(),
+        absl::FormatDuration(options_.timeout));
+  }
+  CancelOutsideLock(std::move(cancel));
+  return id;
+}
+
+void UnreadReplies::End(uint64_t id) {
+  std::shared_ptr<Reply> last;  // released outside the lock
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  last = std::move(it->second.reply);
+  auto a = addresses_.find(it->second.address);
+  if (a != addresses_.end() && --a->second.unread == 0 && a->second.refused_until <= absl::Now()) {
+    addresses_.erase(a);
+  }
+  entries_.erase(it);
+}
+
+absl::Status UnreadReplies::Admit(absl::string_view peer, absl::Time now) {
+  const std::string address = AddressOf(peer);
+  absl::MutexLock lock(&mu_);
+  auto a = addresses_.find(address);
+  if (a == addresses_.end() || a->second.refused_until <= now) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "client address ", log::Clip(address, 64), " left replies unread on this shard (more than ",
+      options_.max_per_address, " at once, or one for ", absl::FormatDuration(options_.timeout),
+      "): its calls are refused for ", absl::FormatDuration(a->second.refused_until - now),
+      " (replies unread)"));
+}
+
+size_t UnreadReplies::CancelOverdue(absl::Time now) {
+  std::vector<std::shared_ptr<Reply>> cancel;
+  std::string example;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, e] : entries_) {
+      if (e.cancelled || now - e.begun < options_.timeout) continue;
+      TakeForCancel(&e, &cancel);
+      addresses_[e.address].refused_until = now + options_.timeout;
+      example = e.address;
+    }
+    for (auto it = addresses_.begin(); it != addresses_.end();) {
+      auto next = std::next(it);
+      if (it->second.unread == 0 && it->second.refused_until <= now) addresses_.erase(it);
+      it = next;
+    }
+  }
+  const size_t n = cancel.size();
+  if (n != 0 && CancellationLines()->Admit()) {
+    log::Warn(
+        "{} replies unread after {} cancelled (client address {} among them); their "
+        "addresses' calls are refused for as long",
+        n, absl::FormatDuration(options_.timeout), log::Clip(example, 64));
+  }
+  CancelOutsideLock(std::move(cancel));
+  return n;
+}
+
+uint64_t UnreadReplies::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+size_t UnreadReplies::unread() const {
+  absl::MutexLock lock(&mu_);
+  return entries_.size();
+}
+
+namespace {
+
+using grpc::experimental::InterceptionHookPoints;
+
+// Holds a reference on the call, so that a cancellation racing with the call's end is safe.
+class CallReply final : public UnreadReplies::Reply {
+ public:
+  explicit CallReply(grpc_call* call) : call_(call) { grpc_call_ref(call_); }
+  ~CallReply() override { grpc_call_unref(call_); }
+  void Cancel() override {
+    grpc_call_cancel_with_status(call_, GRPC_STATUS_CANCELLED,
+                                 "the reply was not read in time (gcomp-ps shard)", nullptr);
+  }
+
+ private:
+  grpc_call* const call_;
+};
+
+class UnreadRepliesInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  UnreadRepliesInterceptor(UnreadReplies* replies, grpc::experimental::ServerRpcInfo* info)
+      : replies_(replies), info_(info) {}
+  ~UnreadRepliesInterceptor() override {
+    if (id_ != 0) replies_->End(id_);
+  }
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (id_ == 0 &&
+        (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA) ||
+         methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE) ||
+         methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS))) {
+      grpc::ServerContextBase* context = info_->server_context();
+      if (context != nullptr && context->c_call() != nullptr) {
+        id_ = replies_->Begin(context->peer(), std::make_shared<CallReply>(context->c_call()));
+      }
+    }
+    methods->Proceed();
+  }
+
+ private:
+  UnreadReplies* const replies_;
+  grpc::experimental::ServerRpcInfo* const info_;
+  uint64_t id_ = 0;
+};
+
+}  // namespace
+
+grpc::experimental::Interceptor* UnreadRepliesInterceptorFactory::CreateServerInterceptor(
+    grpc::experimental::ServerRpcInfo* info) {
+  if (info->type() != grpc::experimental::ServerRpcInfo::Type::UNARY) return nullptr;
+  return new UnreadRepliesInterceptor(replies_, info);
+}
+
+}  // namespace gcomp::server
