@@ -467,8 +467,8 @@ void ApplyTransportLimits(const proto::ClusterConfig& config, grpc::ServerBuilde
 UnreadReplies::Options UnreadRepliesOptionsFor(const proto::ClusterConfig& config,
                                                std::function<void(uint64_t)> on_cancelled) {
   UnreadReplies::Options o;
-  // Half the request threads: honest clients never leave that many replies unread at once
-  // (every call of a job is max_threads / 2 - 32), and one address cannot take them all.
+  // Half the request threads: every call a job keeps in flight (max_threads / 2 - 32 when
+  // that is above 256), and one address cannot take them all for long.
   o.max_per_address = static_cast<uint32_t>(TransportLimitsFor(config).max_threads / 2);
   // A worker's call has given up by then.
   o.timeout = absl::Milliseconds(std::max<uint32_t>(config.rpc_timeout_ms(), 1000));

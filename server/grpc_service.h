@@ -164,8 +164,8 @@ TransportLimits TransportLimitsFor(const proto::ClusterConfig& config);
 // The limits above, and compressed requests refused before they are inflated.
 void ApplyTransportLimits(const proto::ClusterConfig& config, grpc::ServerBuilder* builder);
 
-// What a client may leave unread (server/unread_replies.h): half of max_threads at once from
-// one address, each reply for rpc_timeout_ms.
+// What a client may leave unread (server/unread_replies.h): half of max_threads from one
+// address for a second, each reply for rpc_timeout_ms.
 UnreadReplies::Options UnreadRepliesOptionsFor(const proto::ClusterConfig& config,
                                                std::function<void(uint64_t)> on_cancelled);
 

@@ -29,15 +29,13 @@ UnreadReplies::~UnreadReplies() {
 
 void UnreadReplies::StartWatchdog() {
   watchdog_ = std::thread([this] {
-    const absl::Duration period =
-        std::clamp(options_.timeout / 10, absl::Milliseconds(50), absl::Seconds(1));
     while (true) {
       {
         absl::MutexLock lock(&mu_);
         auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
-        if (mu_.AwaitWithTimeout(absl::Condition(&stopping), period)) return;
+        if (mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.sweep_every)) return;
       }
-      CancelOverdue();
+      Sweep();
     }
   });
 }
@@ -55,42 +53,24 @@ void UnreadReplies::TakeForCancel(Entry* entry, std::vector<std::shared_ptr<Repl
   ++cancelled_;
 }
 
-void UnreadReplies::CancelOutsideLock(std::vector<std::shared_ptr<Reply>> replies) {
-  if (replies.empty()) return;
-  // Cancelling may end a call on this thread (its End takes mu_).
-  for (const std::shared_ptr<Reply>& r : replies) r->Cancel();
-  if (options_.on_cancelled) options_.on_cancelled(replies.size());
+void UnreadReplies::Refuse(Address* a, absl::Time now) {
+  if (a->refused_until > now) return;  // refused already: one offence per refusal
+  if (a->refused_until + options_.timeout < now) a->last_refusal = absl::ZeroDuration();
+  a->last_refusal = a->last_refusal == absl::ZeroDuration()
+                        ? options_.first_refusal
+                        : std::min(a->last_refusal * 2, options_.timeout);
+  a->refused_until = now + a->last_refusal;
 }
 
 uint64_t UnreadReplies::Begin(absl::string_view peer, std::shared_ptr<Reply> reply) {
   std::string address = AddressOf(peer);
-  std::vector<std::shared_ptr<Reply>> cancel;
-  uint64_t id;
-  uint32_t unread;
-  {
-    absl::MutexLock lock(&mu_);
-    id = next_id_++;
-    Address& a = addresses_[address];
-    unread = ++a.unread;
-    Entry& e = entries_[id];
-    e.address = address;
-    e.begun = absl::Now();
-    e.reply = std::move(reply);
-    if (unread > options_.max_per_address) {
-      a.refused_until = e.begun + options_.timeout;
-      for (auto& [other_id, other] : entries_) {
-        if (!other.cancelled && other.address == address) TakeForCancel(&other, &cancel);
-      }
-    }
-  }
-  if (!cancel.empty() && CancellationLines()->Admit()) {
-    log::Warn(
-        "client address {} left more than {} replies unread on this shard: {} cancelled, "
-        "and its calls refused for {}",
-        log::Clip(address, 64), options_.max_per_address, cancel.size(),
-        absl::FormatDuration(options_.timeout));
-  }
-  CancelOutsideLock(std::move(cancel));
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = next_id_++;
+  ++addresses_[address].unread;
+  Entry& e = entries_[id];
+  e.address = std::move(address);
+  e.begun = absl::Now();
+  e.reply = std::move(reply);
   return id;
 }
 
@@ -101,9 +81,7 @@ void UnreadReplies::End(uint64_t id) {
   if (it == entries_.end()) return;
   last = std::move(it->second.reply);
   auto a = addresses_.find(it->second.address);
-  if (a != addresses_.end() && --a->second.unread == 0 && a->second.refused_until <= absl::Now()) {
-    addresses_.erase(a);
-  }
+  if (a != addresses_.end()) --a->second.unread;
   entries_.erase(it);
 }
 
@@ -114,36 +92,61 @@ absl::Status UnreadReplies::Admit(absl::string_view peer, absl::Time now) {
   if (a == addresses_.end() || a->second.refused_until <= now) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       "client address ", log::Clip(address, 64), " left replies unread on this shard (more than ",
-      options_.max_per_address, " at once, or one for ", absl::FormatDuration(options_.timeout),
-      "): its calls are refused for ", absl::FormatDuration(a->second.refused_until - now),
+      options_.max_per_address, " for ", absl::FormatDuration(options_.min_age), ", or one for ",
+      absl::FormatDuration(options_.timeout), "): its calls are refused for another ",
+      absl::FormatDuration(absl::Ceil(a->second.refused_until - now, absl::Milliseconds(1))),
       " (replies unread)"));
 }
 
-size_t UnreadReplies::CancelOverdue(absl::Time now) {
+size_t UnreadReplies::Sweep(absl::Time now) {
   std::vector<std::shared_ptr<Reply>> cancel;
-  std::string example;
+  std::string crowded, overdue;  // an address of each kind, for the log
   {
     absl::MutexLock lock(&mu_);
+    absl::flat_hash_map<std::string, absl::Time> oldest;
+    for (const auto& [id, e] : entries_) {
+      if (e.cancelled) continue;
+      auto [it, added] = oldest.try_emplace(e.address, e.begun);
+      if (!added) it->second = std::min(it->second, e.begun);
+    }
     for (auto& [id, e] : entries_) {
-      if (e.cancelled || now - e.begun < options_.timeout) continue;
+      if (e.cancelled) continue;
+      Address& a = addresses_[e.address];
+      const bool too_many =
+          a.unread > options_.max_per_address && now - oldest[e.address] >= options_.min_age;
+      const bool too_old = now - e.begun >= options_.timeout;
+      if (!too_many && !too_old) continue;
       TakeForCancel(&e, &cancel);
-      addresses_[e.address].refused_until = now + options_.timeout;
-      example = e.address;
+      Refuse(&a, now);
+      (too_many ? crowded : overdue) = e.address;
     }
     for (auto it = addresses_.begin(); it != addresses_.end();) {
       auto next = std::next(it);
-      if (it->second.unread == 0 && it->second.refused_until <= now) addresses_.erase(it);
+      // Kept while it has replies, is refused, or would be refused longer next time.
+      if (it->second.unread == 0 && it->second.refused_until + options_.timeout <= now) {
+        addresses_.erase(it);
+      }
       it = next;
     }
   }
   const size_t n = cancel.size();
   if (n != 0 && CancellationLines()->Admit()) {
     log::Warn(
-        "{} replies unread after {} cancelled (client address {} among them); their "
-        "addresses' calls are refused for as long",
-        n, absl::FormatDuration(options_.timeout), log::Clip(example, 64));
+        "{} replies cancelled, unread: {}{}{}; their addresses' calls are refused for a "
+        "while (a client that does not read its replies, or one far behind)",
+        n,
+        crowded.empty() ? ""
+                        : absl::StrCat("more than ", options_.max_per_address, " for ",
+                                       absl::FormatDuration(options_.min_age), " from ",
+                                       log::Clip(crowded, 64)),
+        !crowded.empty() && !overdue.empty() ? ", and " : "",
+        overdue.empty() ? ""
+                        : absl::StrCat("one for ", absl::FormatDuration(options_.timeout), " from ",
+                                       log::Clip(overdue, 64)));
   }
-  CancelOutsideLock(std::move(cancel));
+  // Cancelling may end a call on this thread (its End takes mu_).
+  for (const std::shared_ptr<Reply>& r : cancel) r->Cancel();
+  if (n != 0 && options_.on_cancelled) options_.on_cancelled(n);
   return n;
 }
 

@@ -5,13 +5,16 @@
 // (or stops reading its socket) and sends a few hundred cheap calls would hold as many
 // request threads, for as long as its connection lasts, and every other call would get
 // "Server Threadpool Exhausted". UnreadReplies keeps each reply from the moment its handler
-// returns until its call ends, and
-//  - cancels a reply still unread `timeout` after it began (its thread is freed);
-//  - when one address (the peer's host, whatever its port or connection) has more than
-//    `max_per_address` replies unread at once, cancels them and refuses that address's
-//    calls (Admit) for `timeout`.
-// Honest clients read their replies as they come (gRPC's own threads do), so they meet
-// neither bound. Thread-safe.
+// returns until its call ends; a sweep a few times a second
+//  - cancels, when one address (the peer's host, whatever its port or connection) has more
+//    than `max_per_address` replies unread and the oldest has waited `min_age`, all of that
+//    address's unread replies (their threads are freed);
+//  - cancels any reply still unread `timeout` after it began;
+// and refuses the calls of an address it cancelled replies of (Admit): for `first_refusal`,
+// doubling with each further cancellation up to `timeout`, forgiven after `timeout` without
+// one. Honest clients read their replies as they come (gRPC's own threads do): a burst of
+// results on a fast link is read well within `min_age`, and a client refused once by
+// mistake retries past the first refusal. Thread-safe.
 //
 //   UnreadReplies replies(options);
 //   replies.StartWatchdog();
@@ -41,15 +44,21 @@ namespace gcomp::server {
 class UnreadReplies {
  public:
   struct Options {
-    // Replies one address may leave unread at once. A shard's honest clients have at most
-    // all their calls' replies on the way at the end of a step; ShardServer uses half the
-    // request threads, so that one address can never take them all.
+    // Replies one address may leave unread at once for longer than `min_age`. A shard's
+    // honest clients have at most all their calls' replies on the way at the end of a step;
+    // ShardServer uses half the request threads, so that one address cannot keep them all.
     uint32_t max_per_address = 128;
-    // How long a reply may stay unread before its call is cancelled, and how long an address
-    // that went over max_per_address is refused. ShardServer uses rpc_timeout_ms: a worker
-    // has given up on a call by then.
+    // How long the oldest of more than max_per_address replies must have waited before they
+    // are cancelled: results released together read on a fast link are all read by then.
+    absl::Duration min_age = absl::Seconds(1);
+    // How long any reply may stay unread; also the longest refusal. ShardServer uses
+    // rpc_timeout_ms: a worker has given up on its call by then.
     absl::Duration timeout = absl::Seconds(30);
-    // Called (outside any lock) with the number of replies each cancellation cancelled.
+    // The first refusal of an address; each further one (within `timeout`) doubles.
+    absl::Duration first_refusal = absl::Seconds(1);
+    // How often the watchdog sweeps.
+    absl::Duration sweep_every = absl::Milliseconds(100);
+    // Called (outside any lock) with the number of replies each sweep cancelled.
     std::function<void(uint64_t)> on_cancelled;
   };
 
@@ -66,20 +75,20 @@ class UnreadReplies {
   UnreadReplies& operator=(const UnreadReplies&) = delete;
   ~UnreadReplies();  // stops the watchdog
 
-  // Starts a thread that calls CancelOverdue a few times per timeout (tests call it).
+  // Starts a thread that calls Sweep every sweep_every (tests call Sweep themselves).
   void StartWatchdog();
 
   // A reply to `peer` (gRPC's peer string, "ipv4:10.0.0.7:51234") begins; returns its id
-  // for End. Past max_per_address unread replies of that address, cancels them all.
+  // for End.
   uint64_t Begin(absl::string_view peer, std::shared_ptr<Reply> reply);
   // The reply's call ended (read, failed or cancelled).
   void End(uint64_t id);
   // ResourceExhausted, naming the address and why, while `peer`'s address is refused.
   // Clients retry it like any busy refusal (cluster::IsBusyRefusal).
   absl::Status Admit(absl::string_view peer, absl::Time now = absl::Now());
-  // Cancels the replies begun more than `timeout` before `now`, and refuses their
-  // addresses for `timeout`; returns how many it cancelled.
-  size_t CancelOverdue(absl::Time now = absl::Now());
+  // Cancels what the rules above say as of `now` and refuses those addresses; returns how
+  // many replies it cancelled.
+  size_t Sweep(absl::Time now = absl::Now());
 
   uint64_t cancelled() const;  // replies cancelled so far
   size_t unread() const;       // replies begun and not ended
@@ -98,12 +107,14 @@ class UnreadReplies {
   struct Address {
     uint32_t unread = 0;
     absl::Time refused_until = absl::InfinitePast();
+    absl::Duration last_refusal;  // zero: none within `timeout`
   };
 
-  // Marks the entry cancelled and moves its Reply into `out`.
+  // Marks the entry cancelled and copies its Reply into `out`.
   void TakeForCancel(Entry* entry, std::vector<std::shared_ptr<Reply>>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CancelOutsideLock(std::vector<std::shared_ptr<Reply>> replies);
+  // Refuses `a` from `now`, twice as long as the last time.
+  void Refuse(Address* a, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   mutable absl::Mutex mu_;

@@ -31,7 +31,9 @@ class FakeReply final : public UnreadReplies::Reply {
 UnreadReplies::Options Small() {
   UnreadReplies::Options o;
   o.max_per_address = 3;
+  o.min_age = absl::Seconds(1);
   o.timeout = absl::Seconds(10);
+  o.first_refusal = absl::Seconds(1);
   return o;
 }
 
@@ -50,56 +52,83 @@ TEST(UnreadRepliesTest, RepliesThatEndAreForgotten) {
     r.End(id);
   }
   EXPECT_EQ(r.unread(), 0u);
+  EXPECT_EQ(r.Sweep(absl::Now() + absl::Hours(1)), 0u);
   EXPECT_EQ(r.cancelled(), 0u);
   EXPECT_TRUE(r.Admit("ipv4:10.0.0.1:1").ok());
-  EXPECT_EQ(r.CancelOverdue(absl::Now() + absl::Hours(1)), 0u);
 }
 
-TEST(UnreadRepliesTest, MoreThanTheBoundFromOneAddressCancelsThemAllAndRefusesIt) {
+TEST(UnreadRepliesTest, MoreThanTheBoundFromOneAddressForMinAgeAreCancelledAndRefused) {
   uint64_t reported = 0;
   UnreadReplies::Options o = Small();
   o.on_cancelled = [&reported](uint64_t n) { reported += n; };
   UnreadReplies r(o);
   std::vector<std::shared_ptr<FakeReply>> held;
-  // Three unread replies, each on its own connection of one host: within the bound.
-  for (int port = 1; port <= 3; ++port) {
+  // Four unread replies of one host, each on its own connection; one of another host.
+  for (int port = 1; port <= 4; ++port) {
     held.push_back(std::make_shared<FakeReply>());
     r.Begin("ipv4:10.0.0.1:" + std::to_string(port), held.back());
   }
   auto other = std::make_shared<FakeReply>();
   r.Begin("ipv4:10.0.0.2:1", other);
-  for (const auto& h : held) EXPECT_EQ(h->cancels, 0);
-  EXPECT_TRUE(r.Admit("ipv4:10.0.0.1:9").ok());
-  // The fourth is one too many: all four are cancelled, the other host's reply is not.
-  held.push_back(std::make_shared<FakeReply>());
-  r.Begin("ipv4:10.0.0.1:4", held.back());
+  const absl::Time begun = absl::Now();
+  // Over the bound but younger than min_age: a burst being read, left alone.
+  EXPECT_EQ(r.Sweep(begun + absl::Milliseconds(500)), 0u);
+  EXPECT_TRUE(r.Admit("ipv4:10.0.0.1:9", begun + absl::Milliseconds(500)).ok());
+  // Past min_age: all four cancelled, the other host's reply not.
+  const absl::Time swept = begun + absl::Milliseconds(1500);
+  EXPECT_EQ(r.Sweep(swept), 4u);
   for (const auto& h : held) EXPECT_EQ(h->cancels, 1);
   EXPECT_EQ(other->cancels, 0);
   EXPECT_EQ(r.cancelled(), 4u);
   EXPECT_EQ(reported, 4u);
-  const absl::Status refused = r.Admit("ipv4:10.0.0.1:77");
+  const absl::Status refused = r.Admit("ipv4:10.0.0.1:77", swept);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.message(), HasSubstr("client address 10.0.0.1 left replies unread"));
-  EXPECT_THAT(refused.message(), HasSubstr("more than 3 at once"));
-  EXPECT_TRUE(r.Admit("ipv4:10.0.0.2:1").ok());
-  // Refused for the timeout, then admitted again.
-  EXPECT_FALSE(r.Admit("ipv4:10.0.0.1:1", absl::Now() + absl::Seconds(9)).ok());
-  EXPECT_TRUE(r.Admit("ipv4:10.0.0.1:1", absl::Now() + absl::Seconds(11)).ok());
+  EXPECT_THAT(refused.message(), HasSubstr("more than 3 for 1s"));
+  EXPECT_THAT(refused.message(), HasSubstr("refused for another 1s (replies unread)"));
+  EXPECT_TRUE(r.Admit("ipv4:10.0.0.2:1", swept).ok());
+  // The first refusal lasts first_refusal.
+  EXPECT_FALSE(r.Admit("ipv4:10.0.0.1:1", swept + absl::Milliseconds(900)).ok());
+  EXPECT_TRUE(r.Admit("ipv4:10.0.0.1:1", swept + absl::Milliseconds(1100)).ok());
   // A cancelled reply is not cancelled again.
-  r.Begin("ipv4:10.0.0.1:5", std::make_shared<FakeReply>());
+  EXPECT_EQ(r.Sweep(swept + absl::Seconds(2)), 0u);
   for (const auto& h : held) EXPECT_EQ(h->cancels, 1);
 }
 
-TEST(UnreadRepliesTest, ARepliesUnreadPastTheTimeoutIsCancelledOnce) {
+TEST(UnreadRepliesTest, RepeatedOffencesAreRefusedLongerUpToTheTimeout) {
+  UnreadReplies r(Small());
+  absl::Time t = absl::Now() + absl::Seconds(2);
+  std::vector<absl::Duration> refusals;
+  for (int round = 0; round < 6; ++round) {
+    for (int i = 0; i < 4; ++i) r.Begin("ipv4:10.0.0.1:1", std::make_shared<FakeReply>());
+    ASSERT_EQ(r.Sweep(t), 4u);
+    absl::Duration refused = absl::ZeroDuration();
+    while (!r.Admit("ipv4:10.0.0.1:1", t + refused).ok()) refused += absl::Milliseconds(100);
+    refusals.push_back(refused);
+    t += refused + absl::Seconds(2);  // the next offence within `timeout` of this one
+  }
+  EXPECT_EQ(refusals,
+            (std::vector<absl::Duration>{absl::Seconds(1), absl::Seconds(2), absl::Seconds(4),
+                                         absl::Seconds(8), absl::Seconds(10), absl::Seconds(10)}));
+  // Forgiven after `timeout` without an offence: back to the first refusal.
+  t += absl::Seconds(25);
+  for (int i = 0; i < 4; ++i) r.Begin("ipv4:10.0.0.1:1", std::make_shared<FakeReply>());
+  ASSERT_EQ(r.Sweep(t), 4u);
+  EXPECT_FALSE(r.Admit("ipv4:10.0.0.1:1", t + absl::Milliseconds(900)).ok());
+  EXPECT_TRUE(r.Admit("ipv4:10.0.0.1:1", t + absl::Milliseconds(1100)).ok());
+}
+
+TEST(UnreadRepliesTest, AReplyUnreadPastTheTimeoutIsCancelledOnce) {
   UnreadReplies r(Small());
   auto old_reply = std::make_shared<FakeReply>();
   const uint64_t old_id = r.Begin("ipv4:10.0.0.1:1", old_reply);
-  EXPECT_EQ(r.CancelOverdue(absl::Now() + absl::Seconds(5)), 0u);
-  EXPECT_EQ(r.CancelOverdue(absl::Now() + absl::Seconds(11)), 1u);
+  EXPECT_EQ(r.Sweep(absl::Now() + absl::Seconds(5)), 0u);
+  const absl::Time swept = absl::Now() + absl::Seconds(11);
+  EXPECT_EQ(r.Sweep(swept), 1u);
   EXPECT_EQ(old_reply->cancels, 1);
-  EXPECT_EQ(r.CancelOverdue(absl::Now() + absl::Seconds(12)), 0u);
+  EXPECT_EQ(r.Sweep(swept + absl::Seconds(1)), 0u);
   EXPECT_EQ(old_reply->cancels, 1);
-  EXPECT_FALSE(r.Admit("ipv4:10.0.0.1:2", absl::Now() + absl::Seconds(12)).ok());
+  EXPECT_FALSE(r.Admit("ipv4:10.0.0.1:2", swept + absl::Milliseconds(500)).ok());
   r.End(old_id);
   EXPECT_EQ(r.unread(), 0u);
 }
@@ -112,15 +141,14 @@ TEST(UnreadRepliesTest, ACancelThatEndsItsCallAtOnceDoesNotDeadlock) {
                        if (ids[i] != 0) r.End(ids[i]);
                      }));
   }
-  // The fourth Begin cancelled all four; the first three ended inside Cancel.
-  EXPECT_EQ(r.unread(), 1u);
-  r.End(ids[3]);
+  EXPECT_EQ(r.Sweep(absl::Now() + absl::Seconds(2)), 4u);
   EXPECT_EQ(r.unread(), 0u);
 }
 
 TEST(UnreadRepliesTest, TheWatchdogCancelsOverdueReplies) {
   UnreadReplies::Options o = Small();
   o.timeout = absl::Milliseconds(200);
+  o.sweep_every = absl::Milliseconds(20);
   UnreadReplies r(o);
   r.StartWatchdog();
   auto reply = std::make_shared<FakeReply>();

@@ -435,8 +435,8 @@ constexpr char kStatsMethod[] = "/gcomp.proto.Aggregation/Stats";
 
 // Before: each of these calls held a request thread for as long as the connection lasted,
 // and past the thread quota (256 here) every other call got "Server Threadpool Exhausted".
-// Now one address may leave half the threads' worth of replies unread; the call one past
-// that cancels them all and the address is refused for rpc_timeout_ms.
+// Now, once one address has had more than half the threads' worth of replies unread for a
+// second, they are all cancelled and the address is refused for a while.
 TEST_F(HostileClientTest, APeerThatReadsNoRepliesCannotTakeTheRequestThreads) {
   ASSERT_TRUE(Declare("w", 1000).ok());
   ExpectStepWorks("w", 0, 1000);
