@@ -46,11 +46,14 @@ TEST(ShardMetrics, CountersFollowPushesAndSteps) {
   bad.mutable_address()->set_key("nope");
   EXPECT_FALSE(shard->PushPull(bad, absl::Now() + absl::Seconds(5), &out).ok());
 
+  shard->metrics()->CountUnreadRepliesCancelled(3);
+
   const std::string text = shard->metrics()->Text();
   const std::string labels = "job=\"j\",shard=\"0\"";
   EXPECT_THAT(text, HasSubstr("gcomp_shard_pushes_total{" + labels + ",code=\"OK\"} 2"));
   EXPECT_THAT(text, HasSubstr("gcomp_shard_pushes_total{" + labels + ",code=\"NOT_FOUND\"} 1"));
   EXPECT_THAT(text, HasSubstr("gcomp_shard_duplicate_pushes_total{" + labels + "} 1"));
+  EXPECT_THAT(text, HasSubstr("gcomp_shard_unread_replies_cancelled_total{" + labels + "} 3"));
   EXPECT_THAT(text, HasSubstr("gcomp_shard_raw_bytes_total{" + labels + ",direction=\"in\"} 128"));
   EXPECT_THAT(text, HasSubstr(absl::StrCat("gcomp_shard_wire_bytes_total{", labels,
                                            ",direction=\"in\"} ", 2 * wire_in)));

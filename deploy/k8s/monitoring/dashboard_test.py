@@ -36,6 +36,7 @@ METRICS = {
     "gcomp_shard_memory_used_bytes": ("gauge", SHARD),
     "gcomp_shard_pending_steps": ("gauge", SHARD),
     "gcomp_shard_limit_refusals_total": ("counter", SHARD),
+    "gcomp_shard_unread_replies_cancelled_total": ("counter", SHARD),
     "gcomp_shard_chunks_owned": ("gauge", SHARD),
     "gcomp_shard_tensors": ("gauge", SHARD),
     "gcomp_shard_map_epoch": ("gauge", SHARD),

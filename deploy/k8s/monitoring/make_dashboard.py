@@ -141,9 +141,12 @@ def build():
             "Anything but OK is an error a worker saw; docs/SERVICE.md lists what each code "
             "means.")
     d.panel("Limit refusals/s",
-            [("sum by (shard) (%s)" % rate("gcomp_shard_limit_refusals_total"), "shard {{shard}}")],
+            [("sum by (shard) (%s)" % rate("gcomp_shard_limit_refusals_total"), "shard {{shard}}"),
+             ("sum by (shard) (%s)" % rate("gcomp_shard_unread_replies_cancelled_total"),
+              "unread replies cancelled, shard {{shard}}")],
             "Requests refused by a shard's limits (memory budget, pending steps or bytes, "
-            "tensors) with RESOURCE_EXHAUSTED.")
+            "tensors) with RESOURCE_EXHAUSTED, and calls cancelled because their client left "
+            "the replies unread (docs/SERVICE.md, Limits).")
     d.panel("Memory used vs budget",
             [("gcomp_shard_memory_used_bytes{%s}" % SEL, "used, shard {{shard}}"),
              ("gcomp_shard_memory_budget_bytes{%s}" % SEL, "budget, shard {{shard}}")],
