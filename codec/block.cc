@@ -490,6 +490,61 @@ absl::Status EncodeBlock(DType dtype, const void* data, size_t n, const BlockEnc
   return absl::OkStatus();
 }
 
+namespace {
+
+// Lossless input whose finite nonzero elements all end in zero mantissa bits (float32 holding
+// bfloat16 or float16 values, as the gradients of a bf16 autocast do): near-lossless with R
+// the bits in use and A = -128 writes every element back bit for bit, in fewer bits
+// (docs/FORMAT.md, "Lossless input with unused mantissa bits"). Sets `*policy` to it when
+// it saves a bit. The pass stops at the first 256 elements that use every mantissa bit,
+// which on ordinary data are the first.
+template <typename U>
+bool ExactWithFewerBits(const FloatBits& lay, const U* x, size_t n, Policy* policy) {
+  const int W = lay.mant_bits;
+  const U sign = static_cast<U>(U{1} << (lay.total_bits - 1));
+  const U mant_mask = static_cast<U>((U{1} << W) - 1);
+  const U all_ones = static_cast<U>(lay.all_ones());
+  U used = 0;                    // OR of the mantissas of elements with fields 1..all_ones-2
+  U min_e = all_ones, emax = 0;  // the least of those fields; the largest finite field
+  bool subnormal = false;
+  for (size_t begin = 0; begin < n; begin += 256) {
+    const size_t end = std::min(n, begin + 256);
+    U chunk_used = 0, chunk_min = all_ones, chunk_max = 0, minus_zero = 0, chunk_sub = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const U u = x[i];
+      const U e = static_cast<U>((u & ~sign) >> W);
+      const U m = static_cast<U>(u & mant_mask);
+      const bool normal = static_cast<U>(e - 1) < static_cast<U>(all_ones - 2);
+      chunk_used |= normal ? m : U{0};
+      chunk_min = normal && e < chunk_min ? e : chunk_min;
+      chunk_max = e < all_ones && e > chunk_max ? e : chunk_max;
+      minus_zero |= u == sign;
+      chunk_sub |= e == 0 && m != 0;
+    }
+    used |= chunk_used;
+    // -0.0 decodes as +0.0 in near-lossless mode; a last mantissa bit in use saves nothing.
+    if (minus_zero || (used & 1) != 0) return false;
+    min_e = std::min(min_e, chunk_min);
+    emax = std::max(emax, chunk_max);
+    subnormal |= chunk_sub != 0;
+  }
+  int trailing = 0;
+  while (trailing < W && ((used >> trailing) & 1) == 0) ++trailing;
+  const int rel_bits = W - trailing;
+  constexpr int kAbsLog2 = -128;
+  // Every field 1..all_ones-2 must keep rel_bits bits: -A - 1 - (emax - e) >= R
+  // (docs/FORMAT.md, the mantissa widths), and subnormals must not fall under emax + A.
+  if (min_e<all_ones&& static_cast<int>(emax) - static_cast<int>(min_e)> - kAbsLog2 - 1 - rel_bits)
+    return false;
+  if (subnormal && static_cast<int>(emax) + kAbsLog2 > 0) return false;
+  policy->mode = Mode::kNearLossless;
+  policy->rel_bits = rel_bits;
+  policy->abs_log2 = kAbsLog2;
+  return true;
+}
+
+}  // namespace
+
 namespace internal {
 
 absl::StatusOr<absl::Span<const uint8_t>> EncodeBlockToScratch(DType dtype, const void* data,
@@ -503,6 +558,18 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeBlockToScratch(DType dtype, cons
     return absl::InvalidArgumentError(absl::StrCat("a block holds at most 2^26 elements, got ", n));
   }
   if (n > 0 && data == nullptr) return absl::InvalidArgumentError("null data");
+  if (options.policy.mode == Mode::kLossless && options.trim_unused_mantissa_bits) {
+    BlockEncodeOptions trimmed = options;
+    const FloatBits lay = internal::FloatBitsOf(dtype);
+    const bool fewer =
+        dtype == DType::kF32
+            ? ExactWithFewerBits(lay, static_cast<const uint32_t*>(data), n, &trimmed.policy)
+            : ExactWithFewerBits(lay, static_cast<const uint16_t*>(data), n, &trimmed.policy);
+    if (fewer) {
+      if (dtype == DType::kF32) return EncodeTyped<uint32_t>(dtype, data, n, trimmed);
+      return EncodeTyped<uint16_t>(dtype, data, n, trimmed);
+    }
+  }
   if (dtype == DType::kF32) return EncodeTyped<uint32_t>(dtype, data, n, options);
   return EncodeTyped<uint16_t>(dtype, data, n, options);
 }

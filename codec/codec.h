@@ -140,6 +140,11 @@ struct BlockEncodeOptions {
   // If set (borrowed, must outlive the call), the block refers to this table by id when that
   // is no larger than carrying its own table. The receiver must hold the same table.
   const CodeTable* shared_table = nullptr;
+  // Lossless only: when every finite nonzero element leaves its low mantissa bits zero
+  // (float32 holding bfloat16 or float16 values), write the block in near-lossless mode with
+  // R = the bits in use and A = -128, which decodes to the same bits (docs/FORMAT.md). Off:
+  // always lossless mode, as the GPU encoder writes.
+  bool trim_unused_mantissa_bits = true;
 };
 
 struct BlockDecodeOptions {

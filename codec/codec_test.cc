@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -132,6 +133,123 @@ TEST(LosslessRoundTrip, RealGradientsAreBitExact) {
       EXPECT_LT(frame.size(), in.size()) << path;
     }
   }
+}
+
+// Lossless blocks whose elements leave low mantissa bits unused.
+
+std::string EncodeLossless(DType dtype, const void* in, size_t n, bool trim = true) {
+  BlockEncodeOptions options;
+  options.policy.mode = Mode::kLossless;
+  options.trim_unused_mantissa_bits = trim;
+  std::string block;
+  EXPECT_TRUE(EncodeBlock(dtype, in, n, options, &block).ok());
+  return block;
+}
+
+template <typename U>
+void ExpectBitExact(DType dtype, const std::vector<U>& in, const std::string& block) {
+  std::vector<U> out(in.size(), U{0x5a});
+  ASSERT_TRUE(DecodeBlock(AsBytes(block), dtype, out.data(), in.size()).ok());
+  for (size_t i = 0; i < in.size(); ++i) {
+    ASSERT_EQ(in[i], out[i]) << "element " << i << " of " << in.size();
+  }
+}
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Float32 gradients holding bfloat16 values (a bf16 autocast's): 8 bits a nonzero element
+// for sign and mantissa instead of 24, and every bit back.
+TEST(TrimmedLossless, BfloatValuesInFloat32AreExactInAThirdOfTheBytes) {
+  std::vector<uint8_t> raw = MakeValues(DType::kF32, Pattern::kGradientLike, 20000, 5);
+  std::vector<uint32_t> in(20000);
+  std::memcpy(in.data(), raw.data(), raw.size());
+  for (uint32_t& u : in) u &= 0xffff0000u;
+  in[3] = 0x7fc10000u;  // a NaN with a payload in the kept bits
+  in[4] = 0xff800000u;  // -Inf
+  in[5] = 0;
+  const std::string trimmed = EncodeLossless(DType::kF32, in.data(), in.size());
+  const std::string full = EncodeLossless(DType::kF32, in.data(), in.size(), /*trim=*/false);
+  absl::StatusOr<BlockInfo> info = InspectBlock(AsBytes(trimmed));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->policy.mode, Mode::kNearLossless);
+  EXPECT_EQ(info->policy.rel_bits, 7);
+  EXPECT_EQ(info->policy.abs_log2, -128);
+  EXPECT_EQ(InspectBlock(AsBytes(full))->policy.mode, Mode::kLossless);
+  EXPECT_LT(trimmed.size() * 2, full.size()) << trimmed.size() << " vs " << full.size();
+  ExpectBitExact(DType::kF32, in, trimmed);
+  ExpectBitExact(DType::kF32, in, full);
+}
+
+// What near-lossless cannot give back exactly keeps the block in lossless mode.
+TEST(TrimmedLossless, BlocksItCannotKeepExactStayLossless) {
+  struct Case {
+    const char* what;
+    std::vector<uint32_t> values;
+  };
+  const Case cases[] = {
+      {"-0.0", {Bits(1.5f), 0x80000000u, Bits(-2.0f)}},
+      {"a last mantissa bit", {Bits(1.5f), Bits(1.0f) | 1u}},
+      {"a range wider than 2^(127 - R)", {Bits(1e30f), Bits(1e-30f)}},
+      // R = 7: exponent fields 127 and 6 are 121 = 128 - R apart, one too many.
+      {"a range one field too wide", {Bits(1.0f), 0x03010000u}},
+      {"a subnormal beside a large value", {0x00010000u, Bits(1e20f)}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string block = EncodeLossless(DType::kF32, c.values.data(), c.values.size());
+    EXPECT_EQ(InspectBlock(AsBytes(block))->policy.mode, Mode::kLossless);
+    ExpectBitExact(DType::kF32, c.values, block);
+  }
+  // Within the range, and subnormals where the largest value is below 2, it is trimmed.
+  const std::vector<uint32_t> ok = {Bits(1.0f), Bits(1e-20f) & 0xffff0000u, 0x00010000u,
+                                    0x03810000u};  // field 7: 120 = 127 - R below 1.0
+  const std::string block = EncodeLossless(DType::kF32, ok.data(), ok.size());
+  EXPECT_EQ(InspectBlock(AsBytes(block))->policy.mode, Mode::kNearLossless);
+  ExpectBitExact(DType::kF32, ok, block);
+}
+
+// Random blocks of every dtype with random unused low bits, signs, zeros, subnormals,
+// non-finite values and ranges: every one decodes to its input bits, trimmed or not.
+template <typename U>
+void RandomTrimmedBlocks(DType dtype, int mant_bits, uint32_t seed) {
+  std::mt19937 rng(seed);
+  int trimmed = 0;
+  for (int round = 0; round < 300; ++round) {
+    const size_t n = 1 + rng() % 3000;
+    const int unused = static_cast<int>(rng() % (mant_bits + 1));
+    const U mask = static_cast<U>(~((uint64_t{1} << unused) - 1));
+    const bool specials = rng() % 4 == 0;  // NaN, -0.0 and subnormals in some blocks
+    const int spread = 1 + static_cast<int>(rng() % (rng() % 4 == 0 ? 250 : 100));
+    const int top = static_cast<int>(rng() % (mant_bits == 10 ? 31 : 255));
+    std::vector<U> in(n);
+    for (U& u : in) {
+      const uint32_t kind = specials ? rng() % 1000 : 200 + rng() % 800;
+      const int e = std::max(0, top - static_cast<int>(rng() % spread));
+      U v = static_cast<U>((static_cast<uint64_t>(e) << mant_bits) |
+                           (rng() & ((uint64_t{1} << mant_bits) - 1)));
+      if (kind < 100) v = 0;
+      if (kind == 100) v = static_cast<U>(~U{0} >> 1);                   // NaN, every payload bit
+      if (kind == 101) v = static_cast<U>(U{1} << (8 * sizeof(U) - 1));  // -0.0
+      if (kind == 102) v = static_cast<U>(rng() & ((1u << mant_bits) - 1));  // subnormal
+      if (rng() % 2) v |= static_cast<U>(U{1} << (8 * sizeof(U) - 1));
+      u = kind <= 102 && rng() % 4 != 0 ? v : static_cast<U>(v & mask);
+    }
+    const std::string block = EncodeLossless(dtype, in.data(), n);
+    if (InspectBlock(AsBytes(block))->policy.mode == Mode::kNearLossless) ++trimmed;
+    ExpectBitExact(dtype, in, block);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  EXPECT_GT(trimmed, 20) << "too few random blocks took the trimmed form to test it";
+}
+
+TEST(TrimmedLossless, RandomBlocksOfEveryDTypeAreBitExact) {
+  RandomTrimmedBlocks<uint32_t>(DType::kF32, 23, 1);
+  RandomTrimmedBlocks<uint16_t>(DType::kBF16, 7, 2);
+  RandomTrimmedBlocks<uint16_t>(DType::kF16, 10, 3);
 }
 
 TEST(Determinism, SameBytesForAnyThreadCount) {

@@ -59,7 +59,7 @@ TEST(HostCodec, GridBytesMatchCpuAndDecodeRoundTrips) {
                                    GridPatternName(pattern);
           const std::vector<uint8_t> in = GridValues(dtype, pattern, n, 11 + n + pattern);
           std::string cpu;
-          ASSERT_TRUE(codec::EncodeBlock(dtype, in.data(), n, policy, &cpu).ok()) << what;
+          ASSERT_TRUE(testing::CpuBlockAsGpuWrites(dtype, in.data(), n, policy, &cpu).ok()) << what;
           absl::StatusOr<std::string> gpu = HostEncodeBlock(dtype, in.data(), n, policy);
           ASSERT_TRUE(gpu.ok()) << what << ": " << gpu.status();
           ASSERT_EQ(gpu->size(), cpu.size()) << what;
@@ -116,7 +116,7 @@ TEST(HostCodec, LargeBlockBytesMatchCpu) {
       const std::vector<uint8_t> in = GridValues(dtype, pattern, n, 17);
       for (const codec::Policy& policy : {GridPolicies()[0], GridPolicies()[1]}) {
         std::string cpu;
-        ASSERT_TRUE(codec::EncodeBlock(dtype, in.data(), n, policy, &cpu).ok());
+        ASSERT_TRUE(testing::CpuBlockAsGpuWrites(dtype, in.data(), n, policy, &cpu).ok());
         absl::StatusOr<std::string> gpu = HostEncodeBlock(dtype, in.data(), n, policy);
         ASSERT_TRUE(gpu.ok()) << gpu.status();
         ASSERT_TRUE(*gpu == cpu) << "first difference at byte " << FirstDiff(*gpu, cpu);
@@ -159,7 +159,8 @@ TEST(HostCodec, RealGradientsBytesMatchCpu) {
       for (const codec::Policy& policy : GridPolicies()) {
         if (policy.rel_bits == 0 || policy.rel_bits == 2) continue;  // keep the run short
         std::string cpu;
-        ASSERT_TRUE(codec::EncodeBlock(dtype, c.bytes.data(), c.elements, policy, &cpu).ok());
+        ASSERT_TRUE(
+            testing::CpuBlockAsGpuWrites(dtype, c.bytes.data(), c.elements, policy, &cpu).ok());
         absl::StatusOr<std::string> gpu =
             HostEncodeBlock(dtype, c.bytes.data(), c.elements, policy);
         ASSERT_TRUE(gpu.ok()) << gpu.status();

@@ -32,6 +32,16 @@ inline std::vector<codec::Policy> GridPolicies() {
   return out;
 }
 
+// The CPU encoder's block for what the GPU encoder writes: without the trimmed form of
+// lossless blocks (docs/FORMAT.md), which the GPU encoder does not make.
+inline absl::Status CpuBlockAsGpuWrites(codec::DType dtype, const void* data, size_t n,
+                                        const codec::Policy& policy, std::string* out) {
+  codec::BlockEncodeOptions options;
+  options.policy = policy;
+  options.trim_unused_mantissa_bits = false;
+  return codec::EncodeBlock(dtype, data, n, options, out);
+}
+
 inline std::string PolicyName(const codec::Policy& p) {
   if (p.mode == codec::Mode::kLossless) return "lossless";
   return "near_R" + std::to_string(p.rel_bits) + "_A" + std::to_string(-p.abs_log2);
