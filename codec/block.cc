@@ -12,6 +12,7 @@
 #include "codec/codec.h"
 #include "codec/internal/bits.h"
 #include "codec/internal/block_scratch.h"
+#include "codec/internal/cpu.h"
 #include "codec/internal/format.h"
 #include "codec/internal/huffman.h"
 #include "codec/internal/join_elements.h"
@@ -494,53 +495,136 @@ namespace {
 
 // Lossless input whose finite nonzero elements all end in zero mantissa bits (float32 holding
 // bfloat16 or float16 values, as the gradients of a bf16 autocast do): near-lossless with R
-// the bits in use and A = -128 writes every element back bit for bit, in fewer bits
-// (docs/FORMAT.md, "Lossless input with unused mantissa bits"). Sets `*policy` to it when
-// it saves a bit. The pass stops at the first 256 elements that use every mantissa bit,
-// which on ordinary data are the first.
+// the bits in use and an A that zeroes nothing writes every element back bit for bit, in
+// fewer bits (docs/FORMAT.md, "Lossless input with unused mantissa bits"). Sets `*policy`
+// to it when it saves a bit. The pass stops at the first 256 elements that use every
+// mantissa bit, which on ordinary data are the first.
+// What ExactWithFewerBits needs of a block, or possible = false as soon as it is clear that
+// nothing can be saved.
 template <typename U>
-bool ExactWithFewerBits(const FloatBits& lay, const U* x, size_t n, Policy* policy) {
-  const int W = lay.mant_bits;
-  const U sign = static_cast<U>(U{1} << (lay.total_bits - 1));
-  const U mant_mask = static_cast<U>((U{1} << W) - 1);
-  const U all_ones = static_cast<U>(lay.all_ones());
-  U used = 0;                    // OR of the mantissas of elements with fields 1..all_ones-2
-  U min_e = all_ones, emax = 0;  // the least of those fields; the largest finite field
+struct TrimScan {
+  bool possible = true;
+  U used = 0;   // OR of the mantissas of elements with fields 1..all_ones-2
+  U min_e = 0;  // the least of those fields (all_ones if none)
+  U emax = 0;   // the largest finite field
   bool subnormal = false;
+};
+
+// One pass over 32 bytes of lanes at a time (GCC/Clang vector extensions), stopping at the
+// first 256 elements that use the last mantissa bit or hold -0.0.
+template <typename U, int kMantBits, int kExpBits>
+__attribute__((always_inline)) inline TrimScan<U> ScanForTrim(const U* x, size_t n) {
+  typedef U V __attribute__((vector_size(32)));
+  constexpr size_t kLanes = 32 / sizeof(U);
+  constexpr U kSign = static_cast<U>(U{1} << (8 * sizeof(U) - 1));
+  constexpr U kMant = static_cast<U>((U{1} << kMantBits) - 1);
+  constexpr U kAllOnes = static_cast<U>((1u << kExpBits) - 1);
+  TrimScan<U> r;
+  r.min_e = kAllOnes;
   for (size_t begin = 0; begin < n; begin += 256) {
     const size_t end = std::min(n, begin + 256);
-    U chunk_used = 0, chunk_min = all_ones, chunk_max = 0, minus_zero = 0, chunk_sub = 0;
-    for (size_t i = begin; i < end; ++i) {
-      const U u = x[i];
-      const U e = static_cast<U>((u & ~sign) >> W);
-      const U m = static_cast<U>(u & mant_mask);
-      const bool normal = static_cast<U>(e - 1) < static_cast<U>(all_ones - 2);
-      chunk_used |= normal ? m : U{0};
-      chunk_min = normal && e < chunk_min ? e : chunk_min;
-      chunk_max = e < all_ones && e > chunk_max ? e : chunk_max;
-      minus_zero |= u == sign;
-      chunk_sub |= e == 0 && m != 0;
+    V v_used = {}, v_min = {}, v_max = {}, v_minus_zero = {}, v_sub = {};
+    v_min += kAllOnes;
+    size_t i = begin;
+    for (; i + kLanes <= end; i += kLanes) {
+      V u;
+      std::memcpy(&u, x + i, sizeof(u));
+      const V e = (u & static_cast<U>(~kSign)) >> kMantBits;
+      const V m = u & kMant;
+      const V normal = reinterpret_cast<V>(e - 1 < static_cast<U>(kAllOnes - 2));
+      v_used |= m & normal;
+      const V lower = reinterpret_cast<V>(e < v_min) & normal;
+      v_min = (e & lower) | (v_min & ~lower);
+      const V higher = reinterpret_cast<V>(e > v_max) & reinterpret_cast<V>(e < kAllOnes);
+      v_max = (e & higher) | (v_max & ~higher);
+      v_minus_zero |= reinterpret_cast<V>(u == kSign);
+      v_sub |= reinterpret_cast<V>(e == 0) & reinterpret_cast<V>(m != 0);
     }
-    used |= chunk_used;
+    U used = 0, min_e = kAllOnes, emax = 0, minus_zero = 0, sub = 0;
+    for (size_t l = 0; l < kLanes; ++l) {
+      used |= v_used[l];
+      min_e = std::min<U>(min_e, v_min[l]);
+      emax = std::max<U>(emax, v_max[l]);
+      minus_zero |= v_minus_zero[l];
+      sub |= v_sub[l];
+    }
+    for (; i < end; ++i) {
+      const U u = x[i];
+      const U e = static_cast<U>((u & ~kSign) >> kMantBits);
+      const U m = static_cast<U>(u & kMant);
+      if (static_cast<U>(e - 1) < static_cast<U>(kAllOnes - 2)) {
+        used |= m;
+        min_e = std::min(min_e, e);
+      }
+      if (e < kAllOnes) emax = std::max(emax, e);
+      minus_zero |= u == kSign;
+      sub |= e == 0 && m != 0;
+    }
+    r.used |= used;
     // -0.0 decodes as +0.0 in near-lossless mode; a last mantissa bit in use saves nothing.
-    if (minus_zero || (used & 1) != 0) return false;
-    min_e = std::min(min_e, chunk_min);
-    emax = std::max(emax, chunk_max);
-    subnormal |= chunk_sub != 0;
+    if (minus_zero != 0 || (r.used & 1) != 0) {
+      r.possible = false;
+      return r;
+    }
+    r.min_e = std::min(r.min_e, min_e);
+    r.emax = std::max(r.emax, emax);
+    r.subnormal |= sub != 0;
   }
+  return r;
+}
+
+template <typename U, int kMantBits, int kExpBits>
+__attribute__((target("avx2"))) TrimScan<U> ScanForTrimAvx2(const U* x, size_t n) {
+  return ScanForTrim<U, kMantBits, kExpBits>(x, n);
+}
+
+template <typename U, int kMantBits, int kExpBits>
+TrimScan<U> ScanForTrimAt(const void* data, size_t n) {
+  const U* x = static_cast<const U*>(data);
+#if defined(__x86_64__)
+  if (internal::MaxVectorLevel() >= internal::VectorLevel::kAvx2) {
+    return ScanForTrimAvx2<U, kMantBits, kExpBits>(x, n);
+  }
+#endif
+  return ScanForTrim<U, kMantBits, kExpBits>(x, n);
+}
+
+template <typename U>
+bool PolicyForTrim(const FloatBits& lay, const TrimScan<U>& scan, Policy* policy) {
+  if (!scan.possible) return false;
+  const int W = lay.mant_bits;
   int trailing = 0;
-  while (trailing < W && ((used >> trailing) & 1) == 0) ++trailing;
+  while (trailing < W && ((scan.used >> trailing) & 1) == 0) ++trailing;
   const int rel_bits = W - trailing;
-  constexpr int kAbsLog2 = -128;
-  // Every field 1..all_ones-2 must keep rel_bits bits: -A - 1 - (emax - e) >= R
-  // (docs/FORMAT.md, the mantissa widths), and subnormals must not fall under emax + A.
-  if (min_e<all_ones&& static_cast<int>(emax) - static_cast<int>(min_e)> - kAbsLog2 - 1 - rel_bits)
-    return false;
-  if (subnormal && static_cast<int>(emax) + kAbsLog2 > 0) return false;
+  // Every field 1..all_ones-2 must keep rel_bits bits, -A - 1 - (emax - e) >= R (docs/
+  // FORMAT.md, the mantissa widths), so A <= -1 - R - (emax - least field) and A >= -128;
+  // that A zeroes no field in use. The largest such A leaves fields below emax + A >= 1 to
+  // be zeros, which takes the encoder's fast near-lossless path; subnormals need
+  // emax + A <= 0 instead, which the slower general path handles.
+  const int top = scan.emax, least = scan.min_e;
+  int abs_log2 = least < lay.all_ones() ? -1 - rel_bits - (top - least) : -128;
+  if (abs_log2 < -128) return false;
+  if (scan.subnormal) {
+    abs_log2 = std::min(abs_log2, -top);
+    if (abs_log2 < -128) return false;
+  }
   policy->mode = Mode::kNearLossless;
   policy->rel_bits = rel_bits;
-  policy->abs_log2 = kAbsLog2;
+  policy->abs_log2 = abs_log2;
   return true;
+}
+
+bool ExactWithFewerBits(DType dtype, const void* data, size_t n, Policy* policy) {
+  const FloatBits lay = internal::FloatBitsOf(dtype);
+  switch (dtype) {
+    case DType::kF32:
+      return PolicyForTrim(lay, ScanForTrimAt<uint32_t, 23, 8>(data, n), policy);
+    case DType::kBF16:
+      return PolicyForTrim(lay, ScanForTrimAt<uint16_t, 7, 8>(data, n), policy);
+    case DType::kF16:
+      return PolicyForTrim(lay, ScanForTrimAt<uint16_t, 10, 5>(data, n), policy);
+  }
+  return false;
 }
 
 }  // namespace
@@ -560,11 +644,7 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeBlockToScratch(DType dtype, cons
   if (n > 0 && data == nullptr) return absl::InvalidArgumentError("null data");
   if (options.policy.mode == Mode::kLossless && options.trim_unused_mantissa_bits) {
     BlockEncodeOptions trimmed = options;
-    const FloatBits lay = internal::FloatBitsOf(dtype);
-    const bool fewer =
-        dtype == DType::kF32
-            ? ExactWithFewerBits(lay, static_cast<const uint32_t*>(data), n, &trimmed.policy)
-            : ExactWithFewerBits(lay, static_cast<const uint16_t*>(data), n, &trimmed.policy);
+    const bool fewer = ExactWithFewerBits(dtype, data, n, &trimmed.policy);
     if (fewer) {
       if (dtype == DType::kF32) return EncodeTyped<uint32_t>(dtype, data, n, trimmed);
       return EncodeTyped<uint16_t>(dtype, data, n, trimmed);

@@ -142,7 +142,8 @@ struct BlockEncodeOptions {
   const CodeTable* shared_table = nullptr;
   // Lossless only: when every finite nonzero element leaves its low mantissa bits zero
   // (float32 holding bfloat16 or float16 values), write the block in near-lossless mode with
-  // R = the bits in use and A = -128, which decodes to the same bits (docs/FORMAT.md). Off:
+  // R = the bits in use and an A that zeroes nothing, which decodes to the same bits
+  // (docs/FORMAT.md). Off:
   // always lossless mode, as the GPU encoder writes.
   bool trim_unused_mantissa_bits = true;
 };
