@@ -602,7 +602,9 @@ bool PolicyForTrim(const FloatBits& lay, const TrimScan<U>& scan, Policy* policy
   // be zeros, which takes the encoder's fast near-lossless path; subnormals need
   // emax + A <= 0 instead, which the slower general path handles.
   const int top = scan.emax, least = scan.min_e;
-  int abs_log2 = least < lay.all_ones() ? -1 - rel_bits - (top - least) : -128;
+  // Only fields 1..all_ones-2 are trimmed: without one (all zeros, say) nothing is saved.
+  if (least >= lay.all_ones()) return false;
+  int abs_log2 = -1 - rel_bits - (top - least);
   if (abs_log2 < -128) return false;
   if (scan.subnormal) {
     abs_log2 = std::min(abs_log2, -top);
