@@ -104,16 +104,22 @@ size_t UnreadReplies::Sweep(absl::Time now) {
   {
     absl::MutexLock lock(&mu_);
     absl::flat_hash_map<std::string, absl::Time> oldest;
+    size_t unread = 0;
     for (const auto& [id, e] : entries_) {
       if (e.cancelled) continue;
+      ++unread;
       auto [it, added] = oldest.try_emplace(e.address, e.begun);
       if (!added) it->second = std::min(it->second, e.begun);
     }
+    // Several addresses each under the bound can still hold the threads together: past the
+    // bound in all, every reply unread for min_age goes (honest ones are read by then).
+    const bool crowded_in_all = unread > options_.max_per_address;
     for (auto& [id, e] : entries_) {
       if (e.cancelled) continue;
       Address& a = addresses_[e.address];
       const bool too_many =
-          a.unread > options_.max_per_address && now - oldest[e.address] >= options_.min_age;
+          (a.unread > options_.max_per_address && now - oldest[e.address] >= options_.min_age) ||
+          (crowded_in_all && now - e.begun >= options_.min_age);
       const bool too_old = now - e.begun >= options_.timeout;
       if (!too_many && !too_old) continue;
       TakeForCancel(&e, &cancel);
@@ -137,8 +143,9 @@ size_t UnreadReplies::Sweep(absl::Time now) {
         n,
         crowded.empty() ? ""
                         : absl::StrCat("more than ", options_.max_per_address, " for ",
-                                       absl::FormatDuration(options_.min_age), " from ",
-                                       log::Clip(crowded, 64)),
+                                       absl::FormatDuration(options_.min_age),
+                                       " from one address or from all, ", log::Clip(crowded, 64),
+                                       " among them"),
         !crowded.empty() && !overdue.empty() ? ", and " : "",
         overdue.empty() ? ""
                         : absl::StrCat("one for ", absl::FormatDuration(options_.timeout), " from ",

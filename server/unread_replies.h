@@ -9,6 +9,8 @@
 //  - cancels, when one address (the peer's host, whatever its port or connection) has more
 //    than `max_per_address` replies unread and the oldest has waited `min_age`, all of that
 //    address's unread replies (their threads are freed);
+//  - cancels, when all addresses together have more than `max_per_address` unread, every
+//    reply that has waited `min_age` (several addresses each under the bound);
 //  - cancels any reply still unread `timeout` after it began;
 // and refuses the calls of an address it cancelled replies of (Admit): for `first_refusal`,
 // doubling with each further cancellation up to `timeout`, forgiven after `timeout` without

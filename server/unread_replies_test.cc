@@ -63,19 +63,24 @@ TEST(UnreadRepliesTest, MoreThanTheBoundFromOneAddressForMinAgeAreCancelledAndRe
   o.on_cancelled = [&reported](uint64_t n) { reported += n; };
   UnreadReplies r(o);
   std::vector<std::shared_ptr<FakeReply>> held;
-  // Four unread replies of one host, each on its own connection; one of another host.
-  for (int port = 1; port <= 4; ++port) {
+  // Three unread replies of one host, each on its own connection, then (100 ms later) one
+  // more of it and one of another host.
+  for (int port = 1; port <= 3; ++port) {
     held.push_back(std::make_shared<FakeReply>());
     r.Begin("ipv4:10.0.0.1:" + std::to_string(port), held.back());
   }
+  const absl::Time begun = absl::Now();
+  absl::SleepFor(absl::Milliseconds(100));
+  held.push_back(std::make_shared<FakeReply>());
+  r.Begin("ipv4:10.0.0.1:4", held.back());
   auto other = std::make_shared<FakeReply>();
   r.Begin("ipv4:10.0.0.2:1", other);
-  const absl::Time begun = absl::Now();
   // Over the bound but younger than min_age: a burst being read, left alone.
   EXPECT_EQ(r.Sweep(begun + absl::Milliseconds(500)), 0u);
   EXPECT_TRUE(r.Admit("ipv4:10.0.0.1:9", begun + absl::Milliseconds(500)).ok());
-  // Past min_age: all four cancelled, the other host's reply not.
-  const absl::Time swept = begun + absl::Milliseconds(1500);
+  // The host's oldest past min_age: all four of its replies cancelled (the newest too), the
+  // other host's reply (younger than min_age) not.
+  const absl::Time swept = begun + absl::Milliseconds(1050);
   EXPECT_EQ(r.Sweep(swept), 4u);
   for (const auto& h : held) EXPECT_EQ(h->cancels, 1);
   EXPECT_EQ(other->cancels, 0);
@@ -93,6 +98,29 @@ TEST(UnreadRepliesTest, MoreThanTheBoundFromOneAddressForMinAgeAreCancelledAndRe
   // A cancelled reply is not cancelled again.
   EXPECT_EQ(r.Sweep(swept + absl::Seconds(2)), 0u);
   for (const auto& h : held) EXPECT_EQ(h->cancels, 1);
+}
+
+// Two addresses each under the bound, over it together: the replies that waited min_age go,
+// fresh ones stay.
+TEST(UnreadRepliesTest, AddressesUnderTheBoundTogetherOverItLoseTheirOldReplies) {
+  UnreadReplies r(Small());
+  std::vector<std::shared_ptr<FakeReply>> old_replies;
+  for (const char* peer : {"ipv4:10.0.0.1:1", "ipv4:10.0.0.1:2", "ipv4:10.0.0.2:1"}) {
+    old_replies.push_back(std::make_shared<FakeReply>());
+    r.Begin(peer, old_replies.back());
+  }
+  const absl::Time begun = absl::Now();
+  EXPECT_EQ(r.Sweep(begun + absl::Seconds(2)), 0u);  // 3 in all: within the bound
+  auto fresh = std::make_shared<FakeReply>();
+  absl::SleepFor(absl::Milliseconds(20));
+  r.Begin("ipv4:10.0.0.3:1", fresh);
+  // 4 in all; the first three waited past min_age by then, the fourth did not.
+  EXPECT_EQ(r.Sweep(begun + absl::Seconds(1) + absl::Milliseconds(10)), 3u);
+  for (const auto& o : old_replies) EXPECT_EQ(o->cancels, 1);
+  EXPECT_EQ(fresh->cancels, 0);
+  EXPECT_FALSE(r.Admit("ipv4:10.0.0.1:9", begun + absl::Seconds(1) + absl::Milliseconds(20)).ok());
+  EXPECT_FALSE(r.Admit("ipv4:10.0.0.2:9", begun + absl::Seconds(1) + absl::Milliseconds(20)).ok());
+  EXPECT_TRUE(r.Admit("ipv4:10.0.0.3:9", begun + absl::Seconds(1) + absl::Milliseconds(20)).ok());
 }
 
 TEST(UnreadRepliesTest, RepeatedOffencesAreRefusedLongerUpToTheTimeout) {
