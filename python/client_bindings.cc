@@ -192,6 +192,32 @@ class PyClient {
                             " bytes; the buffer's elements have " + std::to_string(width) +
                             " (format '" + b.info.format + "')");
     }
+    if (width != 1 && !ElementsFit(dtype, b.info.format)) {
+      throw py::value_error("key '" + key + "' holds " + std::string(codec::DTypeName(dtype)) +
+                            " elements; the buffer's are of format '" + b.info.format +
+                            "' (" + (dtype == codec::DType::kF32 ? "pass float32"
+                                     : dtype == codec::DType::kF16
+                                         ? "pass float16, or its bits as int16"
+                                         : "pass the bfloat16 bits as int16 or uint16") +
+                            ", in native byte order; a byte view is taken as it is)");
+    }
+  }
+  // Whether elements of a buffer of struct `format` are the key's: float32 for f32; float16
+  // or 16-bit integers (the bits, as numpy has no bfloat16) for f16 and bf16.
+  static bool ElementsFit(codec::DType dtype, std::string format) {
+    if (!format.empty() && (format[0] == '@' || format[0] == '=' || format[0] == '<')) {
+      format.erase(0, 1);  // native or little-endian (the only byte order this runs on)
+    }
+    if (format.size() != 1) return false;
+    switch (dtype) {
+      case codec::DType::kF32:
+        return format[0] == 'f';
+      case codec::DType::kF16:
+        return format[0] == 'e' || format[0] == 'h' || format[0] == 'H';
+      case codec::DType::kBF16:
+        return format[0] == 'h' || format[0] == 'H';
+    }
+    return false;
   }
 
   std::shared_ptr<worker::Client> client_;

@@ -535,6 +535,13 @@ def test_a_refused_redeclaration_keeps_the_key_as_it_was(tmp_path):
         with pytest.raises(ValueError, match=r"holds f32 elements of 4 bytes; the buffer's "
                                              r"elements have 2"):
             client.push_pull("w", 0, np.zeros(8, dtype=np.float16))
+        # Integers of the same width are not float32 values (their bits would be taken).
+        for ints in (np.array([1, 2, 3, 4], np.int32), np.array([1, 2, 3, 4], np.uint32)):
+            with pytest.raises(ValueError, match=r"holds f32 elements; the buffer's are of "
+                                                 r"format '.?[iIlL]' \(pass float32"):
+                client.push_pull("w", 0, ints)
+        with pytest.raises(ValueError, match=r"format '>f'"):
+            client.push_pull("w", 0, np.arange(4, dtype=">f4"))
         grad = np.arange(4, dtype=np.float32)
         client.push_pull("w", 0, grad)
         assert (grad == np.arange(4, dtype=np.float32)).all()
