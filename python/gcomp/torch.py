@@ -34,16 +34,27 @@ class PSHookState:
     takes several buckets at once.
     """
 
-    def __init__(self, transport, error_feedback=False, max_inflight=4, prefix="ddp"):
+    def __init__(self, transport, error_feedback=False, max_inflight=4, prefix="ddp",
+                 start_step=None, _caller="PSHookState"):
         """`prefix` starts every key this state pushes ("<prefix>/bucket<i>/<elements>"
         under ps_hook). Each model synced through one transport needs its own: two models
-        whose buckets have the same size would otherwise share keys on the shards."""
-        _check_transport(transport, "PSHookState")
-        _check_option("PSHookState", "error_feedback", error_feedback, bool)
-        _check_option("PSHookState", "max_inflight", max_inflight, int, minimum=1)
-        _check_option("PSHookState", "prefix", prefix, str)
+        whose buckets have the same size would otherwise share keys on the shards.
+
+        `start_step`: the steps the model state this process starts from has completed
+        (a worker that restored its own saved state). None: each key starts where the
+        shards are. Given, each key's first push is that step; the shards answer it with
+        the result they hold when they completed it already (the dead process pushed it),
+        and a key whose shards are another step away is refused with a ValueError naming
+        both steps, instead of training one step out of line with the other workers."""
+        _check_transport(transport, _caller)
+        _check_option(_caller, "error_feedback", error_feedback, bool)
+        _check_option(_caller, "max_inflight", max_inflight, int, minimum=1)
+        _check_option(_caller, "prefix", prefix, str)
         if not prefix:
-            raise ValueError("PSHookState: prefix must be a non-empty string")
+            raise ValueError("%s: prefix must be a non-empty string" % _caller)
+        if start_step is not None:
+            _check_option(_caller, "start_step", start_step, int, minimum=0)
+        self.start_step = start_step
         self.transport = transport
         self.error_feedback = error_feedback
         self.prefix = prefix
@@ -66,7 +77,15 @@ class PSHookState:
             step = self._steps.get(key)
         if step is None:
             first = getattr(self.transport, "first_step", None)
-            step = int(first(key, flat)) if callable(first) and flat is not None else 0
+            shards = int(first(key, flat)) if callable(first) and flat is not None else None
+            step = self.start_step if self.start_step is not None else (shards or 0)
+            # The shards hold the result of their last completed step (shards - 1) only.
+            if shards is not None and not shards - 1 <= step <= shards:
+                raise ValueError(
+                    "key %r: this process starts at step %d (start_step) but the shards "
+                    "expect step %d (they completed step %d); restore the model state of "
+                    "step %d or %d, or restart the whole job from a checkpoint"
+                    % (key, step, shards, shards - 1, shards - 1, shards))
         with self._lock:
             step = self._steps.get(key, step)
             self._steps[key] = step + 1
@@ -350,11 +369,15 @@ class GradientSync:
     only some workers did gets the mean, counting the others as zeros."""
 
     def __init__(self, model, transport, error_feedback=False, bucket_bytes=25 << 20,
-                 prefix="grads", find_unused_parameters=False):
+                 prefix="grads", find_unused_parameters=False, start_step=None):
+        """`start_step` as for PSHookState: the steps a restored model state has completed."""
+        if not callable(getattr(model, "parameters", None)):
+            raise TypeError("GradientSync: model must be a torch.nn.Module (something with "
+                            "parameters()), got %s" % type(model).__name__)
         _check_option("GradientSync", "bucket_bytes", bucket_bytes, int, minimum=1)
         _check_option("GradientSync", "find_unused_parameters", find_unused_parameters, bool)
-        _check_transport(transport, "GradientSync")  # named as the caller wrote it
-        self.state = PSHookState(transport, error_feedback, prefix=prefix)
+        self.state = PSHookState(transport, error_feedback, prefix=prefix,
+                                 start_step=start_step, _caller="GradientSync")
         self.model = model
         self.bucket_bytes = bucket_bytes
         self.prefix = prefix

@@ -262,6 +262,57 @@ def test_a_restarted_worker_goes_on_from_the_shards_step(tmp_path):
         transport.close()
 
 
+def test_a_worker_restored_from_its_own_state_names_its_step(tmp_path):
+    """Worker 1 dies after its push of step 3 reached the shards; the step completes with
+    worker 0. A new process restored from worker 1's state of before step 3 passes
+    start_step=3: its push of step 3 gets the step's result (the shards hold it), and step 4
+    lines up with worker 0's. Without start_step it would have pushed its step-3 gradient
+    as step 4 (the shards' next step), averaged with worker 0's step 4."""
+    needs_server()
+    needs_client()
+    torch = pytest.importorskip("torch")
+    from concurrent.futures import ThreadPoolExecutor
+    from gcomp import comm
+    from gcomp import torch as gtorch
+    key = "ddp/bucket0/3000"
+    grad = lambda w, step: torch.full((3000,), float(10 * step + w))
+    with cluster.LocalCluster(shards=2, workers=2, mode="lossless", workdir=str(tmp_path),
+                              chunk_bytes=4096) as c, ThreadPoolExecutor(2) as pool:
+        transports = [comm.ClientTransport(cluster.connect(c.config_path, w)) for w in (0, 1)]
+        states = [gtorch.PSHookState(t) for t in transports]
+
+        def step_all(step, workers):
+            flats = {w: grad(w, step) for w in workers}
+            list(pool.map(lambda w: states[w].submit(key, flats[w]).wait(), workers))
+            return flats
+
+        for step in range(4):
+            out = step_all(step, (0, 1))
+            assert torch.equal(out[0], torch.full((3000,), 10 * step + 0.5))
+        states[1].close()
+        transports[1].close()  # worker 1 is gone, its step-3 result with it
+        restarted = comm.ClientTransport(cluster.connect(c.config_path, 1))
+        assert restarted.first_step(key, grad(1, 3)) == 4  # the shards completed step 3
+        states[1] = gtorch.PSHookState(restarted, start_step=3)
+        flat = grad(1, 3)
+        states[1].submit(key, flat).wait()
+        assert torch.equal(flat, torch.full((3000,), 30.5))  # step 3's mean, as worker 0 got
+        out = step_all(4, (0, 1))
+        assert torch.equal(out[0], out[1]) and torch.equal(out[0], torch.full((3000,), 40.5))
+        # A state two steps behind the shards cannot be served: refused, naming both steps.
+        late = gtorch.PSHookState(comm.ClientTransport(cluster.connect(c.config_path, 1)),
+                                  start_step=3)
+        with pytest.raises(ValueError, match=r"starts at step 3 \(start_step\) but the shards "
+                                             r"expect step 5 \(they completed step 4\)"):
+            late.next_step(key, grad(1, 5))
+        with pytest.raises(ValueError, match=r"start_step must be at least 0"):
+            gtorch.PSHookState(restarted, start_step=-1)
+        for st in states + [late]:
+            st.close()
+        for t in transports[:1] + [restarted, late.transport]:
+            t.close()
+
+
 def test_a_worker_whose_step_timed_out_meets_a_late_one_by_pushing_again(tmp_path):
     """Worker 1 is late for step 1: worker 0's push times out on the shards, and it pushes
     the step again at once. It used to count on to step 2 (refused as a future step for
