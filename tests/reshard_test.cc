@@ -316,6 +316,12 @@ TEST(Reshard, ATensorNotPushedEveryStepDoesNotHoldTheSwitch) {
   coordinator.join();
   // 400 steps of 5 ms and a re-shard: seconds. Held by the stale tensor: over 2 minutes.
   EXPECT_LT(absl::Now() - begin, absl::Seconds(60));
+  // A worker started now with the job's original two-shard file is told of the newer map
+  // while it registers, and takes it (it failed with ABORTED before).
+  absl::StatusOr<std::unique_ptr<worker::Client>> late = worker::Client::Connect(two, {});
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ((*late)->stats().map_switches, 1u);
+  EXPECT_TRUE((*late)->Declare("w", codec::DType::kF32, kN).ok());
 }
 
 TEST(ReshardErrors, BadConfigsAreRejectedAndTheJobGoesOn) {

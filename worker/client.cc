@@ -70,8 +70,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
     absl::MutexLock lock(&impl->map_mu);
     impl->map = m;
   }
-  if (absl::Status s = impl->RegisterAll(*m, impl->config.connect_timeout_ms(), true); !s.ok())
-    return s;
+  absl::Status s = impl->RegisterAll(*m, impl->config.connect_timeout_ms(), true);
+  // A config from before a re-shard or failover (a worker restarted with the job's original
+  // file): the shards name the newer map; take it from them, as a running client does.
+  if (absl::IsAborted(s)) s = impl->SwitchMap(*m, 0);
+  if (!s.ok()) return s;
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
