@@ -453,6 +453,9 @@ void RefuseCompressedRequests(grpc::ServerBuilder* builder) {
 
 }  // namespace
 
+// Streams one connection to the plaintext health port may have open.
+constexpr uint32_t kHealthStreams = 8;
+
 void ApplyTransportLimits(const proto::ClusterConfig& config, grpc::ServerBuilder* builder) {
   RefuseCompressedRequests(builder);
   const TransportLimits l = TransportLimitsFor(config);
@@ -535,9 +538,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   // caught up (checked once it listens, since the peers then call it).
   s->service_->HoldForRejoinCheck();
   grpc::EnableDefaultHealthCheckService(true);
+  s->stream_guard_ = std::make_unique<StreamGuard>(StreamGuard::Options());
+  StreamGuard* guard = s->stream_guard_.get();
   ListenerOptions listening;
   listening.max_connections = TransportLimitsFor(config).max_connections;
   listening.cap_name = "limits.max_connections";
+  const uint32_t max_streams =
+      static_cast<uint32_t>(TransportLimitsFor(config).max_streams_per_connection);
+  listening.on_accepted = [guard, max_streams](int fd) { guard->Track(fd, max_streams); };
   absl::StatusOr<std::unique_ptr<Listener>> listener = Listener::Bind(listen_address, listening);
   if (!listener.ok()) return listener.status();
   s->listener_ = *std::move(listener);
@@ -576,6 +584,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
     health->SetServingStatus(proto::Aggregation::service_full_name(), true);
   }
+  s->stream_guard_->Start();
   s->service_->StartRejoinCheck();
   if (security->tls && config.security().health_port() != 0) {
     // Plaintext, so only the health service may be reachable here: no Aggregation, no
@@ -583,7 +592,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
     const std::string health_address =
         absl::StrCat(HostOf(listen_address), ":", config.security().health_port());
     s->health_only_ = std::make_unique<grpc::CallbackGenericService>();
-    absl::StatusOr<std::unique_ptr<Listener>> health = Listener::Bind(health_address, listening);
+    ListenerOptions health_listening = listening;
+    health_listening.on_accepted = [guard](int fd) { guard->Track(fd, kHealthStreams); };
+    absl::StatusOr<std::unique_ptr<Listener>> health =
+        Listener::Bind(health_address, health_listening);
     if (!health.ok()) {
       return absl::UnavailableError(
           absl::StrCat(health.status().message(), " (security.health_port)"));
@@ -600,7 +612,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
     health_quota.Resize(16 << 20);
     health_quota.SetMaxThreads(8);
     health_builder.SetResourceQuota(health_quota);
-    health_builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 8);
+    health_builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kHealthStreams);
     health_builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                                       TransportLimitsFor(config).idle_connection_ms);
     auto health_acceptor = health_builder.experimental().AddExternalConnectionAcceptor(

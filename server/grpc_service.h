@@ -19,6 +19,7 @@
 #include "server/call_limiter.h"
 #include "server/listener.h"
 #include "server/shard_service.h"
+#include "server/stream_guard.h"
 #include "server/unread_replies.h"
 
 namespace gcomp::server {
@@ -204,6 +205,9 @@ class ShardServer {
   std::unique_ptr<ReshardingGrpcService> reshard_service_;
   std::unique_ptr<AdminGrpcService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  // Shuts down connections past their stream cap (declared between the server and the
+  // listeners: it stops after they stop handing it connections, before gRPC goes).
+  std::unique_ptr<StreamGuard> stream_guard_;
   // Accepts for server_ (gRPC's own listener stops for good at the first accept() that
   // fails for want of a descriptor) and closes connections past max_connections.
   std::unique_ptr<Listener> listener_;

@@ -219,6 +219,7 @@ void Listener::Loop() {
         grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
         p.listener_fd = polled[i].fd;
         p.fd = fd;
+        if (options_.on_accepted) options_.on_accepted(fd);
         acceptor_->HandleNewConnection(&p);
       }
     }

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,6 +36,8 @@ struct ListenerOptions {
   int retry_ms = 50;
   // Names the cap in the log line of a refusal ("limits.max_connections").
   std::string cap_name = "max_connections";
+  // Called with each connection's descriptor just before it is handed to gRPC.
+  std::function<void(int fd)> on_accepted;
 };
 
 class Listener {

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <future>
@@ -427,6 +428,18 @@ class NonReadingPeer {
     if (fd_ >= 0) close(fd_);
   }
 
+  // Whether the shard ends the connection within `timeout` (what it sent is read and
+  // dropped meanwhile, as a peer that reads nothing would have it pile up).
+  bool ClosedByServerWithin(absl::Duration timeout) {
+    char buf[65536];
+    for (const absl::Time give_up = absl::Now() + timeout; absl::Now() < give_up;) {
+      const ssize_t n = recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return true;
+      if (n < 0) absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
  private:
   int fd_ = -1;
 };
@@ -463,6 +476,23 @@ TEST_F(HostileClientTest, APeerThatReadsNoRepliesCannotTakeTheRequestThreads) {
   EXPECT_LE(after, before + 40);
   peers.clear();
   ExpectStepWorks("w", 2, 1000);
+}
+
+// gRPC 1.51 holds a peer to SETTINGS_MAX_CONCURRENT_STREAMS (here max_calls_per_client + 16
+// = 22) only once it acknowledges the server's SETTINGS, and NonReadingPeer never does. Its
+// 400 health Watch streams (no token needed) stay open, each holding gRPC's memory; the
+// shard now closes a connection past the cap (server/stream_guard.h). Before, this one
+// stayed open, and such peers grew a shard past 1 GB.
+TEST_F(HostileClientTest, APeerOverTheStreamCapIsClosed) {
+  NonReadingPeer peer(address_, "127.0.0.2", 400, "/grpc.health.v1.Health/Watch");
+  EXPECT_TRUE(peer.ClosedByServerWithin(absl::Seconds(10)))
+      << "a connection with 400 open streams (cap 22) was left open";
+  Stats();
+  ASSERT_TRUE(Declare("w", 100).ok());
+  ExpectStepWorks("w", 0, 100);
+  // Within the cap, Watch streams are the peer's to keep.
+  NonReadingPeer within(address_, "127.0.0.2", 10, "/grpc.health.v1.Health/Watch");
+  EXPECT_FALSE(within.ClosedByServerWithin(absl::Seconds(1)));
 }
 
 // Slow peers cannot make gRPC hold more than its memory quota (TransportLimits): the first

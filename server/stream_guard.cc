@@ -1,0 +1,195 @@
+#include "server/stream_guard.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "grpc/grpc.h"
+#include "grpc/support/alloc.h"
+
+namespace gcomp::server {
+namespace {
+
+// gRPC's channelz JSON for one call, freed with gpr_free.
+std::string Take(char* json) {
+  if (json == nullptr) return "";
+  std::string s(json);
+  gpr_free(json);
+  return s;
+}
+
+// The number after `key` in `json` from `from` on ("key":"123" or "key":123); 0 where the
+// key is absent (channelz leaves zero counters out).
+int64_t NumberAfter(const std::string& json, const std::string& key, size_t from = 0) {
+  const size_t at = json.find("\"" + key + "\":", from);
+  if (at == std::string::npos) return 0;
+  size_t p = at + key.size() + 3;
+  if (p < json.size() && json[p] == '"') ++p;
+  size_t end = p;
+  while (end < json.size() && json[end] >= '0' && json[end] <= '9') ++end;
+  int64_t v = 0;
+  return absl::SimpleAtoi(absl::string_view(json).substr(p, end - p), &v) ? v : 0;
+}
+
+// Every (socketId, name) of the server sockets listed in `json`: each in an object of its
+// own, {"socketId":"3","name":"chttp2 ipv4:..."} in either order.
+std::vector<std::pair<int64_t, std::string>> SocketRefs(const std::string& json) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (size_t id = json.find("\"socketId\":"); id != std::string::npos;
+       id = json.find("\"socketId\":", id + 1)) {
+    const size_t begin = json.rfind('{', id);
+    const size_t end = json.find('}', id);
+    if (begin == std::string::npos || end == std::string::npos) break;
+    const std::string object = json.substr(begin, end - begin);
+    const size_t name = object.find("\"name\":\"");
+    std::string name_value;
+    if (name != std::string::npos) {
+      const size_t name_end = object.find('"', name + 8);
+      if (name_end != std::string::npos) name_value = object.substr(name + 8, name_end - name - 8);
+    }
+    out.emplace_back(NumberAfter(object, "socketId"), std::move(name_value));
+  }
+  return out;
+}
+
+log::LineBudget* ClosedLines() {
+  static log::LineBudget* const budget = new log::LineBudget(10, "stream-limit closures");
+  return budget;
+}
+
+}  // namespace
+
+bool PeerOfSocket(int fd, std::string* peer, int* local_port) {
+  sockaddr_storage remote{}, local{};
+  socklen_t rlen = sizeof(remote), llen = sizeof(local);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rlen) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) {
+    return false;
+  }
+  char ip[INET6_ADDRSTRLEN] = {};
+  if (remote.ss_family == AF_INET) {
+    const auto* r = reinterpret_cast<const sockaddr_in*>(&remote);
+    inet_ntop(AF_INET, &r->sin_addr, ip, sizeof(ip));
+    *peer = absl::StrCat("ipv4:", ip, ":", ntohs(r->sin_port));
+  } else if (remote.ss_family == AF_INET6) {
+    const auto* r = reinterpret_cast<const sockaddr_in6*>(&remote);
+    inet_ntop(AF_INET6, &r->sin6_addr, ip, sizeof(ip));
+    *peer = absl::StrCat("ipv6:[", ip, "]:", ntohs(r->sin6_port));
+  } else {
+    return false;
+  }
+  *local_port = local.ss_family == AF_INET
+                    ? ntohs(reinterpret_cast<const sockaddr_in*>(&local)->sin_port)
+                    : ntohs(reinterpret_cast<const sockaddr_in6*>(&local)->sin6_port);
+  return true;
+}
+
+StreamGuard::~StreamGuard() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void StreamGuard::Track(int fd, uint32_t max_open_streams) {
+  std::string peer;
+  int local_port = 0;
+  if (!PeerOfSocket(fd, &peer, &local_port)) return;
+  absl::MutexLock lock(&mu_);
+  tracked_[peer] = Tracked{fd, local_port, max_open_streams};
+}
+
+void StreamGuard::Start() {
+  thread_ = std::thread([this] {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
+        const absl::Duration wait = std::max(
+            options_.every, options_.per_connection * static_cast<int64_t>(tracked_.size()));
+        if (mu_.AwaitWithTimeout(absl::Condition(&stopping), wait)) return;
+      }
+      Sweep();
+    }
+  });
+}
+
+size_t StreamGuard::Sweep() {
+  // Connections gone (closed by gRPC, the descriptor maybe reused) are dropped first.
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = tracked_.begin(); it != tracked_.end();) {
+      auto next = std::next(it);
+      std::string peer;
+      int local_port = 0;
+      if (!PeerOfSocket(it->second.fd, &peer, &local_port) || peer != it->first ||
+          local_port != it->second.local_port) {
+        tracked_.erase(it);
+      }
+      it = next;
+    }
+    if (tracked_.empty()) return 0;
+  }
+  size_t shut = 0;
+  const std::string servers = Take(grpc_channelz_get_servers(0));
+  for (size_t p = servers.find("\"serverId\":\""); p != std::string::npos;
+       p = servers.find("\"serverId\":\"", p + 1)) {
+    const int64_t server = NumberAfter(servers, "serverId", p);
+    for (int64_t start = 0;;) {
+      const std::string page = Take(grpc_channelz_get_server_sockets(server, start, 500));
+      const auto refs = SocketRefs(page);
+      for (const auto& [id, name] : refs) {
+        start = std::max(start, id + 1);
+        const std::string peer = name.rfind("chttp2 ", 0) == 0 ? name.substr(7) : name;
+        Tracked t;
+        {
+          absl::MutexLock lock(&mu_);
+          auto it = tracked_.find(peer);
+          if (it == tracked_.end()) continue;
+          t = it->second;
+        }
+        const std::string socket = Take(grpc_channelz_get_socket(id));
+        const size_t local = socket.find("\"local\":");
+        if (local == std::string::npos || NumberAfter(socket, "port", local) != t.local_port) {
+          continue;  // a connection of another server in this process
+        }
+        const int64_t open = NumberAfter(socket, "streamsStarted") -
+                             NumberAfter(socket, "streamsSucceeded") -
+                             NumberAfter(socket, "streamsFailed");
+        if (open <= t.max_open_streams) continue;
+        {
+          absl::MutexLock lock(&mu_);
+          auto it = tracked_.find(peer);
+          if (it == tracked_.end() || it->second.fd != t.fd) continue;
+          // Shut down, not closed: the descriptor stays gRPC's, which sees the end of it.
+          shutdown(t.fd, SHUT_RDWR);
+          tracked_.erase(it);
+          ++closed_;
+        }
+        ++shut;
+        if (ClosedLines()->Admit()) {
+          log::Warn(
+              "connection from {} closed: {} streams open, at most {} (a peer that "
+              "ignores the server's SETTINGS_MAX_CONCURRENT_STREAMS)",
+              log::Clip(peer, 64), open, t.max_open_streams);
+        }
+      }
+      if (refs.empty() || page.find("\"end\":true") != std::string::npos) break;
+    }
+  }
+  return shut;
+}
+
+uint64_t StreamGuard::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
+}  // namespace gcomp::server
