@@ -414,11 +414,16 @@ grpc::Status AdminGrpcService::Ping(grpc::ServerContext* context, const proto::P
 
 TransportLimits TransportLimitsFor(const proto::ClusterConfig& config) {
   // The calls a job keeps in flight to one shard: every worker's pushes, with room for the
-  // peers' transfers and replicas, the admin tool and retries.
+  // peers' transfers and replicas, the admin tool and retries. A worker pushes several
+  // tensors at once (the PyTorch hook 4 buckets, max_inflight chunks each), and each push
+  // waits on a request thread: the threads, and so each worker's share of them, allow for
+  // kTensorsAtOnce (a review's 16-worker job, 4 tensors at once, was refused at 12 calls).
+  constexpr uint64_t kTensorsAtOnce = 4;
   const uint64_t calls =
       uint64_t{config.workers()} * std::max<uint32_t>(1, config.max_inflight_chunks());
   TransportLimits l;
-  l.max_threads = static_cast<int>(std::clamp<uint64_t>(2 * calls + 64, 256, 16384));
+  l.max_threads =
+      static_cast<int>(std::clamp<uint64_t>(2 * calls * kTensorsAtOnce + 64, 256, 16384));
   l.memory_bytes = static_cast<size_t>(std::min<uint64_t>(
       (2 * calls + 16) * config.max_message_bytes() + (uint64_t{64} << 20), uint64_t{1} << 40));
   l.max_streams_per_connection = static_cast<int>(

@@ -147,8 +147,9 @@ struct TransportLimits {
   // in flight to a shard, plus 64 MiB. Past it gRPC refuses new streams and closes
   // connections to free memory.
   size_t memory_bytes = 0;
-  // Handler threads in all (gRPC's thread quota): twice the calls in flight, plus 64, at
-  // least 256. Calls past it get RESOURCE_EXHAUSTED.
+  // Handler threads in all (gRPC's thread quota): twice the calls in flight with 4 tensors
+  // per worker at once (2 W x max_inflight_chunks x 4), plus 64, at least 256. Calls past
+  // it get RESOURCE_EXHAUSTED.
   int max_threads = 0;
   // HTTP/2 streams one connection may have open: limits.max_calls_per_client + 16, so that
   // a client past that limit still gets the shard's own refusal, which names it.

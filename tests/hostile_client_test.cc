@@ -455,8 +455,10 @@ TEST_F(HostileClientTest, APeerThatReadsNoRepliesCannotTakeTheRequestThreads) {
   ExpectStepWorks("w", 0, 1000);
   const int before = ServerThreads();
   std::vector<std::unique_ptr<NonReadingPeer>> peers;
-  for (int c = 0; c < 3; ++c) {
-    peers.push_back(std::make_unique<NonReadingPeer>(address_, "127.0.0.2", 200, kStatsMethod));
+  // 30 connections of 20 calls: each within the stream cap (22 here), which would close
+  // a connection with more (APeerOverTheStreamCapIsClosed).
+  for (int c = 0; c < 30; ++c) {
+    peers.push_back(std::make_unique<NonReadingPeer>(address_, "127.0.0.2", 20, kStatsMethod));
   }
   absl::SleepFor(absl::Seconds(2));
   const int threads = ServerThreads();
@@ -819,7 +821,10 @@ class UnreadReplyTimeoutTest : public HostileClientTest {
 // and the threads they held come back.
 TEST_F(UnreadReplyTimeoutTest, RepliesLeftUnreadAreCancelledAfterTheCallTimeout) {
   const int before = ServerThreads();
-  NonReadingPeer peer(address_, "127.0.0.2", 80, kStatsMethod);
+  std::vector<std::unique_ptr<NonReadingPeer>> peers;  // 4 x 20: within the stream cap
+  for (int c = 0; c < 4; ++c) {
+    peers.push_back(std::make_unique<NonReadingPeer>(address_, "127.0.0.2", 20, kStatsMethod));
+  }
   int held = ServerThreads();
   for (absl::Time give_up = absl::Now() + absl::Seconds(2);
        held < before + 60 && absl::Now() < give_up; held = ServerThreads()) {
