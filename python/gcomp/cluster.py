@@ -82,6 +82,35 @@ def cluster_config(shard_addresses, workers, mode, rel_bits=7, abs_log2=-16,
     return config
 
 
+def _listens(pid, port):
+    """Whether process `pid` holds a TCP socket listening on `port` (/proc/net/tcp{,6}:
+    state 0A, its inode among the process's descriptors)."""
+    inodes = set()
+    fd_dir = "/proc/%d/fd" % pid
+    try:
+        for fd in os.listdir(fd_dir):
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if (len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes
+                            and int(fields[1].rsplit(":", 1)[1], 16) == port):
+                        return True
+        except OSError:
+            continue
+    return False
+
+
 class LocalCluster:
     """Starts S gcomp_server processes on free loopback ports and stops them (SIGTERM).
 
@@ -149,14 +178,15 @@ class LocalCluster:
                     if "cannot listen on %s: Address already in use" % addr in tail:
                         raise _PortTaken(addr)
                     raise RuntimeError("shard %d exited with %d: %s" % (k, code, tail))
-                try:
-                    socket.create_connection((host, int(port)), timeout=1).close()
+                # The shard's own socket, not just any listener: a port taken meanwhile by
+                # another process (a shard's metrics port) also accepts connections, and
+                # workers would then wait on it for no answer.
+                if _listens(self.procs[k].pid, int(port)):
                     break
-                except OSError:
-                    if time.time() > deadline:
-                        self.stop()
-                        raise RuntimeError("shard %d did not listen on %s" % (k, addr))
-                    time.sleep(0.05)
+                if time.time() > deadline:
+                    self.stop()
+                    raise RuntimeError("shard %d did not listen on %s" % (k, addr))
+                time.sleep(0.05)
         return self
 
     def stop(self):
