@@ -492,8 +492,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   ShardOptions with_peers = options;
   // Half the request threads for calls that wait for an epoch; the rest stay free for
   // pushes of the current map, stats, admin calls and the re-shard's own messages.
-  with_peers.max_waiting_for_epoch =
-      static_cast<uint32_t>(TransportLimitsFor(config).max_threads / 2);
+  const TransportLimits limits = TransportLimitsFor(config);
+  with_peers.max_waiting_for_epoch = static_cast<uint32_t>(limits.max_threads / 2);
   with_peers.peers.send_transfer = [peers = *peers](const std::string& address,
                                               const proto::TransferRequest& request) {
     return peers->Send(address, request);
@@ -546,10 +546,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   s->stream_guard_ = std::make_unique<StreamGuard>(StreamGuard::Options());
   StreamGuard* guard = s->stream_guard_.get();
   ListenerOptions listening;
-  listening.max_connections = TransportLimitsFor(config).max_connections;
+  listening.max_connections = limits.max_connections;
   listening.cap_name = "limits.max_connections";
-  const uint32_t max_streams =
-      static_cast<uint32_t>(TransportLimitsFor(config).max_streams_per_connection);
+  const uint32_t max_streams = static_cast<uint32_t>(limits.max_streams_per_connection);
   listening.on_accepted = [guard, max_streams](int fd) { guard->Track(fd, max_streams); };
   absl::StatusOr<std::unique_ptr<Listener>> listener = Listener::Bind(listen_address, listening);
   if (!listener.ok()) return listener.status();
@@ -618,8 +617,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
     health_quota.SetMaxThreads(8);
     health_builder.SetResourceQuota(health_quota);
     health_builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kHealthStreams);
-    health_builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
-                                      TransportLimitsFor(config).idle_connection_ms);
+    health_builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, limits.idle_connection_ms);
     auto health_acceptor = health_builder.experimental().AddExternalConnectionAcceptor(
         grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
         grpc::InsecureServerCredentials());

@@ -91,10 +91,7 @@ bool PeerOfSocket(int fd, std::string* peer, int* local_port) {
 }
 
 StreamGuard::~StreamGuard() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
+  stop_.Notify();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -109,13 +106,13 @@ void StreamGuard::Track(int fd, uint32_t max_open_streams) {
 void StreamGuard::Start() {
   thread_ = std::thread([this] {
     while (true) {
+      absl::Duration wait;
       {
         absl::MutexLock lock(&mu_);
-        auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
-        const absl::Duration wait = std::max(
-            options_.every, options_.per_connection * static_cast<int64_t>(tracked_.size()));
-        if (mu_.AwaitWithTimeout(absl::Condition(&stopping), wait)) return;
+        wait = std::max(options_.every,
+                        options_.per_connection * static_cast<int64_t>(tracked_.size()));
       }
+      if (stop_.WaitForNotificationWithTimeout(wait)) return;
       Sweep();
     }
   });

@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
 namespace gcomp::server {
@@ -63,7 +64,7 @@ class StreamGuard {
   // By the peer as gRPC names it ("ipv4:10.0.0.7:51234").
   absl::flat_hash_map<std::string, Tracked> tracked_ ABSL_GUARDED_BY(mu_);
   uint64_t closed_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Notification stop_;
   std::thread thread_;
 };
 

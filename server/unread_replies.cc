@@ -20,23 +20,13 @@ log::LineBudget* CancellationLines() {
 }  // namespace
 
 UnreadReplies::~UnreadReplies() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
+  stop_.Notify();
   if (watchdog_.joinable()) watchdog_.join();
 }
 
 void UnreadReplies::StartWatchdog() {
   watchdog_ = std::thread([this] {
-    while (true) {
-      {
-        absl::MutexLock lock(&mu_);
-        auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
-        if (mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.sweep_every)) return;
-      }
-      Sweep();
-    }
+    while (!stop_.WaitForNotificationWithTimeout(options_.sweep_every)) Sweep();
   });
 }
 
@@ -66,7 +56,6 @@ uint64_t UnreadReplies::Begin(absl::string_view peer, std::shared_ptr<Reply> rep
   std::string address = AddressOf(peer);
   absl::MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
-  ++addresses_[address].unread;
   Entry& e = entries_[id];
   e.address = std::move(address);
   e.begun = absl::Now();
@@ -80,8 +69,6 @@ void UnreadReplies::End(uint64_t id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
   last = std::move(it->second.reply);
-  auto a = addresses_.find(it->second.address);
-  if (a != addresses_.end()) --a->second.unread;
   entries_.erase(it);
 }
 
@@ -103,9 +90,12 @@ size_t UnreadReplies::Sweep(absl::Time now) {
   std::string crowded, overdue;  // an address of each kind, for the log
   {
     absl::MutexLock lock(&mu_);
+    // Per address: replies not ended (cancelled ones too), and the oldest not cancelled.
+    absl::flat_hash_map<std::string, uint32_t> unread_at;
     absl::flat_hash_map<std::string, absl::Time> oldest;
     size_t unread = 0;
     for (const auto& [id, e] : entries_) {
+      ++unread_at[e.address];
       if (e.cancelled) continue;
       ++unread;
       auto [it, added] = oldest.try_emplace(e.address, e.begun);
@@ -116,20 +106,19 @@ size_t UnreadReplies::Sweep(absl::Time now) {
     const bool crowded_in_all = unread > options_.max_per_address;
     for (auto& [id, e] : entries_) {
       if (e.cancelled) continue;
-      Address& a = addresses_[e.address];
-      const bool too_many =
-          (a.unread > options_.max_per_address && now - oldest[e.address] >= options_.min_age) ||
-          (crowded_in_all && now - e.begun >= options_.min_age);
+      const bool too_many = (unread_at[e.address] > options_.max_per_address &&
+                             now - oldest[e.address] >= options_.min_age) ||
+                            (crowded_in_all && now - e.begun >= options_.min_age);
       const bool too_old = now - e.begun >= options_.timeout;
       if (!too_many && !too_old) continue;
       TakeForCancel(&e, &cancel);
-      Refuse(&a, now);
+      Refuse(&addresses_[e.address], now);
       (too_many ? crowded : overdue) = e.address;
     }
     for (auto it = addresses_.begin(); it != addresses_.end();) {
       auto next = std::next(it);
-      // Kept while it has replies, is refused, or would be refused longer next time.
-      if (it->second.unread == 0 && it->second.refused_until + options_.timeout <= now) {
+      // Kept while refused, or while it would be refused longer next time.
+      if (it->second.refused_until + options_.timeout <= now) {
         addresses_.erase(it);
       }
       it = next;

@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpcpp/support/server_interceptor.h"
 
@@ -106,8 +107,8 @@ class UnreadReplies {
     std::shared_ptr<Reply> reply;
     bool cancelled = false;
   };
+  // Only addresses refused now or within `timeout` (for the doubling) are kept.
   struct Address {
-    uint32_t unread = 0;
     absl::Time refused_until = absl::InfinitePast();
     absl::Duration last_refusal;  // zero: none within `timeout`
   };
@@ -124,7 +125,7 @@ class UnreadReplies {
   absl::flat_hash_map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Address> addresses_ ABSL_GUARDED_BY(mu_);
   uint64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Notification stop_;
   std::thread watchdog_;
 };
 
