@@ -543,12 +543,20 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   // caught up (checked once it listens, since the peers then call it).
   s->service_->HoldForRejoinCheck();
   grpc::EnableDefaultHealthCheckService(true);
-  s->stream_guard_ = std::make_unique<StreamGuard>(StreamGuard::Options());
+  StreamGuard::Options guarding;
+  guarding.on_closed = [metrics = s->service_->metrics()](uint64_t n) {
+    metrics->CountStreamLimitClosures(n);
+  };
+  guarding.on_refused = [metrics = s->service_->metrics()] {
+    metrics->CountRefusedAddressConnection();
+  };
+  s->stream_guard_ = std::make_unique<StreamGuard>(std::move(guarding));
   StreamGuard* guard = s->stream_guard_.get();
   ListenerOptions listening;
   listening.max_connections = limits.max_connections;
   listening.cap_name = "limits.max_connections";
   const uint32_t max_streams = static_cast<uint32_t>(limits.max_streams_per_connection);
+  listening.admit = [guard](int fd) { return guard->Admit(fd); };
   listening.on_accepted = [guard, max_streams](int fd) { guard->Track(fd, max_streams); };
   absl::StatusOr<std::unique_ptr<Listener>> listener = Listener::Bind(listen_address, listening);
   if (!listener.ok()) return listener.status();

@@ -167,6 +167,14 @@ bool Listener::PastCap(int fd, std::string* why) const {
   return false;
 }
 
+bool Listener::NotAdmitted(int fd, std::string* why) const {
+  if (!options_.admit) return false;
+  const absl::Status admitted = options_.admit(fd);
+  if (admitted.ok()) return false;
+  *why = std::string(admitted.message());
+  return true;
+}
+
 void Listener::LogRefusal(const std::string& why) {
   // One line per 10 s at most: a flood must not turn into a flood of log lines.
   absl::MutexLock lock(&log_mu_);
@@ -208,7 +216,7 @@ void Listener::Loop() {
           break;
         }
         std::string why;
-        if (PastCap(fd, &why)) {
+        if (PastCap(fd, &why) || NotAdmitted(fd, &why)) {
           close(fd);
           refused_.fetch_add(1, std::memory_order_relaxed);
           LogRefusal(why);

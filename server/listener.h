@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/server_builder.h"
@@ -36,6 +37,9 @@ struct ListenerOptions {
   int retry_ms = 50;
   // Names the cap in the log line of a refusal ("limits.max_connections").
   std::string cap_name = "max_connections";
+  // Called with each connection's descriptor within the caps; an error closes it at once,
+  // counted as refused and its message logged (a peer's address refused for a while).
+  std::function<absl::Status(int fd)> admit;
   // Called with each connection's descriptor just before it is handed to gRPC.
   std::function<void(int fd)> on_accepted;
 };
@@ -60,7 +64,8 @@ class Listener {
   // stay gRPC's. Idempotent.
   void Stop();
 
-  // Connections closed at once for a cap (descriptors or max_connections), since Bind().
+  // Connections closed at once for a cap (descriptors or max_connections) or by `admit`,
+  // since Bind().
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
 
  private:
@@ -68,6 +73,8 @@ class Listener {
   void Loop();
   // Whether accepted descriptor `fd` is past a cap (and then why, for the log).
   bool PastCap(int fd, std::string* why) const;
+  // Whether options_.admit refuses `fd` (and then its message).
+  bool NotAdmitted(int fd, std::string* why) const;
   void LogRefusal(const std::string& why);
 
   const std::vector<int> fds_;  // listening sockets

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -74,6 +75,22 @@ TEST_F(ListenerTest, HandsConnectionsToGrpc) {
   EXPECT_NE(listener_->port(), 0);
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(Ping().ok());
   EXPECT_EQ(listener_->refused(), 0u);
+}
+
+// `admit` decides per connection: refused ones are closed before gRPC sees them.
+TEST_F(ListenerTest, ConnectionsNotAdmittedAreClosed) {
+  std::atomic<bool> open{true};
+  ListenerOptions options;
+  options.admit = [&open](int) {
+    return open ? absl::OkStatus() : absl::ResourceExhaustedError("address refused");
+  };
+  Start(options);
+  EXPECT_TRUE(Ping().ok());
+  open = false;
+  EXPECT_EQ(Ping().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_GE(listener_->refused(), 1u);
+  open = true;
+  EXPECT_TRUE(Ping().ok());
 }
 
 TEST_F(ListenerTest, BindsEveryAddressOfAHostName) {

@@ -69,6 +69,24 @@ ShardMetrics::ShardMetrics(const std::string& job, uint32_t shard)
                                    .Labels(labels)
                                    .Register(r)
                                    .Add({});
+  stream_limit_closures_ = &prometheus::BuildCounter()
+                                .Name("gcomp_shard_stream_limit_closures_total")
+                                .Help(
+                                    "Connections shut down for holding more HTTP/2 streams "
+                                    "open than allowed (a peer that ignores the stream limit "
+                                    "or resets streams in a flood).")
+                                .Labels(labels)
+                                .Register(r)
+                                .Add({});
+  refused_address_connections_ = &prometheus::BuildCounter()
+                                      .Name("gcomp_shard_refused_address_connections_total")
+                                      .Help(
+                                          "New connections closed at once because their "
+                                          "address was refused for a while after one of its "
+                                          "connections broke the stream limit.")
+                                      .Labels(labels)
+                                      .Register(r)
+                                      .Add({});
   auto& codec_bytes = prometheus::BuildCounter()
                           .Name("gcomp_shard_codec_bytes_total")
                           .Help("Raw tensor bytes decoded from pushes and encoded into replies.")
@@ -233,6 +251,12 @@ void ShardMetrics::CountDuplicate() { duplicates_->Increment(); }
 void ShardMetrics::CountUnreadRepliesCancelled(uint64_t replies) {
   unread_replies_cancelled_->Increment(static_cast<double>(replies));
 }
+
+void ShardMetrics::CountStreamLimitClosures(uint64_t connections) {
+  stream_limit_closures_->Increment(static_cast<double>(connections));
+}
+
+void ShardMetrics::CountRefusedAddressConnection() { refused_address_connections_->Increment(); }
 
 void ShardMetrics::UpdateRatios() {
   if (wire_in_->Value() > 0) ratio_in_->Set(raw_in_->Value() / wire_in_->Value());

@@ -44,6 +44,10 @@ class ShardMetrics {
   void CountDuplicate();
   // Calls cancelled because their client did not read the replies (server/unread_replies.h).
   void CountUnreadRepliesCancelled(uint64_t replies);
+  // Connections shut down for more HTTP/2 streams open than allowed, and new ones closed
+  // because their address was refused after that (server/stream_guard.h).
+  void CountStreamLimitClosures(uint64_t connections);
+  void CountRefusedAddressConnection();
   // Bytes of an accepted push (in) or of a reply (out): as raw tensor bytes and on the wire.
   void AddIn(uint64_t raw_bytes, uint64_t wire_bytes);
   void AddOut(uint64_t raw_bytes, uint64_t wire_bytes);
@@ -90,6 +94,8 @@ class ShardMetrics {
   prometheus::Family<prometheus::Gauge>* calls_in_flight_;
   prometheus::Counter* duplicates_;
   prometheus::Counter* unread_replies_cancelled_;
+  prometheus::Counter* stream_limit_closures_;
+  prometheus::Counter* refused_address_connections_;
   prometheus::Counter* raw_in_;
   prometheus::Counter* raw_out_;
   prometheus::Counter* wire_in_;

@@ -47,6 +47,8 @@ TEST(ShardMetrics, CountersFollowPushesAndSteps) {
   EXPECT_FALSE(shard->PushPull(bad, absl::Now() + absl::Seconds(5), &out).ok());
 
   shard->metrics()->CountUnreadRepliesCancelled(3);
+  shard->metrics()->CountStreamLimitClosures(2);
+  shard->metrics()->CountRefusedAddressConnection();
 
   const std::string text = shard->metrics()->Text();
   const std::string labels = "job=\"j\",shard=\"0\"";
@@ -54,6 +56,8 @@ TEST(ShardMetrics, CountersFollowPushesAndSteps) {
   EXPECT_THAT(text, HasSubstr("gcomp_shard_pushes_total{" + labels + ",code=\"NOT_FOUND\"} 1"));
   EXPECT_THAT(text, HasSubstr("gcomp_shard_duplicate_pushes_total{" + labels + "} 1"));
   EXPECT_THAT(text, HasSubstr("gcomp_shard_unread_replies_cancelled_total{" + labels + "} 3"));
+  EXPECT_THAT(text, HasSubstr("gcomp_shard_stream_limit_closures_total{" + labels + "} 2"));
+  EXPECT_THAT(text, HasSubstr("gcomp_shard_refused_address_connections_total{" + labels + "} 1"));
   EXPECT_THAT(text, HasSubstr("gcomp_shard_raw_bytes_total{" + labels + ",direction=\"in\"} 128"));
   EXPECT_THAT(text, HasSubstr(absl::StrCat("gcomp_shard_wire_bytes_total{", labels,
                                            ",direction=\"in\"} ", 2 * wire_in)));

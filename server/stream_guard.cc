@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/logging.h"
 #include "grpc/grpc.h"
 #include "grpc/support/alloc.h"
@@ -103,6 +104,25 @@ void StreamGuard::Track(int fd, uint32_t max_open_streams) {
   tracked_[peer] = Tracked{fd, local_port, max_open_streams};
 }
 
+absl::Status StreamGuard::Admit(int fd) {
+  std::string peer;
+  int local_port = 0;
+  if (!PeerOfSocket(fd, &peer, &local_port)) return absl::OkStatus();
+  const std::string address = AddressOfPeer(peer);
+  absl::Duration left;
+  {
+    absl::MutexLock lock(&mu_);
+    left = refusals_.RefusedFor(address, absl::Now());
+    if (left <= absl::ZeroDuration()) return absl::OkStatus();
+    ++refused_;
+  }
+  if (options_.on_refused) options_.on_refused();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "address ", log::Clip(address, 64), " is refused for another ",
+      absl::FormatDuration(absl::Ceil(left, absl::Milliseconds(1))),
+      ": a connection of it was closed for holding more HTTP/2 streams open than allowed"));
+}
+
 void StreamGuard::Start() {
   thread_ = std::thread([this] {
     while (true) {
@@ -122,6 +142,7 @@ size_t StreamGuard::Sweep() {
   // Connections gone (closed by gRPC, the descriptor maybe reused) are dropped first.
   {
     absl::MutexLock lock(&mu_);
+    refusals_.Forget(absl::Now());
     for (auto it = tracked_.begin(); it != tracked_.end();) {
       auto next = std::next(it);
       std::string peer;
@@ -169,24 +190,32 @@ size_t StreamGuard::Sweep() {
           shutdown(t.fd, SHUT_RDWR);
           tracked_.erase(it);
           ++closed_;
+          refusals_.Refuse(AddressOfPeer(peer), absl::Now());
         }
         ++shut;
         if (ClosedLines()->Admit()) {
           log::Warn(
               "connection from {} closed: {} streams open, at most {} (a peer that "
-              "ignores the server's SETTINGS_MAX_CONCURRENT_STREAMS)",
+              "ignores the server's SETTINGS_MAX_CONCURRENT_STREAMS or resets streams faster "
+              "than the shard takes them); its address is refused new connections for a while",
               log::Clip(peer, 64), open, t.max_open_streams);
         }
       }
       if (refs.empty() || page.find("\"end\":true") != std::string::npos) break;
     }
   }
+  if (shut != 0 && options_.on_closed) options_.on_closed(shut);
   return shut;
 }
 
 uint64_t StreamGuard::closed() const {
   absl::MutexLock lock(&mu_);
   return closed_;
+}
+
+uint64_t StreamGuard::refused() const {
+  absl::MutexLock lock(&mu_);
+  return refused_;
 }
 
 }  // namespace gcomp::server

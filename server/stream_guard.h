@@ -7,23 +7,35 @@
 // inside gRPC. StreamGuard reads gRPC's own per-connection counters (channelz: streams
 // started, succeeded, failed) a few times a second and shuts down any connection it was
 // given with more streams open than its cap; the peer's calls fail, and an honest client
-// (which keeps the limit) is never near it. Thread-safe.
+// (which keeps the limit) is never near it.
+//
+// HTTP/2 rapid reset (CVE-2023-44487: streams opened and reset at once, which the stream
+// limit does not count) is caught by the same cap: gRPC 1.51 keeps each reset stream until
+// a request thread has taken its call, so a flood piles up open streams (a review saw 2.4 GB
+// and every honest call failing). A peer reconnects at once, though, so the address of a
+// connection shut down is refused new connections (Admit) for `first_refusal`, doubling
+// with each further closure up to `longest_refusal`. Thread-safe.
 //
 //   StreamGuard guard(options);
+//   listener_options.admit = [&guard](int fd) { return guard.Admit(fd); };
 //   listener_options.on_accepted = [&guard](int fd) { guard.Track(fd, cap); };
 //   guard.Start();
 #ifndef GCOMP_SERVER_STREAM_GUARD_H_
 #define GCOMP_SERVER_STREAM_GUARD_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "server/address_refusals.h"
 
 namespace gcomp::server {
 
@@ -34,9 +46,18 @@ class StreamGuard {
     // connections tracked where that is longer (each costs a channelz query).
     absl::Duration every = absl::Milliseconds(100);
     absl::Duration per_connection = absl::Microseconds(500);
+    // How long the address of a connection shut down is refused new ones; each further
+    // closure (after a refusal ended, while remembered) doubles it, up to the longest.
+    absl::Duration first_refusal = absl::Seconds(1);
+    absl::Duration longest_refusal = absl::Seconds(60);
+    // Called (outside the lock) with the connections each sweep shut down, and once for
+    // each connection Admit refused.
+    std::function<void(uint64_t)> on_closed;
+    std::function<void()> on_refused;
   };
 
-  explicit StreamGuard(Options options) : options_(options) {}
+  explicit StreamGuard(Options options)
+      : options_(std::move(options)), refusals_(options_.first_refusal, options_.longest_refusal) {}
   StreamGuard(const StreamGuard&) = delete;
   StreamGuard& operator=(const StreamGuard&) = delete;
   ~StreamGuard();  // stops the thread
@@ -44,6 +65,9 @@ class StreamGuard {
   // A connection handed to gRPC: descriptor `fd` may have at most `max_open_streams` open.
   // The descriptor stays gRPC's; the guard only ever shuts it down.
   void Track(int fd, uint32_t max_open_streams);
+  // ResourceExhausted naming the address and how much longer, for a new connection `fd`
+  // from an address refused now; OK otherwise.
+  absl::Status Admit(int fd);
   // Starts the thread that calls Sweep (see Options::every).
   void Start();
   // Reads the counters of every server connection in this process and shuts down the
@@ -51,6 +75,7 @@ class StreamGuard {
   size_t Sweep();
 
   uint64_t closed() const;  // connections shut down so far
+  uint64_t refused() const;  // connections not admitted so far
 
  private:
   struct Tracked {
@@ -63,7 +88,9 @@ class StreamGuard {
   mutable absl::Mutex mu_;
   // By the peer as gRPC names it ("ipv4:10.0.0.7:51234").
   absl::flat_hash_map<std::string, Tracked> tracked_ ABSL_GUARDED_BY(mu_);
+  AddressRefusals refusals_ ABSL_GUARDED_BY(mu_);
   uint64_t closed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Notification stop_;
   std::thread thread_;
 };

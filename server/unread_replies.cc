@@ -30,30 +30,14 @@ void UnreadReplies::StartWatchdog() {
   });
 }
 
-std::string UnreadReplies::AddressOf(absl::string_view peer) {
-  const size_t scheme = peer.find(':');
-  const size_t port = peer.rfind(':');
-  if (scheme == absl::string_view::npos || port == scheme) return std::string(peer);
-  return std::string(peer.substr(scheme + 1, port - scheme - 1));
-}
-
 void UnreadReplies::TakeForCancel(Entry* entry, std::vector<std::shared_ptr<Reply>>* out) {
   entry->cancelled = true;
   out->push_back(entry->reply);
   ++cancelled_;
 }
 
-void UnreadReplies::Refuse(Address* a, absl::Time now) {
-  if (a->refused_until > now) return;  // refused already: one offence per refusal
-  if (a->refused_until + options_.timeout < now) a->last_refusal = absl::ZeroDuration();
-  a->last_refusal = a->last_refusal == absl::ZeroDuration()
-                        ? options_.first_refusal
-                        : std::min(a->last_refusal * 2, options_.timeout);
-  a->refused_until = now + a->last_refusal;
-}
-
 uint64_t UnreadReplies::Begin(absl::string_view peer, std::shared_ptr<Reply> reply) {
-  std::string address = AddressOf(peer);
+  std::string address = AddressOfPeer(peer);
   absl::MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
   Entry& e = entries_[id];
@@ -73,16 +57,15 @@ void UnreadReplies::End(uint64_t id) {
 }
 
 absl::Status UnreadReplies::Admit(absl::string_view peer, absl::Time now) {
-  const std::string address = AddressOf(peer);
+  const std::string address = AddressOfPeer(peer);
   absl::MutexLock lock(&mu_);
-  auto a = addresses_.find(address);
-  if (a == addresses_.end() || a->second.refused_until <= now) return absl::OkStatus();
+  const absl::Duration left = refusals_.RefusedFor(address, now);
+  if (left <= absl::ZeroDuration()) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       "client address ", log::Clip(address, 64), " left replies unread on this shard (more than ",
       options_.max_per_address, " for ", absl::FormatDuration(options_.min_age), ", or one for ",
       absl::FormatDuration(options_.timeout), "): its calls are refused for another ",
-      absl::FormatDuration(absl::Ceil(a->second.refused_until - now, absl::Milliseconds(1))),
-      " (replies unread)"));
+      absl::FormatDuration(absl::Ceil(left, absl::Milliseconds(1))), " (replies unread)"));
 }
 
 size_t UnreadReplies::Sweep(absl::Time now) {
@@ -112,17 +95,10 @@ size_t UnreadReplies::Sweep(absl::Time now) {
       const bool too_old = now - e.begun >= options_.timeout;
       if (!too_many && !too_old) continue;
       TakeForCancel(&e, &cancel);
-      Refuse(&addresses_[e.address], now);
+      refusals_.Refuse(e.address, now);
       (too_many ? crowded : overdue) = e.address;
     }
-    for (auto it = addresses_.begin(); it != addresses_.end();) {
-      auto next = std::next(it);
-      // Kept while refused, or while it would be refused longer next time.
-      if (it->second.refused_until + options_.timeout <= now) {
-        addresses_.erase(it);
-      }
-      it = next;
-    }
+    refusals_.Forget(now);
   }
   const size_t n = cancel.size();
   if (n != 0 && CancellationLines()->Admit()) {

@@ -41,6 +41,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "server/address_refusals.h"
 
 namespace gcomp::server {
 
@@ -73,7 +74,8 @@ class UnreadReplies {
     virtual void Cancel() = 0;
   };
 
-  explicit UnreadReplies(Options options) : options_(std::move(options)) {}
+  explicit UnreadReplies(Options options)
+      : options_(std::move(options)), refusals_(options_.first_refusal, options_.timeout) {}
   UnreadReplies(const UnreadReplies&) = delete;
   UnreadReplies& operator=(const UnreadReplies&) = delete;
   ~UnreadReplies();  // stops the watchdog
@@ -96,10 +98,6 @@ class UnreadReplies {
   uint64_t cancelled() const;  // replies cancelled so far
   size_t unread() const;       // replies begun and not ended
 
-  // "10.0.0.7" of "ipv4:10.0.0.7:51234", "[::1]" of "ipv6:[::1]:51234"; anything without
-  // a port as it is.
-  static std::string AddressOf(absl::string_view peer);
-
  private:
   struct Entry {
     std::string address;
@@ -107,23 +105,16 @@ class UnreadReplies {
     std::shared_ptr<Reply> reply;
     bool cancelled = false;
   };
-  // Only addresses refused now or within `timeout` (for the doubling) are kept.
-  struct Address {
-    absl::Time refused_until = absl::InfinitePast();
-    absl::Duration last_refusal;  // zero: none within `timeout`
-  };
 
   // Marks the entry cancelled and copies its Reply into `out`.
   void TakeForCancel(Entry* entry, std::vector<std::shared_ptr<Reply>>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Refuses `a` from `now`, twice as long as the last time.
-  void Refuse(Address* a, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, Address> addresses_ ABSL_GUARDED_BY(mu_);
+  AddressRefusals refusals_ ABSL_GUARDED_BY(mu_);
   uint64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Notification stop_;
   std::thread watchdog_;

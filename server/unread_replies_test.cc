@@ -37,14 +37,6 @@ UnreadReplies::Options Small() {
   return o;
 }
 
-TEST(UnreadRepliesTest, AddressIsThePeersHostWithoutPort) {
-  EXPECT_EQ(UnreadReplies::AddressOf("ipv4:10.0.0.7:51234"), "10.0.0.7");
-  EXPECT_EQ(UnreadReplies::AddressOf("ipv6:[::1]:51234"), "[::1]");
-  EXPECT_EQ(UnreadReplies::AddressOf("ipv6:%5B::1%5D:5"), "%5B::1%5D");
-  EXPECT_EQ(UnreadReplies::AddressOf("unix:/tmp/s"), "unix:/tmp/s");
-  EXPECT_EQ(UnreadReplies::AddressOf("nothing"), "nothing");
-}
-
 TEST(UnreadRepliesTest, RepliesThatEndAreForgotten) {
   UnreadReplies r(Small());
   for (int i = 0; i < 100; ++i) {

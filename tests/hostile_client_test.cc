@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
@@ -303,6 +304,39 @@ std::string Http2Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::
   return f + payload;
 }
 
+// A TCP connection from local address `from` (e.g. 127.0.0.2: a peer of its own) to
+// `address` ("127.0.0.1:port"); -1 where it cannot be made.
+int ConnectFrom(const std::string& address, const std::string& from) {
+  const size_t colon = address.rfind(':');
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &to.sin_addr);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  inet_pton(AF_INET, from.c_str(), &local.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && (bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
+                  connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The HEADERS block of a unary call to `path` (HPACK literals, no Huffman).
+std::string CallHeaders(const std::string& address, const std::string& path) {
+  auto literal = [](const std::string& name, const std::string& value) {
+    return std::string(1, '\0') + static_cast<char>(name.size()) + name +
+           static_cast<char>(value.size()) + value;
+  };
+  return literal(":method", "POST") + literal(":scheme", "http") + literal(":path", path) +
+         literal(":authority", address) + literal("content-type", "application/grpc") +
+         literal("te", "trailers");
+}
+
+const std::string kEmptyMessage(5, '\0');  // a gRPC message: uncompressed, length 0
+
 // A peer speaking raw HTTP/2 that opens PushPull streams and sends all of a message but its
 // last bytes, then waits. No handler ever sees such a message (so no token check, no call
 // limit, no budget applies to it); gRPC buffers it. It answers SETTINGS and PINGs as a
@@ -389,34 +423,17 @@ class NonReadingPeer {
  public:
   NonReadingPeer(const std::string& address, const std::string& from, int calls,
                  const std::string& path) {
-    const size_t colon = address.rfind(':');
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-    inet_pton(AF_INET, address.substr(0, colon).c_str(), &to.sin_addr);
-    sockaddr_in local{};
-    local.sin_family = AF_INET;
-    inet_pton(AF_INET, from.c_str(), &local.sin_addr);
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
-        connect(fd_, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    fd_ = ConnectFrom(address, from);
+    if (fd_ < 0) {
       ADD_FAILURE() << "cannot connect from " << from << " to " << address;
       return;
     }
     const std::string window_zero("\x00\x04\x00\x00\x00\x00", 6);  // INITIAL_WINDOW_SIZE 0
     std::string out = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + Http2Frame(4, 0, 0, window_zero);
-    auto literal = [](const std::string& name, const std::string& value) {
-      return std::string(1, '\0') + static_cast<char>(name.size()) + name +
-             static_cast<char>(value.size()) + value;
-    };
-    const std::string headers = literal(":method", "POST") + literal(":scheme", "http") +
-                                literal(":path", path) + literal(":authority", address) +
-                                literal("content-type", "application/grpc") +
-                                literal("te", "trailers");
-    const std::string empty_message(5, '\0');  // uncompressed, length 0
+    const std::string headers = CallHeaders(address, path);
     for (int i = 0; i < calls; ++i) {
       const uint32_t id = 1 + 2 * static_cast<uint32_t>(i);
-      out += Http2Frame(1, 0x4, id, headers) + Http2Frame(0, 0x1, id, empty_message);
+      out += Http2Frame(1, 0x4, id, headers) + Http2Frame(0, 0x1, id, kEmptyMessage);
     }
     for (size_t off = 0; off < out.size();) {
       const ssize_t n = send(fd_, out.data() + off, out.size() - off, MSG_NOSIGNAL);
@@ -442,6 +459,65 @@ class NonReadingPeer {
 
  private:
   int fd_ = -1;
+};
+
+// HTTP/2 rapid reset (CVE-2023-44487): a peer that acknowledges the server's SETTINGS, so the
+// stream limit applies, then opens call after call and resets each at once (RST_STREAM
+// CANCEL), which the limit does not count. It reconnects whenever the shard closes its
+// connection, as an attacker would, until destroyed.
+class RapidResetPeer {
+ public:
+  RapidResetPeer(const std::string& address, const std::string& from, const std::string& path)
+      : thread_([this, address, from, path] { Run(address, from, path); }) {}
+  ~RapidResetPeer() {
+    stop_ = true;
+    thread_.join();
+  }
+
+  // Connections the shard ended (each counted once), and streams sent on all.
+  int closed() const { return closed_; }
+  uint64_t streams() const { return streams_; }
+
+ private:
+  void Run(const std::string& address, const std::string& from, const std::string& path) {
+    const std::string headers = CallHeaders(address, path);
+    const std::string cancel("\x00\x00\x00\x08", 4);
+    while (!stop_) {
+      const int fd = ConnectFrom(address, from);
+      if (fd < 0) continue;
+      std::string out = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + Http2Frame(4, 0, 0, "") +
+                        Http2Frame(4, 0x1, 0, "");  // SETTINGS, and the ACK of the shard's
+      for (uint32_t id = 1; !stop_ && id < (1u << 30);) {
+        for (int i = 0; i < 200; ++i, id += 2) {
+          out += Http2Frame(1, 0x4, id, headers) + Http2Frame(0, 0x1, id, kEmptyMessage) +
+                 Http2Frame(3, 0, id, cancel);
+        }
+        if (!SendAll(fd, out)) break;
+        streams_ += 200;
+        out.clear();
+        char buf[65536];  // what the shard answers is read and dropped
+        ssize_t n;
+        while ((n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) {
+        }
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) break;
+      }
+      ++closed_;
+      close(fd);
+    }
+  }
+  static bool SendAll(int fd, const std::string& out) {
+    for (size_t off = 0; off < out.size();) {
+      const ssize_t n = send(fd, out.data() + off, out.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      off += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  std::atomic<bool> stop_{false};
+  std::atomic<int> closed_{0};
+  std::atomic<uint64_t> streams_{0};
+  std::thread thread_;
 };
 
 constexpr char kStatsMethod[] = "/gcomp.proto.Aggregation/Stats";
@@ -492,9 +568,39 @@ TEST_F(HostileClientTest, APeerOverTheStreamCapIsClosed) {
   Stats();
   ASSERT_TRUE(Declare("w", 100).ok());
   ExpectStepWorks("w", 0, 100);
-  // Within the cap, Watch streams are the peer's to keep.
-  NonReadingPeer within(address_, "127.0.0.2", 10, "/grpc.health.v1.Health/Watch");
+  // Within the cap, Watch streams are a peer's to keep (another address: 127.0.0.2 is now
+  // refused for a while, ARapidResetFloodIsClosedAndItsAddressRefused).
+  NonReadingPeer within(address_, "127.0.0.5", 10, "/grpc.health.v1.Health/Watch");
   EXPECT_FALSE(within.ClosedByServerWithin(absl::Seconds(1)));
+}
+
+// A rapid-reset flood piles up reset streams past the stream cap (gRPC 1.51 keeps each until
+// a request thread takes its call): its connection is closed, and since such a peer
+// reconnects at once, its address is then refused new connections for a while. Before, each
+// new connection had its burst, and four such peers took a shard to 2.4 GB with every
+// honest call failing for as long as they went on.
+TEST_F(HostileClientTest, ARapidResetFloodIsClosedAndItsAddressRefused) {
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  ExpectStepWorks("w", 0, 1000);
+  const uint64_t before = ServerRss();
+  {
+    RapidResetPeer flood(address_, "127.0.0.3", kStatsMethod);
+    for (absl::Time give_up = absl::Now() + absl::Seconds(20);
+         flood.closed() == 0 && absl::Now() < give_up;) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_GT(flood.closed(), 0) << "a flood of " << flood.streams() << " reset streams";
+    // The address's next connection is closed at once (a single call would be allowed).
+    NonReadingPeer next(address_, "127.0.0.3", 1, kStatsMethod);
+    EXPECT_TRUE(next.ClosedByServerWithin(absl::Seconds(2)))
+        << "a new connection from the flooding address was served";
+    // Other addresses are served meanwhile.
+    NonReadingPeer other(address_, "127.0.0.4", 1, kStatsMethod);
+    EXPECT_FALSE(other.ClosedByServerWithin(absl::Milliseconds(500)));
+    absl::SleepFor(absl::Seconds(3));
+    EXPECT_LT(ServerRss(), before + (512ull << 20)) << "after " << flood.streams() << " streams";
+  }
+  ExpectStepWorks("w", 1, 1000);
 }
 
 // Slow peers cannot make gRPC hold more than its memory quota (TransportLimits): the first

@@ -37,6 +37,8 @@ METRICS = {
     "gcomp_shard_pending_steps": ("gauge", SHARD),
     "gcomp_shard_limit_refusals_total": ("counter", SHARD),
     "gcomp_shard_unread_replies_cancelled_total": ("counter", SHARD),
+    "gcomp_shard_stream_limit_closures_total": ("counter", SHARD),
+    "gcomp_shard_refused_address_connections_total": ("counter", SHARD),
     "gcomp_shard_chunks_owned": ("gauge", SHARD),
     "gcomp_shard_tensors": ("gauge", SHARD),
     "gcomp_shard_map_epoch": ("gauge", SHARD),

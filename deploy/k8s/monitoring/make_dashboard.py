@@ -143,10 +143,16 @@ def build():
     d.panel("Limit refusals/s",
             [("sum by (shard) (%s)" % rate("gcomp_shard_limit_refusals_total"), "shard {{shard}}"),
              ("sum by (shard) (%s)" % rate("gcomp_shard_unread_replies_cancelled_total"),
-              "unread replies cancelled, shard {{shard}}")],
+              "unread replies cancelled, shard {{shard}}"),
+             ("sum by (shard) (%s)" % rate("gcomp_shard_stream_limit_closures_total"),
+              "connections over the stream limit, shard {{shard}}"),
+             ("sum by (shard) (%s)" % rate("gcomp_shard_refused_address_connections_total"),
+              "connections of refused addresses, shard {{shard}}")],
             "Requests refused by a shard's limits (memory budget, pending steps or bytes, "
-            "tensors) with RESOURCE_EXHAUSTED, and calls cancelled because their client left "
-            "the replies unread (docs/SERVICE.md, Limits).")
+            "tensors) with RESOURCE_EXHAUSTED, calls cancelled because their client left "
+            "the replies unread, connections closed for holding more HTTP/2 streams open than "
+            "allowed, and new connections of an address refused after that (docs/SERVICE.md, "
+            "Limits).")
     d.panel("Memory used vs budget",
             [("gcomp_shard_memory_used_bytes{%s}" % SEL, "used, shard {{shard}}"),
              ("gcomp_shard_memory_budget_bytes{%s}" % SEL, "budget, shard {{shard}}")],

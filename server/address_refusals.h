@@ -1,0 +1,49 @@
+// Which client addresses a shard refuses for now, and for how long.
+//
+// An address's first offence refuses it for `first`; each further offence while the last
+// is remembered refuses it twice as long as the time before, up to `longest`. An address
+// without an offence for `longest` after its refusal ended starts over at `first`. Offences
+// while it is refused already do not count: several at once (all of one peer's replies, all
+// of its connections) are one. Used by UnreadReplies (calls) and StreamGuard (connections).
+// Not thread-safe: its owner's lock guards it.
+#ifndef GCOMP_SERVER_ADDRESS_REFUSALS_H_
+#define GCOMP_SERVER_ADDRESS_REFUSALS_H_
+
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace gcomp::server {
+
+class AddressRefusals {
+ public:
+  AddressRefusals(absl::Duration first, absl::Duration longest)
+      : first_(first), longest_(longest) {}
+
+  // An offence of `address` at `now`.
+  void Refuse(const std::string& address, absl::Time now);
+  // How much longer than `now` `address` is refused; zero where it is not.
+  absl::Duration RefusedFor(absl::string_view address, absl::Time now) const;
+  // Forgets the addresses neither refused nor remembered for the doubling as of `now`.
+  void Forget(absl::Time now);
+  size_t size() const { return addresses_.size(); }
+
+ private:
+  struct Address {
+    absl::Time refused_until = absl::InfinitePast();
+    absl::Duration last;  // the last refusal's length
+  };
+  const absl::Duration first_;
+  const absl::Duration longest_;
+  absl::flat_hash_map<std::string, Address> addresses_;
+};
+
+// The host of a gRPC peer string: "10.0.0.7" of "ipv4:10.0.0.7:51234", "[::1]" of
+// "ipv6:[::1]:51234"; anything without a port as it is.
+std::string AddressOfPeer(absl::string_view peer);
+
+}  // namespace gcomp::server
+
+#endif  // GCOMP_SERVER_ADDRESS_REFUSALS_H_
