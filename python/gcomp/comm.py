@@ -219,17 +219,22 @@ class ClientTransport(Transport):
     def __init__(self, client, policy=None, block_bytes=None):
         """`policy`: what quantize() (error feedback) assumes the shards receive. Left out,
         it is the cluster config's uplink (with a client from gcomp.cluster.connect, which
-        carries its config), and quantize() cuts the tensor into the config's chunks, each
-        one block, as the Client does: the residual is then exactly what the shards lost."""
+        carries its config). quantize() cuts the tensor into the config's chunks (else
+        `block_bytes`, default 1 MiB, the Client's default chunk), each one block, as the
+        Client does: the residual is then exactly what the shards lost."""
         # No Transport.__init__: the byte counts are the Client's.
         _check_policy("ClientTransport", policy)
         self.client = client
         config = getattr(client, "config", None)
         self.chunk_bytes = None
-        if policy is None and config is not None:
-            up = config["uplink"]
-            policy = policy_for(up["mode"], up["rel_bits"], up["abs_log2"])
+        if config is not None:
+            # Also with a policy given: a block's error floor is relative to the block's
+            # largest element, so blocks cut otherwise than the Client's chunks (one block
+            # of the whole tensor) would leave a residual the shards did not lose.
             self.chunk_bytes = int(config["chunk_bytes"])
+            if policy is None:
+                up = config["uplink"]
+                policy = policy_for(up["mode"], up["rel_bits"], up["abs_log2"])
         self.policy = policy
         self.block_bytes = block_bytes or self.chunk_bytes or codec.DEFAULT_BLOCK_BYTES
         self._declared = {}
@@ -311,9 +316,7 @@ class ClientTransport(Transport):
     def quantize(self, tensor):
         if self.policy is None or self.policy.mode == "lossless":
             return tensor
-        if self.chunk_bytes is None:
-            return codec.roundtrip(tensor, self.policy, self.block_bytes)[0]
-        return _quantize_chunks(tensor, self.policy, self.chunk_bytes)
+        return _quantize_chunks(tensor, self.policy, self.chunk_bytes or self.block_bytes)
 
     def close(self):
         if self._final_stats is None:

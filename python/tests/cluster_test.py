@@ -227,6 +227,11 @@ def test_client_transport_error_feedback_follows_the_cluster_config(tmp_path):
         pushed = transport.quantize(x)
         assert not torch.equal(pushed, x)  # R = 2 keeps 2 mantissa bits: the residual is real
         assert (pushed - x).norm() <= 0.25 * x.norm()
+        # The same policy given explicitly: still cut into the config's chunks (it once made
+        # one block of the whole tensor, and training with error feedback drifted from the
+        # gloo transport's from the second step).
+        explicit = comm.ClientTransport(transport.client, gcomp.codec.Policy("near-lossless", 2))
+        assert torch.equal(explicit.quantize(x), pushed)
         got = x.clone()
         transport.push_pull("g", 0, got)
         assert torch.equal(got, pushed)
