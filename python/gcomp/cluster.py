@@ -136,6 +136,14 @@ class LocalCluster:
         self.config_path = os.path.join(workdir, "cluster.json")
         self.start_timeout_s = start_timeout_s
         self.procs = []
+        # Written now, so that config_path names a readable file from the start; start()
+        # writes it again with any change made to `config` (and new ports, if it had to
+        # pick them again).
+        self._write_config()
+
+    def _write_config(self):
+        with open(self.config_path, "w") as f:
+            json.dump(self.config, f, indent=1)
 
     def start(self):
         why = server_missing()
@@ -154,8 +162,7 @@ class LocalCluster:
                 self.config["shards"] = list(self.addresses)
 
     def _start_once(self):
-        with open(self.config_path, "w") as f:
-            json.dump(self.config, f, indent=1)
+        self._write_config()
         for k in range(self.shards):
             log = open(os.path.join(self.workdir, "shard%d.log" % k), "w")
             self.procs.append(subprocess.Popen(

@@ -31,6 +31,18 @@ def test_shards_start_and_stop(tmp_path):
     assert c.procs == []
 
 
+def test_config_path_names_the_config_before_start(tmp_path):
+    """A launcher hands config_path to its workers; it names the config once constructed,
+    and start() writes changes made to `config` meanwhile."""
+    needs_server()
+    c = cluster.LocalCluster(shards=1, workers=1, mode="lossless", workdir=str(tmp_path))
+    with open(c.config_path) as f:
+        assert json.load(f)["shards"] == c.addresses
+    c.config["step_timeout_ms"] = 4321
+    with c:
+        assert cluster.read_config(c.config_path)["step_timeout_ms"] == 4321
+
+
 def test_a_port_taken_before_the_shard_listens_is_replaced(tmp_path):
     needs_server()
     import socket
