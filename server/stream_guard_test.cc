@@ -63,9 +63,11 @@ TEST(StreamGuardTest, ASweepLeavesConnectionsWithinTheirCapAlone) {
   StreamGuard guard(StreamGuard::Options{});
   Connection c;
   ASSERT_GE(c.fds[0], 0);
+  EXPECT_TRUE(guard.Admit(c.fds[0]).ok());  // no address refused yet
   guard.Track(c.fds[0], 0);
   EXPECT_EQ(guard.Sweep(), 0u);
   EXPECT_EQ(guard.closed(), 0u);
+  EXPECT_EQ(guard.refused(), 0u);
   // Still open: a byte goes through.
   ASSERT_EQ(send(c.fds[1], "x", 1, 0), 1);
   char b = 0;
