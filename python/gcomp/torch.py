@@ -24,6 +24,17 @@ import torch
 from gcomp import codec
 
 
+class _Round:
+    """The pushes of one round (see PSHookState.begin_round)."""
+
+    def __init__(self):
+        self.keys = set()  # submitted
+        self.done = {}     # key -> step, once its push ended
+        self.undo = {}     # key -> the residuals its push replaced (error feedback)
+        self.failed = False
+        self.ended = False  # the round's last push was submitted (DDP's last bucket)
+
+
 class PSHookState:
     """State of `ps_hook`: the transport, per-key step counters and residuals.
 
@@ -64,6 +75,7 @@ class PSHookState:
         # Parameter (data_ptr) -> (key, its float32 residual): from the last push holding it.
         self._param_residuals = {}
         self._lock = threading.Lock()
+        self._round = _Round()
         self._closed = False
         self._close_lock = threading.Lock()
         threads = 1 if getattr(transport, "ordered", False) else max(1, max_inflight)
@@ -91,16 +103,37 @@ class PSHookState:
             self._steps[key] = step + 1
             return step
 
-    def _rewind(self, key, step):
-        """After a failed push-pull of `key` at `step`: its next push repeats `step`. A
-        failed step advanced no shard (or, where the shards completed it and the answer was
-        lost, they answer its result again), so counting on past it would put this worker
-        a step ahead of the shards for good, every later push refused as a future step."""
+    def begin_round(self):
+        """Starts a round of pushes: one DDP backward or one GradientSync.sync(), each key
+        pushed at most once. ps_hook and GradientSync call it; a push of a key already
+        pushed in the round under way starts a new one too."""
         with self._lock:
-            if self._steps.get(key) == step + 1:
-                self._steps[key] = step
+            self._round = _Round()
 
-    def sync(self, key, step, flat, layout=None):
+    def _finish(self, round_, key, step, ok):
+        """A push of `key` at `step` in `round_` ended. A round with a failed push is pushed
+        again whole: every key of it repeats its step next time, and its error-feedback
+        residual is as before the round. A failed step advanced no shard (or, where the
+        shards completed it and the answer was lost, they answer its result again), so
+        counting on past it would put this worker a step ahead of the shards for good. And
+        a key whose step did complete must repeat it too (answered with the result the
+        shards hold): the caller runs the batch again, or goes on with the next one, for
+        all keys of the round, and a key that moved on alone would push that batch as its
+        next step, averaged with the other workers' next batch (DDP with several buckets
+        of which one failed)."""
+        with self._lock:
+            round_.done[key] = step
+            round_.failed = round_.failed or not ok
+            if not round_.failed:
+                return
+            for k, s in round_.done.items():
+                if self._steps.get(k) == s + 1:
+                    self._steps[k] = s
+                undo = round_.undo.pop(k, None)
+                if undo is not None:
+                    self._restore_residuals(k, undo)
+
+    def sync(self, key, step, flat, layout=None, _round=None):
         """Push-pull of one flat tensor in place (error feedback applied). `layout`, where
         known, lists the (parameter, offset, elements) pieces of `flat`: a key whose
         pieces changed since the last push (a DDP bucket rebuilt, a layer frozen) gets each
@@ -126,6 +159,9 @@ class PSHookState:
         # step is pushed again (or the next batch is) with the residuals it had.
         with self._lock:
             before = self._residuals.get(key)
+            if _round is not None and key not in _round.undo:
+                _round.undo[key] = (before, {p: self._param_residuals.get(p)
+                                             for p, _, _ in layout or ()})
             self._residuals[key] = (layout, residual)
             if layout is None:
                 return
@@ -140,6 +176,19 @@ class PSHookState:
                 for other in [k for k, (old, _) in self._residuals.items()
                               if old is not None and k not in read]:
                     del self._residuals[other]
+
+    def _restore_residuals(self, key, undo):
+        """Puts back the residuals a push of `key` replaced (`undo`, recorded by sync)."""
+        before, params = undo
+        if before is None:
+            self._residuals.pop(key, None)
+        else:
+            self._residuals[key] = before
+        for p, got in params.items():
+            if got is None:
+                self._param_residuals.pop(p, None)
+            else:
+                self._param_residuals[p] = got
 
     def _residual_for(self, key, flat, layout):
         with self._lock:
@@ -163,7 +212,7 @@ class PSHookState:
                 out[offset:offset + n] = got[1]
         return out
 
-    def submit(self, key, flat, layout=None):
+    def submit(self, key, flat, layout=None, last=False):
         """Schedules sync() on the background thread; returns a torch Future of `flat`.
         An empty `flat` (zero-element parameters only) has nothing to push: its future is
         done at once."""
@@ -182,6 +231,11 @@ class PSHookState:
         fut = torch.futures.Future()
         with self._lock:
             previous = self._inflight.get(key)
+            if self._round.ended or key in self._round.keys:
+                self._round = _Round()
+            round_ = self._round
+            round_.keys.add(key)
+            round_.ended = last
 
         def run():
             try:
@@ -193,10 +247,11 @@ class PSHookState:
                     concurrent.futures.wait([previous])
                 step = self.next_step(key, flat)
                 try:
-                    self.sync(key, step, flat, layout)
+                    self.sync(key, step, flat, layout, round_)
                 except BaseException:
-                    self._rewind(key, step)
+                    self._finish(round_, key, step, ok=False)
                     raise
+                self._finish(round_, key, step, ok=True)
                 fut.set_result(flat)
             except BaseException as e:  # surfaces in DDP's wait, naming the cause
                 fut.set_exception(e)
@@ -308,7 +363,8 @@ def ps_hook(state, bucket):
             base, esize = buf.data_ptr(), buf.element_size()
             layout = tuple((p.data_ptr(), (g.data_ptr() - base) // esize, g.numel())
                            for p, g in zip(bucket.parameters(), bucket.gradients()))
-        fut = state.submit(key, buf, layout)
+        # DDP hands buckets over in index order; the last ends the backward's round.
+        fut = state.submit(key, buf, layout, last=bucket.is_last())
     except Exception as e:  # pylint: disable=broad-except
         fut = torch.futures.Future()
         fut.set_exception(e)
@@ -423,6 +479,7 @@ class GradientSync:
         for p in self.params:
             if p.grad is not None:
                 check_tensor(p.grad, "GradientSync", self.state.transport)
+        self.state.begin_round()
         futures = []
         for i, params in enumerate(self.buckets):
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]

@@ -432,7 +432,7 @@ class SlowSecondKey(comm.Transport):
 
 def test_a_key_still_pushing_when_sync_fails_is_pushed_again_only_after():
     # sync() raises at the first failed bucket while another bucket's push is under way;
-    # the next sync() pushes that key again only once that push is over, at the next step.
+    # the next sync() pushes that key again only once that push is over.
     model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False))
     transport = SlowSecondKey()
     sync = gtorch.GradientSync(model, transport, bucket_bytes=64)
@@ -442,9 +442,72 @@ def test_a_key_still_pushing_when_sync_fails_is_pushed_again_only_after():
     sync.sync()
     sync.close()
     slow = [(step, start, end) for key, step, start, end in transport.pushes if "/0/" not in key]
-    assert [step for step, _, _ in slow] == [0, 1]
+    # The same step again: its push succeeded, but its round failed
+    # (test_a_round_with_a_failed_push_is_pushed_again_whole).
+    assert [step for step, _, _ in slow] == [0, 0]
     assert slow[1][1] >= slow[0][2], "the key's second push began before its first was over"
     assert [step for key, step, _, _ in transport.pushes if "/0/" in key] == [0]
+
+
+class FailsKeyOnce(Recording):
+    """Recording, with steps, whose first push of a key containing `fail` at `step` raises."""
+
+    def __init__(self, fail, step=0):
+        super().__init__()
+        self.fail, self.fail_step, self.steps = fail, step, []
+
+    def push_pull(self, key, step, tensor):
+        self.steps.append((key, step))
+        if self.fail in key and step == self.fail_step:
+            self.fail = "never"
+            raise TimeoutError("DEADLINE_EXCEEDED: step %d: missing workers: worker-1" % step)
+        super().push_pull(key, step, tensor)
+
+
+@pytest.mark.parametrize("error_feedback", [False, True])
+def test_a_round_with_a_failed_push_is_pushed_again_whole(error_feedback):
+    # Two buckets; the second fails once. The first one's step completed, but the caller
+    # runs the batch again (or the next one) for both: had the first key moved on alone,
+    # it would push that batch as its next step, averaged with the other workers' next
+    # batch, and the workers' models would drift apart (a review saw it with DDP). Its
+    # residual is also as before the round, so the repeated push carries the same values.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False))
+    transport = FailsKeyOnce(fail="/1/", step=1)
+    sync = gtorch.GradientSync(model, transport, bucket_bytes=64,
+                               error_feedback=error_feedback)
+    x = torch.randn(2, 4)
+    model(x).sum().backward()
+    sync.sync()  # round 0
+    model.zero_grad()
+    model(x).sum().backward()
+    with pytest.raises(TimeoutError, match="missing workers"):
+        sync.sync()  # round 1: key 0 completes, key 1 fails
+    pushed_first = [t for k, _, t in transport.pushes if "/0/" in k][-1]
+    model.zero_grad()
+    model(x).sum().backward()
+    sync.sync()  # round 1 again
+    sync.sync()  # round 2
+    steps = {}
+    for key, step in transport.steps:
+        steps.setdefault(key.split("/")[1], []).append(step)
+    assert steps == {"0": [0, 1, 1, 2], "1": [0, 1, 1, 2]}
+    assert torch.equal([t for k, _, t in transport.pushes if "/0/" in k][2], pushed_first)
+    sync.close()
+
+
+def test_ddp_rounds_end_at_the_last_bucket():
+    # ps_hook marks DDP's last bucket; the next push starts a round even where its key is
+    # new (DDP rebuilt its buckets), so a failure there does not take earlier keys back.
+    transport = FailsKeyOnce(fail="new")
+    state = gtorch.PSHookState(transport)
+    state.submit("ddp/bucket1/4", torch.ones(4)).wait()
+    state.submit("ddp/bucket0/4", torch.ones(4), last=True).wait()
+    with pytest.raises(TimeoutError):
+        state.submit("ddp/new/8", torch.ones(8), last=True).wait()
+    state.submit("ddp/bucket0/4", torch.ones(4)).wait()
+    assert transport.steps[-1] == ("ddp/bucket0/4", 1)
+    state.close()
 
 
 def test_zero_element_parameters_push_nothing():
