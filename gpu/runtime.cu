@@ -1,6 +1,7 @@
 #include "gpu/runtime.h"
 
 #include <cuda_runtime.h>
+#include <unistd.h>  // access
 
 #include <string>
 #include <utility>
@@ -15,8 +16,16 @@ absl::Status ProbeOnce() {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear the sticky error so later calls start clean
-    return absl::UnavailableError(
-        std::string("no usable CUDA device: ") + cudaGetErrorString(err));
+    // The runtime reports a machine without any NVIDIA driver as "driver version is
+    // insufficient" (or a stub library's error), which sends people looking for an upgrade.
+    if (access("/proc/driver/nvidia/version", F_OK) != 0) {
+      return absl::UnavailableError(
+          "no usable CUDA device: no NVIDIA driver is loaded on this machine (no "
+          "/proc/driver/nvidia/version; the CUDA runtime says: " +
+          std::string(cudaGetErrorString(err)) + ")");
+    }
+    return absl::UnavailableError(std::string("no usable CUDA device: ") +
+                                  cudaGetErrorString(err));
   }
   if (count == 0) return absl::UnavailableError("no CUDA device present");
   return absl::OkStatus();

@@ -1,7 +1,10 @@
 #include "gpu/runtime.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -21,6 +24,12 @@ TEST(GpuRuntime, AvailabilityIsConsistentAndNeverAborts) {
   EXPECT_EQ(Available(), AvailabilityStatus().ok());
   if (!Available()) {
     EXPECT_EQ(AvailabilityStatus().code(), absl::StatusCode::kUnavailable);
+    // Without a driver it says so, not that the driver is too old.
+    if (access("/proc/driver/nvidia/version", F_OK) != 0) {
+      EXPECT_NE(AvailabilityStatus().message().find("no NVIDIA driver is loaded"),
+                std::string::npos)
+          << AvailabilityStatus().message();
+    }
     EXPECT_FALSE(CudaStream::Create().ok());
     EXPECT_FALSE(DeviceBuffer::Allocate(16).ok());
   }

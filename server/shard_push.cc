@@ -53,7 +53,9 @@ absl::StatusOr<std::shared_ptr<StepAccumulator>> ShardService::OwnedChunk(const 
   if (auto lost = t.lost.find(chunk); lost != t.lost.end()) return absl::DataLossError(lost->second);
   if (it == t.chunks.end()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        t.OwnedBy(chunk), " under shard-map epoch ", epoch_.load(), ", not shard ", shard()));
+        t.OwnedBy(chunk), " under shard-map epoch ", epoch_.load(), ", not shard ", shard(),
+        " (where the worker has this epoch too, its config lists the shards otherwise: every "
+        "worker and shard must load the same `shards:` list, in the same order)"));
   }
   return it->second;
 }

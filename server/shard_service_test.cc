@@ -489,8 +489,10 @@ TEST(ShardService, ChunkOfAnotherShardIsFailedPrecondition) {
   b.mutable_address()->set_key("big");
   b.mutable_address()->set_chunk(other);
   b.mutable_address()->set_shard_map_epoch(1);
-  EXPECT_EQ(shard->PushPull(b, absl::Now() + absl::Seconds(1), &out).code(),
-            absl::StatusCode::kFailedPrecondition);
+  const absl::Status s = shard->PushPull(b, absl::Now() + absl::Seconds(1), &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  // With the same epoch, the likely cause: the worker's config lists the shards otherwise.
+  EXPECT_THAT(std::string(s.message()), HasSubstr("same `shards:` list, in the same order"));
 }
 
 // A peer that backs up nothing here, or sends a part above one chunk's encoded bound, is
