@@ -64,6 +64,12 @@ class PyClient {
   // In place when `out` is None.
   void PushPull(const std::string& key, int64_t step, const py::buffer& data,
                 const py::object& out) {
+    if (out.is_none() && data.request(/*writable=*/false).readonly) {
+      throw py::type_error("push_pull of '" + key +
+                           "': data is read-only (bytes, a read-only array) and no `out` was "
+                           "given: the result is written back into data; pass a writable "
+                           "buffer, or out=");
+    }
     ContiguousBuffer in = RequestContiguous(data, /*writable=*/out.is_none());
     ContiguousBuffer dst =
         out.is_none() ? ContiguousBuffer{} : RequestContiguous(out.cast<py::buffer>(), true);

@@ -616,6 +616,12 @@ def test_a_refused_redeclaration_keeps_the_key_as_it_was(tmp_path):
         # Raw bytes have no element width: taken by their size.
         raw = bytearray(np.arange(4, dtype=np.float32).tobytes())
         client.push_pull("w", 1, raw)
+        # Read-only data without `out`: the result has nowhere to go, and the error says so.
+        with pytest.raises(TypeError, match=r"data is read-only .* written back into data"):
+            client.push_pull("w", 2, bytes(raw))
+        got = np.zeros(4, np.float32)
+        client.push_pull("w", 2, bytes(raw), got)
+        assert (got == np.arange(4, dtype=np.float32)).all()
         with pytest.raises(ValueError, match=r"elements must be in \[1, 2\^36\], got 0"):
             client.declare("empty", 0, "f32")
         with pytest.raises(ValueError, match=r"elements must be in \[1, 2\^36\]"):
