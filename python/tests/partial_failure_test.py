@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import gcomp
+from ranks import wait_all  # this folder is on sys.path: the test's own
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -21,14 +22,7 @@ def run(c, tmp_path, name, late_s):
          "--init-method", rendezvous, "--cluster-config", c.config_path, "--prefix", name,
          "--late-s", str(late_s), "--out", outs[r]],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    for p in procs:
-        try:
-            log, _ = p.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("rank did not finish within 180 s:\n" + p.communicate()[0])
-        assert p.returncode == 0, log
+    wait_all(procs, 180)
     return [json.load(open(o)) for o in outs]
 
 
