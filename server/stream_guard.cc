@@ -80,8 +80,18 @@ bool PeerOfSocket(int fd, std::string* peer, int* local_port) {
     *peer = absl::StrCat("ipv4:", ip, ":", ntohs(r->sin_port));
   } else if (remote.ss_family == AF_INET6) {
     const auto* r = reinterpret_cast<const sockaddr_in6*>(&remote);
-    inet_ntop(AF_INET6, &r->sin6_addr, ip, sizeof(ip));
-    *peer = absl::StrCat("ipv6:[", ip, "]:", ntohs(r->sin6_port));
+    if (IN6_IS_ADDR_V4MAPPED(&r->sin6_addr)) {
+      // An IPv4 client of a dual-stack ([::]) listener: gRPC names it by its IPv4 address.
+      inet_ntop(AF_INET, &r->sin6_addr.s6_addr[12], ip, sizeof(ip));
+      *peer = absl::StrCat("ipv4:", ip, ":", ntohs(r->sin6_port));
+    } else {
+      // gRPC writes the host as a URI path: brackets (and a zone's '%') percent-encoded,
+      // "ipv6:%5B::1%5D:51234".
+      inet_ntop(AF_INET6, &r->sin6_addr, ip, sizeof(ip));
+      std::string host = ip;
+      if (r->sin6_scope_id != 0) absl::StrAppend(&host, "%25", r->sin6_scope_id);
+      *peer = absl::StrCat("ipv6:%5B", host, "%5D:", ntohs(r->sin6_port));
+    }
   } else {
     return false;
   }

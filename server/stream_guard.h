@@ -95,8 +95,9 @@ class StreamGuard {
   std::thread thread_;
 };
 
-// "ipv4:10.0.0.7:51234" / "ipv6:[::1]:51234" for a socket's peer (as gRPC names peers), and
-// the socket's local port; false where it has none (closed, not IP).
+// A socket's peer named exactly as gRPC names it ("ipv4:10.0.0.7:51234",
+// "ipv6:%5B::1%5D:51234"; an IPv4 client of a dual-stack listener as "ipv4:..."), and the
+// socket's local port; false where it has none (closed, not IP).
 bool PeerOfSocket(int fd, std::string* peer, int* local_port);
 
 }  // namespace gcomp::server

@@ -15,24 +15,59 @@
 namespace gcomp::server {
 namespace {
 
-// A loopback TCP connection: [0] the accepted (server) side, [1] the client side.
+// A loopback TCP connection: [0] the accepted (server) side, [1] the client side. The
+// listener is IPv4 (127.0.0.1) or IPv6 ([::], dual-stack); the client connects to
+// `client_to` (127.0.0.1 or ::1).
 struct Connection {
   int fds[2] = {-1, -1};
   int port = 0;
-  Connection() {
-    const int listener = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    if (bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-        listen(listener, 1) != 0 ||
+  Connection() : Connection(false, "127.0.0.1") {}
+  Connection(bool ipv6_listener, const char* client_to) {
+    sockaddr_storage a{};
+    socklen_t len;
+    int listener;
+    if (ipv6_listener) {
+      auto* a6 = reinterpret_cast<sockaddr_in6*>(&a);
+      a6->sin6_family = AF_INET6;
+      a6->sin6_addr = in6addr_any;
+      listener = socket(AF_INET6, SOCK_STREAM, 0);
+      const int off = 0;
+      setsockopt(listener, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+      len = sizeof(sockaddr_in6);
+    } else {
+      auto* a4 = reinterpret_cast<sockaddr_in*>(&a);
+      a4->sin_family = AF_INET;
+      a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      listener = socket(AF_INET, SOCK_STREAM, 0);
+      len = sizeof(sockaddr_in);
+    }
+    if (bind(listener, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(listener, 1) != 0 ||
         getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      close(listener);
       return;
     }
-    port = ntohs(a.sin_port);
-    fds[1] = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(fds[1], reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return;
+    port = ntohs(ipv6_listener ? reinterpret_cast<sockaddr_in6*>(&a)->sin6_port
+                               : reinterpret_cast<sockaddr_in*>(&a)->sin_port);
+    sockaddr_storage to{};
+    socklen_t to_len;
+    if (std::string(client_to).find(':') != std::string::npos) {
+      auto* t6 = reinterpret_cast<sockaddr_in6*>(&to);
+      t6->sin6_family = AF_INET6;
+      t6->sin6_port = htons(static_cast<uint16_t>(port));
+      inet_pton(AF_INET6, client_to, &t6->sin6_addr);
+      to_len = sizeof(sockaddr_in6);
+    } else {
+      auto* t4 = reinterpret_cast<sockaddr_in*>(&to);
+      t4->sin_family = AF_INET;
+      t4->sin_port = htons(static_cast<uint16_t>(port));
+      inet_pton(AF_INET, client_to, &t4->sin_addr);
+      to_len = sizeof(sockaddr_in);
+    }
+    fds[1] = socket(to.ss_family, SOCK_STREAM, 0);
+    if (connect(fds[1], reinterpret_cast<sockaddr*>(&to), to_len) != 0) {
+      close(listener);
+      return;
+    }
     fds[0] = accept(listener, nullptr, nullptr);
     close(listener);
   }
@@ -40,6 +75,14 @@ struct Connection {
     for (int fd : fds) {
       if (fd >= 0) close(fd);
     }
+  }
+  int ClientPort() const {
+    sockaddr_storage client{};
+    socklen_t len = sizeof(client);
+    getsockname(fds[1], reinterpret_cast<sockaddr*>(&client), &len);
+    return ntohs(client.ss_family == AF_INET6
+                     ? reinterpret_cast<const sockaddr_in6*>(&client)->sin6_port
+                     : reinterpret_cast<const sockaddr_in*>(&client)->sin_port);
   }
 };
 
@@ -50,11 +93,26 @@ TEST(StreamGuardTest, PeerOfSocketNamesThePeerAsGrpcDoes) {
   int local_port = 0;
   ASSERT_TRUE(PeerOfSocket(c.fds[0], &peer, &local_port));
   EXPECT_EQ(local_port, c.port);
-  sockaddr_in client{};
-  socklen_t len = sizeof(client);
-  ASSERT_EQ(getsockname(c.fds[1], reinterpret_cast<sockaddr*>(&client), &len), 0);
-  EXPECT_EQ(peer, absl::StrCat("ipv4:127.0.0.1:", ntohs(client.sin_port)));
+  EXPECT_EQ(peer, absl::StrCat("ipv4:127.0.0.1:", c.ClientPort()));
   EXPECT_FALSE(PeerOfSocket(-1, &peer, &local_port));
+}
+
+// The guard finds a connection among gRPC's by this name: an IPv6 peer, or an IPv4 one of a
+// dual-stack listener, named otherwise was never found, so never closed (a review grew a
+// shard listening on [::] to 1.7 GB through it).
+TEST(StreamGuardTest, PeerOfSocketNamesIpv6AndDualStackPeersAsGrpcDoes) {
+  std::string peer;
+  int local_port = 0;
+  Connection v4_on_dual(true, "127.0.0.1");
+  ASSERT_GE(v4_on_dual.fds[0], 0);
+  ASSERT_TRUE(PeerOfSocket(v4_on_dual.fds[0], &peer, &local_port));
+  EXPECT_EQ(peer, absl::StrCat("ipv4:127.0.0.1:", v4_on_dual.ClientPort()));
+  EXPECT_EQ(local_port, v4_on_dual.port);
+  Connection v6(true, "::1");
+  if (v6.fds[0] < 0) GTEST_SKIP() << "no IPv6 loopback here";
+  ASSERT_TRUE(PeerOfSocket(v6.fds[0], &peer, &local_port));
+  EXPECT_EQ(peer, absl::StrCat("ipv6:%5B::1%5D:", v6.ClientPort()));
+  EXPECT_EQ(AddressOfPeer(peer), "%5B::1%5D");
 }
 
 // Connections gRPC does not know (here: none at all) are never touched; closed ones are

@@ -64,9 +64,18 @@ class HostileClientTest : public ::testing::Test {
         const rlimit files{fd_limit_, fd_limit_};
         setrlimit(RLIMIT_NOFILE, &files);
       }
-      execl(server.c_str(), server.c_str(), "--config", config.c_str(), "--shard", "0",
-            "--log_level", "warn", "--shutdown_grace_ms", "500", "--metrics_address",
-            "127.0.0.1:0", nullptr);
+      std::vector<std::string> args = {
+          server, "--config",          config,       "--shard",
+          "0",    "--log_level",       "warn",       "--shutdown_grace_ms",
+          "500",  "--metrics_address", "127.0.0.1:0"};
+      if (!listen_host_.empty()) {
+        args.push_back("--listen");
+        args.push_back(absl::StrCat(listen_host_, ":", Port()));
+      }
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(server.c_str(), argv.data());
       _exit(127);
     }
     grpc::ChannelArguments args;
@@ -215,6 +224,7 @@ class HostileClientTest : public ::testing::Test {
   std::string extra_limits_;
   rlim_t fd_limit_ = 0;
   uint32_t rpc_timeout_ms_ = 30000;  // the step timeout is two thirds of it
+  std::string listen_host_;          // --listen's host ("[::]"); empty: the config's address
   pid_t pid_ = -1;
   std::string address_;
   int connections_ = 0;
@@ -304,20 +314,34 @@ std::string Http2Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::
   return f + payload;
 }
 
-// A TCP connection from local address `from` (e.g. 127.0.0.2: a peer of its own) to
+// `address` ("127.0.0.1:port", "[::1]:port"); -1 where it cannot be made.
 // `address` ("127.0.0.1:port"); -1 where it cannot be made.
 int ConnectFrom(const std::string& address, const std::string& from) {
   const size_t colon = address.rfind(':');
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &to.sin_addr);
-  sockaddr_in local{};
-  local.sin_family = AF_INET;
-  inet_pton(AF_INET, from.c_str(), &local.sin_addr);
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && (bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
-                  connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0)) {
+  const uint16_t port = static_cast<uint16_t>(std::stoi(address.substr(colon + 1)));
+  std::string host = address.substr(0, colon);
+  sockaddr_storage to{}, local{};
+  socklen_t len = sizeof(sockaddr_in);
+  if (host.front() == '[') {  // "[::1]:port" from "::1"
+    host = host.substr(1, host.size() - 2);
+    auto* t6 = reinterpret_cast<sockaddr_in6*>(&to);
+    auto* l6 = reinterpret_cast<sockaddr_in6*>(&local);
+    t6->sin6_family = l6->sin6_family = AF_INET6;
+    t6->sin6_port = htons(port);
+    inet_pton(AF_INET6, host.c_str(), &t6->sin6_addr);
+    inet_pton(AF_INET6, from.c_str(), &l6->sin6_addr);
+    len = sizeof(sockaddr_in6);
+  } else {
+    auto* t4 = reinterpret_cast<sockaddr_in*>(&to);
+    auto* l4 = reinterpret_cast<sockaddr_in*>(&local);
+    t4->sin_family = l4->sin_family = AF_INET;
+    t4->sin_port = htons(port);
+    inet_pton(AF_INET, host.c_str(), &t4->sin_addr);
+    inet_pton(AF_INET, from.c_str(), &l4->sin_addr);
+  }
+  const int fd = socket(to.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && (bind(fd, reinterpret_cast<sockaddr*>(&local), len) != 0 ||
+                  connect(fd, reinterpret_cast<sockaddr*>(&to), len) != 0)) {
     close(fd);
     return -1;
   }
@@ -915,6 +939,27 @@ TEST_F(DescriptorFloodTest, RunningOutOfDescriptorsDoesNotStopTheShardAccepting)
   absl::SleepFor(absl::Milliseconds(500));
   ExpectStepWorks("w", 0, 1000);
   EXPECT_EQ(Stats().tensors(), 1u);
+}
+
+// A shard listening on every IPv6 and IPv4 address ([::], dual-stack), as IPv6 clusters
+// run it.
+class DualStackTest : public HostileClientTest {
+ protected:
+  DualStackTest() { listen_host_ = "[::]"; }
+};
+
+// The stream guard finds each connection among gRPC's by the peer's name; an IPv4 client
+// of a dual-stack listener (and an IPv6 one) was named otherwise, never found and never
+// closed: a review grew such a shard to 1.7 GB from one connection of Watch streams.
+TEST_F(DualStackTest, APeerOverTheStreamCapIsClosedOnADualStackListener) {
+  NonReadingPeer peer(address_, "127.0.0.2", 400, "/grpc.health.v1.Health/Watch");
+  EXPECT_TRUE(peer.ClosedByServerWithin(absl::Seconds(10)))
+      << "a connection with 400 open streams (cap 22) was left open";
+  NonReadingPeer v6(absl::StrCat("[::1]:", Port()), "::1", 400, "/grpc.health.v1.Health/Watch");
+  EXPECT_TRUE(v6.ClosedByServerWithin(absl::Seconds(10)))
+      << "an IPv6 connection with 400 open streams (cap 22) was left open";
+  ASSERT_TRUE(Declare("w", 100).ok());
+  ExpectStepWorks("w", 0, 100);
 }
 
 // A shard whose calls time out after 3 s (its steps after 2 s).
