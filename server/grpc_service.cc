@@ -544,6 +544,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   s->service_->HoldForRejoinCheck();
   grpc::EnableDefaultHealthCheckService(true);
   StreamGuard::Options guarding;
+  guarding.max_message_bytes = config.max_message_bytes();
   guarding.on_closed = [metrics = s->service_->metrics()](uint64_t n) {
     metrics->CountStreamLimitClosures(n);
   };

@@ -2,8 +2,12 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <linux/tcp.h>  // TCP_INFO with tcpi_bytes_received (glibc's lacks it)
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <vector>
 
@@ -57,6 +61,21 @@ std::vector<std::pair<int64_t, std::string>> SocketRefs(const std::string& json)
     out.emplace_back(NumberAfter(object, "socketId"), std::move(name_value));
   }
   return out;
+}
+
+// Bytes gRPC has read from TCP socket `fd`: what the kernel took in (TCP_INFO) less what
+// still waits in its receive queue, so that a shard too busy to read does not count what a
+// peer sent meanwhile against the streams gRPC has seen. 0 where the kernel cannot say.
+uint64_t BytesRead(int fd) {
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  int queued = 0;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      len < offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received) ||
+      ioctl(fd, FIONREAD, &queued) != 0) {
+    return 0;
+  }
+  return info.tcpi_bytes_received - std::min<uint64_t>(info.tcpi_bytes_received, queued);
 }
 
 log::LineBudget* ClosedLines() {
@@ -188,14 +207,45 @@ size_t StreamGuard::Sweep() {
         if (local == std::string::npos || NumberAfter(socket, "port", local) != t.local_port) {
           continue;  // a connection of another server in this process
         }
-        const int64_t open = NumberAfter(socket, "streamsStarted") -
-                             NumberAfter(socket, "streamsSucceeded") -
-                             NumberAfter(socket, "streamsFailed");
-        if (open <= t.max_open_streams) continue;
+        const int64_t started = NumberAfter(socket, "streamsStarted");
+        const int64_t open =
+            started - NumberAfter(socket, "streamsSucceeded") - NumberAfter(socket, "streamsFailed");
+        const uint64_t received = BytesRead(t.fd);
+        std::string why;
         {
           absl::MutexLock lock(&mu_);
           auto it = tracked_.find(peer);
           if (it == tracked_.end() || it->second.fd != t.fd) continue;
+          Tracked& now = it->second;
+          if (open > now.max_open_streams) {
+            why = absl::StrCat(open, " streams open, at most ", now.max_open_streams,
+                               " (a peer that ignores the server's "
+                               "SETTINGS_MAX_CONCURRENT_STREAMS or resets streams faster than "
+                               "the shard takes them)");
+          } else if (options_.max_message_bytes != 0 && now.swept) {
+            // Every byte an honest peer sends is part of a request (one message a stream,
+            // within max_message_bytes) but for a little framing: a connection that sent
+            // more than the streams it started or had open could carry sends frames that
+            // carry no request (empty CONTINUATION, PING, RST_STREAM of idle streams), which
+            // gRPC 1.51 takes without limit.
+            const uint64_t streams = static_cast<uint64_t>(
+                std::max<int64_t>(0, started - now.started) + now.open + 2);
+            const uint64_t allowed = streams * (options_.max_message_bytes + (64u << 10));
+            // Twice in a row: once could be a read that ran ahead of the streams it holds.
+            now.over_bytes = received > now.received && received - now.received > allowed
+                                 ? now.over_bytes + 1
+                                 : 0;
+            if (now.over_bytes >= 2) {
+              why = absl::StrCat(received - now.received, " bytes read since the last look with ",
+                                 streams - 2, " streams to carry them, at most ", allowed,
+                                 ", twice in a row (a flood of frames that carry no request)");
+            }
+          }
+          now.swept = true;
+          now.started = started;
+          now.open = std::max<int64_t>(0, open);
+          now.received = received;
+          if (why.empty()) continue;
           // Shut down, not closed: the descriptor stays gRPC's, which sees the end of it.
           shutdown(t.fd, SHUT_RDWR);
           tracked_.erase(it);
@@ -204,11 +254,9 @@ size_t StreamGuard::Sweep() {
         }
         ++shut;
         if (ClosedLines()->Admit()) {
-          log::Warn(
-              "connection from {} closed: {} streams open, at most {} (a peer that "
-              "ignores the server's SETTINGS_MAX_CONCURRENT_STREAMS or resets streams faster "
-              "than the shard takes them); its address is refused new connections for a while",
-              log::Clip(peer, 64), open, t.max_open_streams);
+          log::Warn("connection from {} closed: {}; its address is refused new connections for a "
+                    "while",
+                    log::Clip(peer, 64), why);
         }
       }
       if (refs.empty() || page.find("\"end\":true") != std::string::npos) break;

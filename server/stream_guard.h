@@ -50,6 +50,13 @@ class StreamGuard {
     // closure (after a refusal ended, while remembered) doubles it, up to the longest.
     absl::Duration first_refusal = absl::Seconds(1);
     absl::Duration longest_refusal = absl::Seconds(60);
+    // The largest request message (the config's max_message_bytes). A connection from
+    // which gRPC read more bytes between two looks than the streams it started or had open
+    // could carry at this size (and 64 KiB of framing each, two streams' worth of slack),
+    // at two looks in a row, is shut down like one over its stream cap: a flood of frames
+    // that carry no request (empty CONTINUATION, PING, RST_STREAM of idle streams), which
+    // gRPC 1.51 takes without limit. 0: no such check.
+    uint64_t max_message_bytes = 0;
     // Called (outside the lock) with the connections each sweep shut down, and once for
     // each connection Admit refused.
     std::function<void(uint64_t)> on_closed;
@@ -82,6 +89,12 @@ class StreamGuard {
     int fd;
     int local_port;
     uint32_t max_open_streams;
+    // At the last look (swept: there was one): streams started, open, bytes received.
+    bool swept = false;
+    int64_t started = 0;
+    int64_t open = 0;
+    uint64_t received = 0;
+    int over_bytes = 0;  // looks in a row that saw more bytes than the streams could carry
   };
 
   const Options options_;

@@ -15,11 +15,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -485,39 +487,47 @@ class NonReadingPeer {
   int fd_ = -1;
 };
 
-// HTTP/2 rapid reset (CVE-2023-44487): a peer that acknowledges the server's SETTINGS, so the
-// stream limit applies, then opens call after call and resets each at once (RST_STREAM
-// CANCEL), which the limit does not count. It reconnects whenever the shard closes its
-// connection, as an attacker would, until destroyed.
-class RapidResetPeer {
+// A peer that acknowledges the server's SETTINGS, so the stream limit applies, then sends
+// frames as fast as the socket takes them, batch after batch from `batch` (given the first
+// stream id of the batch and whether it is the connection's first; it returns the frames
+// and how many streams they open). It
+// reconnects whenever the shard closes its connection, as an attacker would, until
+// destroyed.
+class FloodPeer {
  public:
-  RapidResetPeer(const std::string& address, const std::string& from, const std::string& path)
-      : thread_([this, address, from, path] { Run(address, from, path); }) {}
-  ~RapidResetPeer() {
+  using Batch = std::function<std::pair<std::string, uint32_t>(uint32_t first_id, bool first)>;
+  FloodPeer(const std::string& address, const std::string& from, Batch batch)
+      : thread_([this, address, from, batch] { Run(address, from, batch); }) {}
+  ~FloodPeer() {
     stop_ = true;
     thread_.join();
   }
 
-  // Connections the shard ended (each counted once), and streams sent on all.
+  // Connections the shard ended (each counted once), and streams opened on all.
   int closed() const { return closed_; }
   uint64_t streams() const { return streams_; }
 
+  // Waits up to `timeout` for the shard to end a connection.
+  bool ClosedWithin(absl::Duration timeout) const {
+    for (absl::Time give_up = absl::Now() + timeout; closed_ == 0 && absl::Now() < give_up;) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return closed_ > 0;
+  }
+
  private:
-  void Run(const std::string& address, const std::string& from, const std::string& path) {
-    const std::string headers = CallHeaders(address, path);
-    const std::string cancel("\x00\x00\x00\x08", 4);
+  void Run(const std::string& address, const std::string& from, const Batch& batch) {
     while (!stop_) {
       const int fd = ConnectFrom(address, from);
       if (fd < 0) continue;
       std::string out = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + Http2Frame(4, 0, 0, "") +
                         Http2Frame(4, 0x1, 0, "");  // SETTINGS, and the ACK of the shard's
-      for (uint32_t id = 1; !stop_ && id < (1u << 30);) {
-        for (int i = 0; i < 200; ++i, id += 2) {
-          out += Http2Frame(1, 0x4, id, headers) + Http2Frame(0, 0x1, id, kEmptyMessage) +
-                 Http2Frame(3, 0, id, cancel);
-        }
+      for (uint32_t id = 1, batches = 0; !stop_ && id < (1u << 30); ++batches) {
+        auto [frames, opened] = batch(id, batches == 0);
+        out += frames;
         if (!SendAll(fd, out)) break;
-        streams_ += 200;
+        id += 2 * opened;
+        streams_ += opened;
         out.clear();
         char buf[65536];  // what the shard answers is read and dropped
         ssize_t n;
@@ -543,6 +553,30 @@ class RapidResetPeer {
   std::atomic<uint64_t> streams_{0};
   std::thread thread_;
 };
+
+// HTTP/2 rapid reset (CVE-2023-44487): calls opened and reset at once (RST_STREAM CANCEL),
+// which the stream limit does not count.
+FloodPeer::Batch RapidReset(const std::string& address, const std::string& path) {
+  return [headers = CallHeaders(address, path)](uint32_t id, bool) {
+    const std::string cancel("\x00\x00\x00\x08", 4);
+    std::string out;
+    for (int i = 0; i < 200; ++i, id += 2) {
+      out += Http2Frame(1, 0x4, id, headers) + Http2Frame(0, 0x1, id, kEmptyMessage) +
+             Http2Frame(3, 0, id, cancel);
+    }
+    return std::make_pair(out, 200u);
+  };
+}
+
+// A header block that never ends: HEADERS without END_HEADERS, then empty CONTINUATION
+// frames without end. No stream is ever opened.
+FloodPeer::Batch EndlessContinuation(const std::string& address, const std::string& path) {
+  return [headers = CallHeaders(address, path)](uint32_t, bool first) {
+    std::string out = first ? Http2Frame(1, 0, 1, headers) : "";
+    for (int i = 0; i < 4000; ++i) out += Http2Frame(9, 0, 1, "");
+    return std::make_pair(out, 0u);
+  };
+}
 
 constexpr char kStatsMethod[] = "/gcomp.proto.Aggregation/Stats";
 
@@ -608,12 +642,9 @@ TEST_F(HostileClientTest, ARapidResetFloodIsClosedAndItsAddressRefused) {
   ExpectStepWorks("w", 0, 1000);
   const uint64_t before = ServerRss();
   {
-    RapidResetPeer flood(address_, "127.0.0.3", kStatsMethod);
-    for (absl::Time give_up = absl::Now() + absl::Seconds(20);
-         flood.closed() == 0 && absl::Now() < give_up;) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    ASSERT_GT(flood.closed(), 0) << "a flood of " << flood.streams() << " reset streams";
+    FloodPeer flood(address_, "127.0.0.3", RapidReset(address_, kStatsMethod));
+    ASSERT_TRUE(flood.ClosedWithin(absl::Seconds(20)))
+        << "a flood of " << flood.streams() << " reset streams";
     // The address's next connection is closed at once (a single call would be allowed).
     NonReadingPeer next(address_, "127.0.0.3", 1, kStatsMethod);
     EXPECT_TRUE(next.ClosedByServerWithin(absl::Seconds(2)))
@@ -625,6 +656,20 @@ TEST_F(HostileClientTest, ARapidResetFloodIsClosedAndItsAddressRefused) {
     EXPECT_LT(ServerRss(), before + (512ull << 20)) << "after " << flood.streams() << " streams";
   }
   ExpectStepWorks("w", 1, 1000);
+}
+
+// gRPC 1.51 takes any number of frames that carry no request (here a header block that
+// never ends, in empty CONTINUATION frames; PING or RST_STREAM of idle streams likewise): a
+// review's four such connections held a shard at 300-600 MB with admin calls timing out,
+// and one connection took 1.4 billion frames without being closed. The stream guard now
+// closes a connection that sends more bytes than its streams could carry.
+TEST_F(HostileClientTest, AFloodOfFramesCarryingNoRequestIsClosed) {
+  FloodPeer flood(address_, "127.0.0.3", EndlessContinuation(address_, kStatsMethod));
+  EXPECT_TRUE(flood.ClosedWithin(absl::Seconds(10)))
+      << "an endless header block was taken for 10 s";
+  Stats();
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  ExpectStepWorks("w", 0, 1000);
 }
 
 // Slow peers cannot make gRPC hold more than its memory quota (TransportLimits): the first
