@@ -29,7 +29,8 @@ class _Round:
 
     def __init__(self):
         self.keys = set()  # submitted
-        self.done = {}     # key -> step, once its push ended
+        self.done = {}     # key -> step (None: failed before it had one), once its push ended
+        self.rewound = set()  # keys of a failed round taken back already
         self.undo = {}     # key -> the residuals its push replaced (error feedback)
         self.failed = False
         self.ended = False  # the round's last push was submitted (DDP's last bucket)
@@ -126,8 +127,15 @@ class PSHookState:
             round_.failed = round_.failed or not ok
             if not round_.failed:
                 return
+            # Each key once: at the first failure, the keys whose push is over; later, each
+            # one as its own push ends. A key rewound already may have been pushed again by
+            # the next round meanwhile (the caller runs the batch again as soon as it sees
+            # the error), and rewinding it again would put it a step behind the others.
             for k, s in round_.done.items():
-                if self._steps.get(k) == s + 1:
+                if k in round_.rewound:
+                    continue
+                round_.rewound.add(k)
+                if s is not None and self._steps.get(k) == s + 1:
                     self._steps[k] = s
                 undo = round_.undo.pop(k, None)
                 if undo is not None:
@@ -245,8 +253,9 @@ class PSHookState:
                 # is taken once that one is over (and has rewound the count if it failed).
                 if previous is not None:
                     concurrent.futures.wait([previous])
-                step = self.next_step(key, flat)
+                step = None  # None: it failed before it had a step (declaring the key)
                 try:
+                    step = self.next_step(key, flat)
                     self.sync(key, step, flat, layout, round_)
                 except BaseException:
                     self._finish(round_, key, step, ok=False)

@@ -496,6 +496,56 @@ def test_a_round_with_a_failed_push_is_pushed_again_whole(error_feedback):
     sync.close()
 
 
+class FirstFailsLastSlow(comm.Transport):
+    """Key b0's first push fails at once; b1's first takes 0.5 s. With `declare_fails`,
+    b1's first declaration (first_step) fails instead."""
+
+    def __init__(self, declare_fails=False):
+        super().__init__()
+        self.steps, self.lock = [], threading.Lock()
+        self.b0_failed, self.b1_slow = declare_fails, declare_fails
+        self.declare_fails = declare_fails
+
+    def first_step(self, key, tensor):
+        if key == "b1" and self.declare_fails:
+            self.declare_fails = False
+            raise ConnectionError("UNAVAILABLE: DeclareTensor of b1")
+        return 0
+
+    def push_pull(self, key, step, tensor):
+        with self.lock:
+            self.steps.append((key, step))
+        if key == "b0" and not self.b0_failed:
+            self.b0_failed = True
+            raise ConnectionError("UNAVAILABLE: b0 step %d" % step)
+        if key == "b1" and not self.b1_slow:
+            self.b1_slow = True
+            time.sleep(0.5)
+
+
+@pytest.mark.parametrize("declare_fails", [False, True])
+def test_a_failed_round_is_taken_back_once(declare_fails):
+    # b0's push fails while b1's is still under way (DDP raises at the first failed bucket),
+    # and the batch is run again at once. b1's push ending later must not take b0 back a
+    # second time: b0 had already pushed the step again, and would then be a step behind
+    # for good. Or b1 fails before it has a step (declaring it): b0, done, is taken back.
+    transport = FirstFailsLastSlow(declare_fails)
+    state = gtorch.PSHookState(transport)
+    futures = [state.submit(k, torch.ones(2), last=(k == "b1")) for k in ("b0", "b1")]
+    with pytest.raises(ConnectionError):
+        for f in futures:
+            f.wait()
+    for _ in range(2):
+        for f in [state.submit(k, torch.ones(2), last=(k == "b1")) for k in ("b0", "b1")]:
+            f.wait()
+    state.close()
+    steps = {}
+    for key, step in transport.steps:
+        steps.setdefault(key, []).append(step)
+    assert steps["b0"] == [0, 0, 1], transport.steps
+    assert steps["b1"] == ([0, 1] if declare_fails else [0, 0, 1]), transport.steps
+
+
 def test_ddp_rounds_end_at_the_last_bucket():
     # ps_hook marks DDP's last bucket; the next push starts a round even where its key is
     # new (DDP rebuilt its buckets), so a failure there does not take earlier keys back.
