@@ -40,8 +40,9 @@ class AddressRefusals {
   absl::flat_hash_map<std::string, Address> addresses_;
 };
 
-// The host of a gRPC peer string: "10.0.0.7" of "ipv4:10.0.0.7:51234", "[::1]" of
-// "ipv6:[::1]:51234"; anything without a port as it is.
+// The host of a gRPC peer string: "10.0.0.7" of "ipv4:10.0.0.7:51234", "%5B::1%5D" of
+// "ipv6:%5B::1%5D:51234" (gRPC percent-encodes the brackets); anything without a port as
+// it is.
 std::string AddressOfPeer(absl::string_view peer);
 
 }  // namespace gcomp::server

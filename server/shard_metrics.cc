@@ -74,7 +74,8 @@ ShardMetrics::ShardMetrics(const std::string& job, uint32_t shard)
                                 .Help(
                                     "Connections shut down for holding more HTTP/2 streams "
                                     "open than allowed (a peer that ignores the stream limit "
-                                    "or resets streams in a flood).")
+                                    "or resets streams in a flood) or for sending more bytes "
+                                    "than their streams could carry (a frame flood).")
                                 .Labels(labels)
                                 .Register(r)
                                 .Add({});
@@ -83,7 +84,7 @@ ShardMetrics::ShardMetrics(const std::string& job, uint32_t shard)
                                       .Help(
                                           "New connections closed at once because their "
                                           "address was refused for a while after one of its "
-                                          "connections broke the stream limit.")
+                                          "connections was shut down by the stream guard.")
                                       .Labels(labels)
                                       .Register(r)
                                       .Add({});

@@ -120,6 +120,25 @@ bool PeerOfSocket(int fd, std::string* peer, int* local_port) {
   return true;
 }
 
+bool ByteCredit::Look(int64_t started, int64_t open, uint64_t read) {
+  open = std::max<int64_t>(0, open);
+  if (!looked_) {
+    looked_ = true;
+    started_ = started;
+    read_ = read;
+    credit_ = (open + kSlackStreams) * per_stream_;
+    return false;
+  }
+  const int64_t new_streams = std::max<int64_t>(0, started - started_);
+  const int64_t bytes = read > read_ ? static_cast<int64_t>(read - read_) : 0;
+  started_ = std::max(started_, started);
+  read_ = std::max(read_, read);
+  credit_ += new_streams * per_stream_ - bytes;
+  overdrawn_ = credit_ < 0 ? overdrawn_ + 1 : 0;
+  credit_ = std::min(credit_, (open + kSlackStreams) * per_stream_);
+  return overdrawn_ >= 2;
+}
+
 StreamGuard::~StreamGuard() {
   stop_.Notify();
   if (thread_.joinable()) thread_.join();
@@ -130,7 +149,9 @@ void StreamGuard::Track(int fd, uint32_t max_open_streams) {
   int local_port = 0;
   if (!PeerOfSocket(fd, &peer, &local_port)) return;
   absl::MutexLock lock(&mu_);
-  tracked_[peer] = Tracked{fd, local_port, max_open_streams};
+  tracked_.insert_or_assign(peer,
+                            Tracked{fd, local_port, max_open_streams,
+                                    ByteCredit(options_.max_message_bytes + (uint64_t{64} << 10))});
 }
 
 absl::Status StreamGuard::Admit(int fd) {
@@ -149,7 +170,8 @@ absl::Status StreamGuard::Admit(int fd) {
   return absl::ResourceExhaustedError(absl::StrCat(
       "address ", log::Clip(address, 64), " is refused for another ",
       absl::FormatDuration(absl::Ceil(left, absl::Milliseconds(1))),
-      ": a connection of it was closed for holding more HTTP/2 streams open than allowed"));
+      ": a connection of it was closed for more HTTP/2 streams open than allowed or for a flood "
+      "of frames that carry no request"));
 }
 
 void StreamGuard::Start() {
@@ -195,59 +217,42 @@ size_t StreamGuard::Sweep() {
       for (const auto& [id, name] : refs) {
         start = std::max(start, id + 1);
         const std::string peer = name.rfind("chttp2 ", 0) == 0 ? name.substr(7) : name;
-        Tracked t;
+        int fd = -1, local_port = 0;
         {
           absl::MutexLock lock(&mu_);
           auto it = tracked_.find(peer);
           if (it == tracked_.end()) continue;
-          t = it->second;
+          fd = it->second.fd;
+          local_port = it->second.local_port;
         }
         const std::string socket = Take(grpc_channelz_get_socket(id));
         const size_t local = socket.find("\"local\":");
-        if (local == std::string::npos || NumberAfter(socket, "port", local) != t.local_port) {
+        if (local == std::string::npos || NumberAfter(socket, "port", local) != local_port) {
           continue;  // a connection of another server in this process
         }
         const int64_t started = NumberAfter(socket, "streamsStarted");
         const int64_t open =
             started - NumberAfter(socket, "streamsSucceeded") - NumberAfter(socket, "streamsFailed");
-        const uint64_t received = BytesRead(t.fd);
+        const uint64_t received = BytesRead(fd);
         std::string why;
         {
           absl::MutexLock lock(&mu_);
           auto it = tracked_.find(peer);
-          if (it == tracked_.end() || it->second.fd != t.fd) continue;
+          if (it == tracked_.end() || it->second.fd != fd) continue;
           Tracked& now = it->second;
           if (open > now.max_open_streams) {
             why = absl::StrCat(open, " streams open, at most ", now.max_open_streams,
                                " (a peer that ignores the server's "
                                "SETTINGS_MAX_CONCURRENT_STREAMS or resets streams faster than "
                                "the shard takes them)");
-          } else if (options_.max_message_bytes != 0 && now.swept) {
-            // Every byte an honest peer sends is part of a request (one message a stream,
-            // within max_message_bytes) but for a little framing: a connection that sent
-            // more than the streams it started or had open could carry sends frames that
-            // carry no request (empty CONTINUATION, PING, RST_STREAM of idle streams), which
-            // gRPC 1.51 takes without limit.
-            const uint64_t streams = static_cast<uint64_t>(
-                std::max<int64_t>(0, started - now.started) + now.open + 2);
-            const uint64_t allowed = streams * (options_.max_message_bytes + (64u << 10));
-            // Twice in a row: once could be a read that ran ahead of the streams it holds.
-            now.over_bytes = received > now.received && received - now.received > allowed
-                                 ? now.over_bytes + 1
-                                 : 0;
-            if (now.over_bytes >= 2) {
-              why = absl::StrCat(received - now.received, " bytes read since the last look with ",
-                                 streams - 2, " streams to carry them, at most ", allowed,
-                                 ", twice in a row (a flood of frames that carry no request)");
-            }
+          } else if (options_.max_message_bytes != 0 && now.credit.Look(started, open, received)) {
+            why = absl::StrCat("more bytes read than its ", started,
+                               " streams could carry, at two looks in a row (a flood of frames "
+                               "that carry no request)");
           }
-          now.swept = true;
-          now.started = started;
-          now.open = std::max<int64_t>(0, open);
-          now.received = received;
           if (why.empty()) continue;
           // Shut down, not closed: the descriptor stays gRPC's, which sees the end of it.
-          shutdown(t.fd, SHUT_RDWR);
+          shutdown(fd, SHUT_RDWR);
           tracked_.erase(it);
           ++closed_;
           refusals_.Refuse(AddressOfPeer(peer), absl::Now());

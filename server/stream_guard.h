@@ -39,6 +39,31 @@
 
 namespace gcomp::server {
 
+// What one connection may still send. Every stream it starts may carry one request
+// message (`per_stream` bytes with framing); the bytes gRPC reads from the connection
+// spend that credit. Credit is kept only for the streams still open and `kSlackStreams`
+// more, so that neither streams held open nor many cheap calls bank a flood: the frames
+// that carry no request (empty CONTINUATION, RST_STREAM or WINDOW_UPDATE of idle streams,
+// PING), which gRPC 1.51 takes without limit, overdraw it. An honest peer's bytes all
+// belong to its requests, whatever its rate.
+class ByteCredit {
+ public:
+  static constexpr int64_t kSlackStreams = 2;
+  explicit ByteCredit(uint64_t per_stream) : per_stream_(static_cast<int64_t>(per_stream)) {}
+  // One look at the connection's counters: streams started and open, bytes read. True
+  // when it was overdrawn at this look and the one before (a read can run a little ahead
+  // of the streams it starts, and the next look catches up).
+  bool Look(int64_t started, int64_t open, uint64_t read);
+
+ private:
+  int64_t per_stream_;
+  bool looked_ = false;
+  int64_t started_ = 0;
+  uint64_t read_ = 0;
+  int64_t credit_ = 0;
+  int overdrawn_ = 0;  // looks in a row
+};
+
 class StreamGuard {
  public:
   struct Options {
@@ -50,12 +75,10 @@ class StreamGuard {
     // closure (after a refusal ended, while remembered) doubles it, up to the longest.
     absl::Duration first_refusal = absl::Seconds(1);
     absl::Duration longest_refusal = absl::Seconds(60);
-    // The largest request message (the config's max_message_bytes). A connection from
-    // which gRPC read more bytes between two looks than the streams it started or had open
-    // could carry at this size (and 64 KiB of framing each, two streams' worth of slack),
-    // at two looks in a row, is shut down like one over its stream cap: a flood of frames
-    // that carry no request (empty CONTINUATION, PING, RST_STREAM of idle streams), which
-    // gRPC 1.51 takes without limit. 0: no such check.
+    // The largest request message (the config's max_message_bytes): with it, each
+    // connection's bytes are held to what its streams could carry (ByteCredit), and one
+    // over that at two looks in a row is shut down like one over its stream cap. 0: no
+    // such check.
     uint64_t max_message_bytes = 0;
     // Called (outside the lock) with the connections each sweep shut down, and once for
     // each connection Admit refused.
@@ -89,12 +112,7 @@ class StreamGuard {
     int fd;
     int local_port;
     uint32_t max_open_streams;
-    // At the last look (swept: there was one): streams started, open, bytes received.
-    bool swept = false;
-    int64_t started = 0;
-    int64_t open = 0;
-    uint64_t received = 0;
-    int over_bytes = 0;  // looks in a row that saw more bytes than the streams could carry
+    ByteCredit credit;
   };
 
   const Options options_;

@@ -133,5 +133,70 @@ TEST(StreamGuardTest, ASweepLeavesConnectionsWithinTheirCapAlone) {
   guard.Start();  // and stops with the guard
 }
 
+constexpr uint64_t kMiB = 1 << 20;
+
+// Honest peers: each stream carries at most one request, whenever its bytes arrive (before
+// or after the look that counts the stream) and however fast.
+TEST(ByteCreditTest, RequestsOfAnySizeAndRateAreWithinTheirStreams) {
+  ByteCredit credit(3 * kMiB);
+  uint64_t read = 0;
+  int64_t started = 0;
+  EXPECT_FALSE(credit.Look(started, 0, read));
+  for (int look = 0; look < 1000; ++look) {
+    started += 40;  // 40 requests of 3 MiB a look: 1.2 GB/s at ten looks a second
+    read += 40 * 3 * kMiB;
+    EXPECT_FALSE(credit.Look(started, 40, read)) << look;
+  }
+  // A read that ran ahead of the streams it holds (their headers counted next look).
+  read += 4 * 3 * kMiB;
+  EXPECT_FALSE(credit.Look(started, 0, read));
+  started += 4;
+  EXPECT_FALSE(credit.Look(started, 4, read));
+  // A stream's message arriving over many looks.
+  started += 1;
+  EXPECT_FALSE(credit.Look(started, 1, read));
+  for (int look = 0; look < 30; ++look) {
+    read += kMiB / 10;
+    EXPECT_FALSE(credit.Look(started, 1, read)) << look;
+  }
+}
+
+// Frames that carry no request: no new stream, bytes all the same.
+TEST(ByteCreditTest, AFloodWithoutStreamsIsOverdrawnAtTheSecondLook) {
+  ByteCredit credit(3 * kMiB);
+  EXPECT_FALSE(credit.Look(1, 0, 100));
+  EXPECT_FALSE(credit.Look(1, 0, 100 + 7 * kMiB));  // overdrawn once (slack is 6 MiB)
+  EXPECT_TRUE(credit.Look(1, 0, 100 + 8 * kMiB));   // and again
+}
+
+// Streams held open (Health Watch needs no token) earn their message once, not at every look;
+// many cheap calls do not bank credit either once they end.
+TEST(ByteCreditTest, HeldStreamsOrCheapCallsDoNotBankAFlood) {
+  ByteCredit held(3 * kMiB);
+  uint64_t read = 0;
+  EXPECT_FALSE(held.Look(20, 20, read));
+  int overdrawn_at = -1;
+  for (int look = 0; look < 20 && overdrawn_at < 0; ++look) {
+    read += 30 * kMiB;  // 300 MB/s of empty frames
+    if (held.Look(20, 20, read)) overdrawn_at = look;
+  }
+  EXPECT_GE(overdrawn_at, 0) << "20 held streams let 600 MB of frames through";
+  ByteCredit cheap(3 * kMiB);
+  read = 0;
+  int64_t started = 0;
+  EXPECT_FALSE(cheap.Look(started, 0, read));
+  for (int look = 0; look < 100; ++look) {
+    started += 1000;  // calls that end between looks
+    read += 1000 * 200;
+    EXPECT_FALSE(cheap.Look(started, 0, read));
+  }
+  read += 20 * kMiB;
+  started += 1;
+  cheap.Look(started, 0, read);
+  read += 20 * kMiB;
+  started += 1;
+  EXPECT_TRUE(cheap.Look(started, 0, read)) << "100,000 ended calls banked a flood";
+}
+
 }  // namespace
 }  // namespace gcomp::server
