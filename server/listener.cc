@@ -217,8 +217,9 @@ void Listener::Loop() {
         }
         std::string why;
         if (PastCap(fd, &why) || NotAdmitted(fd, &why)) {
-          close(fd);
+          // Counted before the peer can see the close (a test reads the count then).
           refused_.fetch_add(1, std::memory_order_relaxed);
+          close(fd);
           LogRefusal(why);
           continue;
         }
