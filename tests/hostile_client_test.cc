@@ -4,6 +4,7 @@
 // Each is refused with its precise status; the process stays up, its memory stays within
 // the budget, and a well-formed step afterwards still aggregates correctly.
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -14,6 +15,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <future>
@@ -316,34 +318,35 @@ std::string Http2Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::
   return f + payload;
 }
 
+// A numeric host ("127.0.0.1", "::1", "[::1]") and port as a socket address; false where
+// it is not one.
+bool NumericAddress(std::string host, const std::string& port, sockaddr_storage* out,
+                    socklen_t* len) {
+  if (!host.empty() && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return false;
+  std::memcpy(out, found->ai_addr, found->ai_addrlen);
+  *len = found->ai_addrlen;
+  freeaddrinfo(found);
+  return true;
+}
+
+// A TCP connection from local address `from` (e.g. 127.0.0.2: a peer of its own) to
 // `address` ("127.0.0.1:port", "[::1]:port"); -1 where it cannot be made.
-// `address` ("127.0.0.1:port"); -1 where it cannot be made.
 int ConnectFrom(const std::string& address, const std::string& from) {
   const size_t colon = address.rfind(':');
-  const uint16_t port = static_cast<uint16_t>(std::stoi(address.substr(colon + 1)));
-  std::string host = address.substr(0, colon);
   sockaddr_storage to{}, local{};
-  socklen_t len = sizeof(sockaddr_in);
-  if (host.front() == '[') {  // "[::1]:port" from "::1"
-    host = host.substr(1, host.size() - 2);
-    auto* t6 = reinterpret_cast<sockaddr_in6*>(&to);
-    auto* l6 = reinterpret_cast<sockaddr_in6*>(&local);
-    t6->sin6_family = l6->sin6_family = AF_INET6;
-    t6->sin6_port = htons(port);
-    inet_pton(AF_INET6, host.c_str(), &t6->sin6_addr);
-    inet_pton(AF_INET6, from.c_str(), &l6->sin6_addr);
-    len = sizeof(sockaddr_in6);
-  } else {
-    auto* t4 = reinterpret_cast<sockaddr_in*>(&to);
-    auto* l4 = reinterpret_cast<sockaddr_in*>(&local);
-    t4->sin_family = l4->sin_family = AF_INET;
-    t4->sin_port = htons(port);
-    inet_pton(AF_INET, host.c_str(), &t4->sin_addr);
-    inet_pton(AF_INET, from.c_str(), &l4->sin_addr);
+  socklen_t to_len = 0, local_len = 0;
+  if (!NumericAddress(address.substr(0, colon), address.substr(colon + 1), &to, &to_len) ||
+      !NumericAddress(from, "0", &local, &local_len)) {
+    return -1;
   }
   const int fd = socket(to.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && (bind(fd, reinterpret_cast<sockaddr*>(&local), len) != 0 ||
-                  connect(fd, reinterpret_cast<sockaddr*>(&to), len) != 0)) {
+  if (fd >= 0 && (bind(fd, reinterpret_cast<sockaddr*>(&local), local_len) != 0 ||
+                  connect(fd, reinterpret_cast<sockaddr*>(&to), to_len) != 0)) {
     close(fd);
     return -1;
   }
