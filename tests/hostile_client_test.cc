@@ -523,6 +523,8 @@ class FloodPeer {
     while (!stop_) {
       const int fd = ConnectFrom(address, from);
       if (fd < 0) continue;
+      const timeval send_timeout{0, 100'000};
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
       std::string out = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + Http2Frame(4, 0, 0, "") +
                         Http2Frame(4, 0x1, 0, "");  // SETTINGS, and the ACK of the shard's
       for (uint32_t id = 1, batches = 0; !stop_ && id < (1u << 30); ++batches) {
@@ -542,9 +544,17 @@ class FloodPeer {
       close(fd);
     }
   }
-  static bool SendAll(int fd, const std::string& out) {
-    for (size_t off = 0; off < out.size();) {
+  // False once the shard ended the connection: a shard that shut it down reads no more,
+  // so a blocking send could wait until gRPC closes the descriptor (over a minute on a
+  // loaded machine); sends time out and look for the end meanwhile.
+  bool SendAll(int fd, const std::string& out) {
+    for (size_t off = 0; off < out.size() && !stop_;) {
       const ssize_t n = send(fd, out.data() + off, out.size() - off, MSG_NOSIGNAL);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        char b;
+        if (recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) return false;
+        continue;
+      }
       if (n <= 0) return false;
       off += static_cast<size_t>(n);
     }
