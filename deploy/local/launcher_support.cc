@@ -2,10 +2,7 @@
 #include "deploy/local/launcher_support.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,9 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <mutex>
-#include <random>
-#include <set>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -50,58 +44,6 @@ std::string FindBinary(const std::string& flag, const std::string& rel, const ch
     if (Exists(c)) return c;
   }
   return rel;
-}
-
-int UnusedPort() {
-  int low = 32768;
-  {
-    std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
-    int first = 0;
-    if (range >> first && first > 2048) low = first;
-  }
-  static std::mt19937 rng(static_cast<uint32_t>(getpid()) ^
-                          static_cast<uint32_t>(absl::ToUnixMicros(absl::Now())));
-  const int base = std::max(1024, low / 2);
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int port = base + static_cast<int>(rng() % static_cast<uint32_t>(low - base));
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    close(fd);
-    if (free) return port;
-  }
-  return -1;
-}
-
-int FreePort() {
-  static std::mutex mu;
-  static std::set<int> given;
-  std::lock_guard<std::mutex> lock(mu);
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    const int port = UnusedPort();
-    if (port <= 0 || given.insert(port).second) return port;
-  }
-  return -1;
-}
-
-pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
-  pid_t pid = fork();
-  if (pid != 0) return pid;
-  // A launcher killed by a signal must not leave its shards and workers running.
-  prctl(PR_SET_PDEATHSIG, SIGTERM);
-  int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  dup2(o, 1);
-  dup2(e, 2);
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  execvp(argv[0], argv.data());
-  perror("exec");
-  _exit(127);
 }
 
 std::string ReadFile(const std::string& path) {

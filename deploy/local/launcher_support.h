@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "base/loopback_port.h"
+#include "base/spawn.h"
 #include "base/process_usage.h"
 
 namespace gcomp::launcher {
@@ -22,19 +24,10 @@ bool Exists(const std::string& p);
 // its runfiles, or relative to bazel-bin.
 std::string FindBinary(const std::string& flag, const std::string& rel, const char* argv0);
 
-// A loopback port nothing listens on, below the kernel's ephemeral range: the outgoing
-// connections of the workers and shards take their local ports from that range, and one
-// could take a killed shard's port before the shard restarts on it. -1 if none is found.
-int UnusedPort();
-
-// A free loopback port this launcher has not handed out before: the kernel may give the
-// same free port to two probes in a row, and a shard's gRPC and metrics ports must differ.
-int FreePort();
-
-// Starts a child with stdout and stderr in files. The child gets SIGTERM when the *thread*
-// that called Spawn exits (PR_SET_PDEATHSIG follows the forking thread, not the process), so
-// a thread that starts long-lived children must outlive them: see OutliveChildren.
-pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err);
+// Ports and children: base/loopback_port.h and base/spawn.h (the etcd members use them too).
+using ::gcomp::FreePort;
+using ::gcomp::Spawn;
+using ::gcomp::UnusedPort;
 
 // Held at the top of a helper thread that starts shards: on the thread's way out it waits
 // until the launcher stops the shards itself. Without it, a shard restarted by such a thread

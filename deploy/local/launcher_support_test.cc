@@ -85,15 +85,6 @@ TEST(LauncherSupport, WorkerResultsTogether) {
   EXPECT_EQ(r.first_error, "worker-2 died (wait status 9)");
 }
 
-TEST(LauncherSupport, PortsAreFreeAndNeverHandedOutTwice) {
-  std::set<int> seen;
-  for (int i = 0; i < 20; ++i) {
-    const int port = FreePort();
-    ASSERT_GT(port, 1023);
-    EXPECT_TRUE(seen.insert(port).second) << port;
-  }
-}
-
 // The reason OutliveChildren exists: a child spawned by a thread that then exits gets
 // SIGTERM; one spawned by a thread that waits for the notification does not.
 TEST(LauncherSupport, ChildOfAnExitedThreadIsTerminatedUnlessTheThreadOutlivesIt) {
