@@ -275,6 +275,24 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
   if (ck.every_steps() != 0 && ck.dir().empty()) {
     return FieldError("checkpoint.every_steps", "set without checkpoint.dir");
   }
+  const proto::CoordinationConfig& co = c.coordination();
+  for (int i = 0; i < co.etcd_size(); ++i) {
+    if (!ValidAddress(co.etcd(i))) {
+      return FieldError(absl::StrCat("coordination.etcd[", i, "]"),
+                        absl::StrCat("expected host:port of an etcd member's client URL, got '",
+                                     co.etcd(i), "'"));
+    }
+  }
+  if (co.lease_ttl_ms() < 1000 || co.lease_ttl_ms() > 600000) {
+    return FieldError("coordination.lease_ttl_ms",
+                      absl::StrCat("must be in [1000, 600000], got ", co.lease_ttl_ms()));
+  }
+  if (co.request_timeout_ms() < 50 || co.request_timeout_ms() > co.lease_ttl_ms() / 3) {
+    return FieldError("coordination.request_timeout_ms",
+                      absl::StrCat("must be in [50, lease_ttl_ms / 3 = ", co.lease_ttl_ms() / 3,
+                                   "] (a lease is renewed every third of its ttl), got ",
+                                   co.request_timeout_ms()));
+  }
   return absl::OkStatus();
 }
 

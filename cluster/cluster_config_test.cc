@@ -232,6 +232,35 @@ TEST(ClusterConfig, CheckpointSection) {
   EXPECT_THAT(c.status().message(), HasSubstr("'checkpoint.every_steps': set without checkpoint.dir"));
 }
 
+TEST(ClusterConfig, CoordinationSection) {
+  absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig("shards: [a:1]\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->coordination().etcd_size(), 0);  // off by default
+  EXPECT_EQ(c->coordination().lease_ttl_ms(), 5000u);
+  EXPECT_EQ(c->coordination().request_timeout_ms(), 1000u);
+  c = ParseClusterConfig(
+      "shards: [a:1]\ncoordination: {etcd: [e0:2379, e1:2379], lease_ttl_ms: 3000}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->coordination().etcd_size(), 2);
+  EXPECT_EQ(c->coordination().etcd(1), "e1:2379");
+  absl::StatusOr<proto::ClusterConfig> again = ParseClusterConfig(ClusterConfigToYaml(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->coordination().SerializeAsString(), c->coordination().SerializeAsString());
+  // A comma-separated string, as an override or an environment variable gives it.
+  c = ParseClusterConfig("shards: [a:1]\n", {"coordination.etcd=e0:1, e1:2"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->coordination().etcd_size(), 2);
+  c = ParseClusterConfig("shards: [a:1]\ncoordination: {etcd: [nohost]}\n");
+  EXPECT_THAT(c.status().message(), HasSubstr("'coordination.etcd[0]': expected host:port"));
+  c = ParseClusterConfig("shards: [a:1]\ncoordination: {etcd: {a: b}}\n");
+  EXPECT_THAT(c.status().message(), HasSubstr("'coordination.etcd': expected a list"));
+  c = ParseClusterConfig("shards: [a:1]\n", {"coordination.lease_ttl_ms=500"});
+  EXPECT_THAT(c.status().message(), HasSubstr("'coordination.lease_ttl_ms': must be in [1000"));
+  c = ParseClusterConfig("shards: [a:1]\n", {"coordination.request_timeout_ms=2000"});
+  EXPECT_THAT(c.status().message(),
+              HasSubstr("'coordination.request_timeout_ms': must be in [50, lease_ttl_ms / 3"));
+}
+
 TEST(ClusterConfig, ShardTemplateExpandsToTheStatefulSetsPods) {
   absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(
       "shards: {count: 3, address: \"gcomp-shard-{index}.gcomp-shard:7000\"}\n");

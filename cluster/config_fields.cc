@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -73,6 +74,9 @@ constexpr Field kFields[] = {
     {"checkpoint.dir", Kind::kString, nullptr},
     {"checkpoint.every_steps", Kind::kUnsigned, nullptr},
     {"checkpoint.keep", Kind::kUnsigned, "2"},
+    {"coordination.etcd", Kind::kStringList, nullptr},
+    {"coordination.lease_ttl_ms", Kind::kUnsigned, "5000"},
+    {"coordination.request_timeout_ms", Kind::kUnsigned, "1000"},
 };
 
 // Whether `s` is well-formed UTF-8 (RFC 3629: shortest forms, no surrogates, <= U+10FFFF).
@@ -296,6 +300,24 @@ absl::Status Set(const Field& field, const YAML::Node& node, proto::ClusterConfi
       r->SetDouble(msg, fd, *v);
       return absl::OkStatus();
     }
+    case Kind::kStringList: {
+      r->ClearField(msg, fd);
+      if (node.IsScalar()) {
+        absl::StatusOr<std::string> list = Scalar(node, field.name);
+        if (!list.ok()) return list.status();
+        for (absl::string_view item : absl::StrSplit(*list, ',', absl::SkipWhitespace())) {
+          r->AddString(msg, fd, std::string(absl::StripAsciiWhitespace(item)));
+        }
+        return absl::OkStatus();
+      }
+      if (!node.IsSequence()) return FieldError(field.name, "expected a list of strings");
+      for (size_t i = 0; i < node.size(); ++i) {
+        absl::StatusOr<std::string> item = Scalar(node[i], absl::StrCat(field.name, "[", i, "]"));
+        if (!item.ok()) return item.status();
+        r->AddString(msg, fd, *item);
+      }
+      return absl::OkStatus();
+    }
     case Kind::kShardList:
       break;
   }
@@ -337,6 +359,12 @@ void Emit(const proto::ClusterConfig& config, YAML::Emitter& out) {
     }
     auto [msg, fd] = Locate<const Message>(f.name, &config);
     const Reflection* r = msg->GetReflection();
+    if (f.kind == Kind::kStringList) {
+      out << YAML::BeginSeq;
+      for (int i = 0; i < r->FieldSize(*msg, fd); ++i) out << r->GetRepeatedString(*msg, fd, i);
+      out << YAML::EndSeq;
+      continue;
+    }
     switch (fd->cpp_type()) {
       case FieldDescriptor::CPPTYPE_STRING:
         out << r->GetString(*msg, fd);

@@ -21,6 +21,7 @@ enum class Kind {
   kClampedInt,  // any integer, clamped to [-1000, 1000] (validation names the real range)
   kDouble,      // a finite number
   kShardList,   // `shards`: a list, a comma-separated string, or {count, address}
+  kStringList,  // a list of UTF-8 strings, or one comma-separated string
 };
 
 struct Field {

@@ -20,6 +20,7 @@ std::string SampleFor(Kind kind) {
     case Kind::kClampedInt: return "-3";
     case Kind::kDouble: return "0.25";
     case Kind::kShardList: return "h:1,h:2";
+    case Kind::kStringList: return "e:1,e:2";
   }
   return "";
 }

@@ -16,6 +16,7 @@ PACKAGES=(
   prometheus-cpp-dev prometheus openssl
   clang-14 libfuzzer-14-dev libclang-rt-14-dev cmake ninja-build dpkg-dev
   podman runc debootstrap aardvark-dns catatonit python3-grpcio
+  etcd-server etcd-client golang-etcd-server-dev
 )
 
 missing=()
