@@ -1,6 +1,7 @@
 #include "server/grpc_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -522,13 +523,37 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
                                              proto::RejoinResponse* response) {
     return peers->Rejoin(address, request, response);
   };
+  // Etcd first: a second process started as this shard stops here, before it listens.
+  // The callbacks reach the service once it exists (the state outlives none of its calls).
+  std::unique_ptr<ClusterState> cluster_state;
+  auto target = std::make_shared<std::atomic<ShardService*>>(nullptr);
+  if (!config.coordination().etcd().empty()) {
+    ClusterStateOptions co;
+    co.shard = options.shard;
+    co.on_map = [target](const proto::ShardMapRecord& record) {
+      if (ShardService* svc = target->load()) svc->OnCommittedMap(record);
+    };
+    co.on_member_lost = [target](uint32_t k, const std::string& why) {
+      if (ShardService* svc = target->load()) svc->OnMemberLost(k, why);
+    };
+    absl::StatusOr<std::unique_ptr<ClusterState>> joined = ClusterState::Join(config, co);
+    if (!joined.ok()) {
+      return absl::Status(joined.status().code(),
+                          absl::StrCat("coordination.etcd: ", joined.status().message()));
+    }
+    cluster_state = *std::move(joined);
+    with_peers.cluster_state = cluster_state.get();
+  }
   absl::StatusOr<std::unique_ptr<ShardService>> service = ShardService::Create(config, with_peers);
   if (!service.ok()) return service.status();
+  // Owned by the server from here on, so that every way out destroys the state first.
+  std::unique_ptr<ShardServer> s(new ShardServer());
+  s->service_ = *std::move(service);
+  s->cluster_state_ = std::move(cluster_state);
+  target->store(s->service_.get());
   absl::StatusOr<cluster::ServerSecurity> security = cluster::MakeServerSecurity(config);
   if (!security.ok()) return security.status();
-  std::unique_ptr<ShardServer> s(new ShardServer());
   s->stop_peers_ = [peers = *peers] { peers->Stop(); };
-  s->service_ = *std::move(service);
   s->unread_replies_ = std::make_unique<UnreadReplies>(UnreadRepliesOptionsFor(
       config,
       [metrics = s->service_->metrics()](uint64_t n) { metrics->CountUnreadRepliesCancelled(n); }));

@@ -18,6 +18,7 @@
 #include "proto/reshard.grpc.pb.h"
 #include "server/call_limiter.h"
 #include "server/listener.h"
+#include "server/cluster_state.h"
 #include "server/shard_service.h"
 #include "server/stream_guard.h"
 #include "server/unread_replies.h"
@@ -199,6 +200,9 @@ class ShardServer {
   // Replies not read in time (declared first: the servers' calls end before it goes).
   std::unique_ptr<UnreadReplies> unread_replies_;
   std::unique_ptr<ShardService> service_;
+  // The cluster's state in etcd (config coordination.etcd), or null. Declared after the
+  // service, so it goes first: its callbacks into the service have stopped by then.
+  std::unique_ptr<ClusterState> cluster_state_;
   // Cancels the peer calls that could hold the exit (moved chunks to a peer that does not
   // answer).
   std::function<void()> stop_peers_;

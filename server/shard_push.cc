@@ -106,6 +106,7 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request,
   absl::StatusOr<Tensor*> found = FindTensor(a.job(), a.shard_map_epoch(), a.key(), deadline);
   if (!found.ok()) return found.status();
   Tensor* t = *found;
+  if (absl::Status s = CheckMayAcknowledge(); !s.ok()) return s;
   if (a.worker() >= config_.workers()) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", a.worker(), " out of range: job has ",
                                                    config_.workers(), " workers"));
@@ -191,6 +192,9 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request,
     ++duplicate_pushes_;
     metrics_->CountDuplicate();
   }
+  // The step may have waited long: a shard fenced meanwhile answers nothing (its chunks
+  // may already be served elsewhere; the result waits in the backups, replicated first).
+  if (absl::Status s = CheckMayAcknowledge(); !s.ok()) return s;
   *reply = outcome->reply;
   bytes_out_ += (*reply)->data().size();
   metrics_->AddOut(n * codec::DTypeBytes(t->dtype), (*reply)->data().size());
@@ -203,6 +207,7 @@ absl::Status ShardService::Pull(const proto::PullRequest& r, proto::CompressedBl
   absl::StatusOr<Tensor*> found = FindTensor(r.job(), r.shard_map_epoch(), r.key(), deadline);
   if (!found.ok()) return found.status();
   Tensor* t = *found;
+  if (absl::Status s = CheckMayAcknowledge(); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<StepAccumulator>> owned = OwnedChunk(*t, r.chunk());
   if (!owned.ok()) return owned.status();
   absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> current = (*owned)->Current();

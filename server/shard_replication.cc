@@ -148,6 +148,8 @@ absl::Status ShardService::AcceptReplica(const proto::ReplicateRequest& r) {
     return absl::FailedPreconditionError("this job keeps no replicas (config replicas: 1)");
   }
   if (absl::Status s = CheckKey(part.key()); !s.ok()) return s;
+  // A fenced backup is no copy: the owner must not count it.
+  if (absl::Status s = CheckMayAcknowledge(); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("shard shutting down");
   if (absl::Status s = CheckPeerEpochLocked(r.shard_map_epoch()); !s.ok()) return s;
@@ -252,6 +254,31 @@ absl::Status ShardService::CoordinateFailover(const proto::ReportDownRequest& r)
     return options_.peers.probe ? options_.peers.probe(address, kProbeTimeout)
                           : absl::FailedPreconditionError("no transport to probe peers");
   };
+  ClusterState* const state = options_.cluster_state;
+  if (state != nullptr) {
+    // The coordinator is the one etcd elected; a forwarded report is handled where it
+    // arrives (CommitMap refuses it there if that shard does not lead).
+    const std::optional<uint32_t> leader = state->Leader();
+    if (!r.forwarded() && leader && *leader != self && *leader < n && !down[*leader] &&
+        options_.peers.report_down) {
+      proto::ReportDownRequest forward = r;
+      forward.set_forwarded(true);
+      proto::ReportDownResponse ignored;
+      return options_.peers.report_down(current.shards(*leader), forward, &ignored);
+    }
+    // Down means holding no lease: a shard that holds one is alive, whatever one peer
+    // could or could not reach.
+    std::vector<uint32_t> dead;
+    for (uint32_t i = 0; i < n; ++i) {
+      if (!down[i] && i != self && !state->IsLive(i)) dead.push_back(i);
+    }
+    if (dead.empty()) return absl::OkStatus();
+    proto::ClusterConfig next = current;
+    for (uint32_t k : dead) down[k] = true;
+    SetShardList(down, next.mutable_down_shards());
+    next.set_shard_map_epoch(next.shard_map_epoch() + 1);
+    return DistributeMap(std::move(next), absl::StrCat("reported: ", log::Clip(r.reason())));
+  }
   // The coordinator is the lowest live shard that answers; a forwarded report is handled
   // where it arrives, so that two shards that see each other differently cannot bounce it.
   if (!r.forwarded() && options_.peers.report_down) {
@@ -312,17 +339,36 @@ absl::Status ShardService::DistributeMap(proto::ClusterConfig next, const std::s
   for (uint32_t k : next.down_shards()) down[k] = true;
   for (uint32_t k : next.joining_shards()) joining[k] = true;
   install.set_from_shard(self);
+  ClusterState* const state = options_.cluster_state;
   for (int round = 0; round < kMaxInstallRounds; ++round) {
     log::Warn("shard {}: failover to epoch {}: down [{}], joining [{}] ({})", self,
               next.shard_map_epoch(), absl::StrJoin(next.down_shards(), ", "),
               absl::StrJoin(next.joining_shards(), ", "), why);
     *install.mutable_map() = next;
+    if (state != nullptr) {
+      // The decision is committed in etcd before anyone acts on it: of two coordinators
+      // only one can move the map from this epoch, and a successor finds it there.
+      proto::ClusterConfig from;
+      {
+        absl::MutexLock lock(&mu_);
+        from = map_config_;
+      }
+      if (absl::Status s = state->CommitMap(from, next); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("committing epoch ", next.shard_map_epoch(),
+                                                   " in etcd: ", s.message()));
+      }
+    }
     std::vector<uint32_t> dead;
     for (uint32_t i = 0; i < n; ++i) {
       if (down[i] || i == self) continue;
       absl::Status s = options_.peers.install_map
                            ? options_.peers.install_map(next.shards(i), install)
                            : absl::FailedPreconditionError("no transport to install maps");
+      if (IsPeerGone(s) && state != nullptr) {
+        // Committed already: a shard that holds its lease installs it from its watch; one
+        // that does not is failed over by the coordinator's next look at the leases.
+        continue;
+      }
       if (IsPeerGone(s)) {
         dead.push_back(i);
       } else if (!s.ok()) {
@@ -687,6 +733,52 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
   // Outside mu_: accumulators take their own locks.
   for (const auto& acc : dropped) acc->Cancel(dropped_status);
   return absl::OkStatus();
+}
+
+
+absl::Status ShardService::CheckMayAcknowledge() const {
+  return options_.cluster_state != nullptr ? options_.cluster_state->CheckLease()
+                                           : absl::OkStatus();
+}
+
+void ShardService::OnCommittedMap(const proto::ShardMapRecord& record) {
+  proto::InstallMapRequest install;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_ || rejoining_ || phase_ != Phase::kServing ||
+        record.epoch() <= epoch_.load()) {
+      return;
+    }
+    if (!std::equal(record.shards().begin(), record.shards().end(), map_config_.shards().begin(),
+                    map_config_.shards().end())) {
+      return;  // a re-shard's map: its own protocol installs it
+    }
+    proto::ClusterConfig next = map_config_;
+    next.set_shard_map_epoch(record.epoch());
+    *next.mutable_down_shards() = record.down_shards();
+    *next.mutable_joining_shards() = record.joining_shards();
+    *install.mutable_map() = std::move(next);
+    install.set_from_shard(record.written_by_shard() >= 0
+                               ? static_cast<uint32_t>(record.written_by_shard())
+                               : shard_index_.load());
+  }
+  if (absl::Status s = InstallMap(install); !s.ok()) {
+    log::Warn("shard {}: installing epoch {} committed in etcd: {}", shard(), record.epoch(),
+              s.ToString());
+  }
+}
+
+void ShardService::OnMemberLost(uint32_t k, const std::string& why) {
+  proto::ReportDownRequest report;
+  report.set_job(config_.job());
+  report.set_shard_map_epoch(epoch_.load());
+  report.set_shard(k);
+  report.set_reason(absl::StrCat("shard ", k, " lost: ", why));
+  report.set_forwarded(true);  // this shard coordinates: decide here
+  proto::ReportDownResponse ignored;
+  if (absl::Status s = ReportDown(report, &ignored); !s.ok()) {
+    log::Warn("shard {}: failing shard {} over ({}): {}", shard(), k, why, s.ToString());
+  }
 }
 
 }  // namespace gcomp::server

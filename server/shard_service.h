@@ -44,7 +44,9 @@
 #include "proto/aggregation.pb.h"
 #include "proto/cluster_config.pb.h"
 #include "proto/reshard.pb.h"
+#include "proto/coord.pb.h"
 #include "server/admission.h"
+#include "server/cluster_state.h"
 #include "server/shard_metrics.h"
 #include "server/step_accumulator.h"
 
@@ -92,6 +94,12 @@ struct ShardOptions {
   // is refused as busy (ResourceExhausted, retried by clients), so that calls of a prepared
   // epoch cannot hold every request thread. gcomp_server gives half its request threads.
   uint32_t max_waiting_for_epoch = 128;
+  // The cluster's state in etcd (config `coordination.etcd`), or null (the peer protocol
+  // alone). Borrowed: it must outlive the service's calls. With it, a shard whose lease is
+  // not provably alive acknowledges nothing, failovers count a shard down when its lease
+  // ended (not when a probe went unanswered), and every map a coordinator installs is
+  // first committed in etcd by compare-and-swap.
+  ClusterState* cluster_state = nullptr;
 };
 
 class ShardService {
@@ -180,6 +188,11 @@ class ShardService {
   void HoldForRejoinCheck();
   void StartRejoinCheck();
   void ReshardStatus(proto::ReshardStatusResponse* response) const;
+  // From ClusterState: a map committed in etcd by the coordinator, installed here unless
+  // this shard has it already (or is rejoining: its coordinator's install carries the
+  // declarations it needs); and, on the coordinator, a shard whose lease ended.
+  void OnCommittedMap(const proto::ShardMapRecord& record);
+  void OnMemberLost(uint32_t shard, const std::string& why);
 
   // Writes the checkpoint set "final" (every chunk at its last completed step) into
   // `checkpoint.dir`; call after Shutdown (SIGTERM). FailedPrecondition without a dir.
@@ -315,6 +328,9 @@ class ShardService {
                          const std::vector<proto::TensorDeclaration>& declarations,
                          uint32_t from_shard);
   std::string SupersededMessage(uint64_t epoch) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Unavailable when this shard may not acknowledge anything (options_.cluster_state: its
+  // lease is not provably alive, or the committed map has it down).
+  absl::Status CheckMayAcknowledge() const;
   // Replication: sends `snap` of an owned chunk to its backups (the accumulator's
   // replicate hook). A backup that cannot be reached is reported down first.
   absl::Status ReplicateChunk(const std::string& key, uint32_t chunk, const ChunkSnapshot& snap);

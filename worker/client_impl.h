@@ -187,6 +187,13 @@ struct Client::Impl {
   // removed may already be stopped). Fills *error when the call should fail.
   bool ResendAfterSwitch(const grpc::Status& st, const MapState& seen, uint32_t shard,
                          absl::Status* error) {
+    if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && seen.replicas > 1) {
+      // No answer in rpc_timeout_ms: the shard may be paused or cut off, and failed over
+      // meanwhile (its lease ended). Resent only under a newer map: a step that timed out
+      // on a shard that still serves fails as before.
+      ReportDown(seen, shard, st.error_message());
+      return SwitchMap(seen, shard).ok();
+    }
     const bool aborted = st.error_code() == grpc::StatusCode::ABORTED;
     if (!aborted && st.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
     // With replicas, a shard that stays unreachable is reported, so that its backups take
