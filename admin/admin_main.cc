@@ -17,7 +17,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "admin/coordination.h"
 #include "admin/status.h"
+#include "base/json.h"
 #include "server/checkpoint.h"
 #include "base/logging.h"
 #include "cluster/cluster_config.h"
@@ -67,11 +69,30 @@ int Status(const std::vector<char*>& args) {
     std::fprintf(stderr, "gcomp_admin status: %s\n", status.status().ToString().c_str());
     return kExitUsage;
   }
-  const std::string text = absl::GetFlag(FLAGS_json) ? gcomp::admin::FormatStatusJson(*status)
-                                                     : gcomp::admin::FormatStatusTable(*status);
+  std::string text = absl::GetFlag(FLAGS_json) ? gcomp::admin::FormatStatusJson(*status)
+                                               : gcomp::admin::FormatStatusTable(*status);
+  bool healthy = status->all_up();
+  if (!config->coordination().etcd().empty()) {
+    // What etcd says is the one source of truth; shown with the shards' own rows.
+    absl::StatusOr<gcomp::admin::CoordinationStatus> coordination =
+        gcomp::admin::CollectCoordination(*config);
+    healthy = healthy && coordination.ok() && coordination->healthy();
+    if (absl::GetFlag(FLAGS_json)) {
+      // {"shards":...,"all_up":...} gains "coordination" (or "coordination_error").
+      while (!text.empty() && (text.back() == '\n' || text.back() == '}')) text.pop_back();
+      text += coordination.ok()
+                  ? absl::StrCat(",\"coordination\":",
+                                 gcomp::admin::FormatCoordinationJson(*coordination), "}\n")
+                  : absl::StrCat(",\"coordination_error\":",
+                                 gcomp::JsonQuote(coordination.status().ToString()), "}\n");
+    } else {
+      text += coordination.ok() ? gcomp::admin::FormatCoordinationText(*coordination)
+                                : absl::StrCat("etcd: ", coordination.status().ToString(), "\n");
+    }
+  }
   std::fputs(text.c_str(), stdout);
   std::fflush(stdout);
-  return status->all_up() ? 0 : kExitProblem;
+  return healthy ? 0 : kExitProblem;
 }
 
 // Lists the checkpoint sets of a directory and what the newest usable one holds.

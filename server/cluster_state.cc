@@ -131,10 +131,16 @@ absl::Status ClusterState::Register() {
   me.set_address(config_.shards(options_.shard));
   me.set_incarnation(incarnation_);
   me.set_started_unix_ms(absl::ToUnixMillis(absl::Now()));
-  if (absl::Status s = coord::RegisterMember(store_.get(), config_.job(), options_.shard, me,
-                                             keeper->id());
-      !s.ok()) {
-    return s;
+  // A process that held this index and died (a restart after SIGKILL, a rescheduled pod)
+  // keeps its record until its lease expires: waited out. One that is alive keeps renewing,
+  // and this one gives up after a TTL and a second.
+  const absl::Time give_up = absl::Now() + lo.ttl + absl::Seconds(1);
+  while (true) {
+    absl::Status s =
+        coord::RegisterMember(store_.get(), config_.job(), options_.shard, me, keeper->id());
+    if (s.ok()) break;
+    if (!absl::IsAlreadyExists(s) || absl::Now() > give_up) return s;
+    absl::SleepFor(absl::Milliseconds(200));
   }
   auto election = std::make_shared<coord::Election>(store_.get(), keys_.coordinator, name_,
                                                     keeper.get());

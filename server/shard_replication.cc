@@ -341,9 +341,6 @@ absl::Status ShardService::DistributeMap(proto::ClusterConfig next, const std::s
   install.set_from_shard(self);
   ClusterState* const state = options_.cluster_state;
   for (int round = 0; round < kMaxInstallRounds; ++round) {
-    log::Warn("shard {}: failover to epoch {}: down [{}], joining [{}] ({})", self,
-              next.shard_map_epoch(), absl::StrJoin(next.down_shards(), ", "),
-              absl::StrJoin(next.joining_shards(), ", "), why);
     *install.mutable_map() = next;
     if (state != nullptr) {
       // The decision is committed in etcd before anyone acts on it: of two coordinators
@@ -358,6 +355,10 @@ absl::Status ShardService::DistributeMap(proto::ClusterConfig next, const std::s
                                                    " in etcd: ", s.message()));
       }
     }
+    // One line per decision (the launcher counts them): with etcd, only once committed.
+    log::Warn("shard {}: failover to epoch {}: down [{}], joining [{}] ({})", self,
+              next.shard_map_epoch(), absl::StrJoin(next.down_shards(), ", "),
+              absl::StrJoin(next.joining_shards(), ", "), why);
     std::vector<uint32_t> dead;
     for (uint32_t i = 0; i < n; ++i) {
       if (down[i] || i == self) continue;
@@ -425,7 +426,25 @@ absl::Status ShardService::Rejoin(const proto::RejoinRequest& r, proto::RejoinRe
       joining[k] = false;
       why = absl::StrCat("shard ", k, " caught up and takes its chunks back");
     } else if (joining[k]) {
-      break;  // a resent request
+      // Either a resent request, or the shard restarted again while it caught up (a second
+      // fault in the transition): then it is empty and waits for the map that makes it
+      // join, which nobody would send again. The map is sent to it again (a shard that has
+      // it answers that at once); the epoch need not change, since it owns nothing yet.
+      proto::InstallMapRequest again;
+      {
+        absl::MutexLock lock(&mu_);
+        for (const auto& [key, t] : tensors_) *again.add_declarations() = t->Declaration(config_);
+      }
+      *again.mutable_map() = current;
+      again.set_from_shard(shard());
+      if (!options_.peers.install_map) {
+        return absl::FailedPreconditionError("no transport to install maps");
+      }
+      if (absl::Status s = options_.peers.install_map(current.shards(k), again); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("sending shard ", k, " its joining map again: ",
+                                                   s.message()));
+      }
+      break;
     } else if (!down[k]) {
       // Restarted before anyone noticed: its memory is gone, so its chunks fail over first.
       down[k] = true;
@@ -680,6 +699,21 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
         auto acc = t->chunks.find(c);
         if (fenced || t->owner[c] != self) {
           if (acc != t->chunks.end()) {
+            // Handing the chunk to another owner (a rejoined shard taking it back) and
+            // backing it up: the state this shard holds is the backup's, at once. Starting
+            // the backup empty left one copy until the new owner's next step, and a second
+            // fault in that window lost the chunk.
+            auto backup = t->backups.find(c);
+            if (!fenced && backup != t->backups.end() && !backup->second.synced) {
+              proto::ChunkState state;
+              if (ChunkStateToProto(config_.job(), key, c, t->layout.size(c),
+                                    acc->second->Snapshot(), &state)
+                      .ok()) {
+                backup->second.state = std::move(state);
+                backup->second.has_state = true;
+                backup->second.synced = true;
+              }
+            }
             dropped.push_back(acc->second);
             t->chunks.erase(acc);
           }

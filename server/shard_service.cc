@@ -298,7 +298,11 @@ absl::Status ShardService::CheckEpochLocked(uint64_t epoch, absl::Time deadline)
   }
   if (epoch == current && phase_ != Phase::kFilling && !joining_) return absl::OkStatus();
   if (epoch != current && !switching) {
-    if (epoch != 0 && epoch <= left_epoch_) return absl::AbortedError(SupersededMessage(epoch));
+    // With replicas, every older epoch was replaced by a failover or rejoin (a restarted
+    // shard knows only the maps since it came back): the caller fetches the newer one.
+    if (epoch != 0 && (epoch <= left_epoch_ || (replicas_ > 1 && epoch < current))) {
+      return absl::AbortedError(SupersededMessage(epoch));
+    }
     return absl::FailedPreconditionError(absl::StrCat("shard-map epoch ", epoch,
                                                       " does not match the shard's epoch ", current));
   }

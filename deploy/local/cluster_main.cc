@@ -17,7 +17,8 @@
 // With --replicas 2 --kill_shard K[,K2...] --kill_at_step N [--restart_after_ms T], the
 // shards are SIGKILLed as worker 0 starts step N (and restarted T ms later, empty, as a
 // restarted pod would be); the line gains "failovers" and "identical_to_undisturbed" (against the same
-// job without the kill, run first).
+// job without the kill, run first). With --replicas 2 the launcher starts a local etcd
+// (--etcd_members, default 1) and the shards keep the cluster's state there.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -64,6 +65,7 @@
 #include "base/progress.h"
 #include "base/usage_trend.h"
 #include "cluster/cluster_config.h"
+#include "coord/etcd_process.h"
 #include "deploy/local/launcher_support.h"
 
 ABSL_FLAG(int, shards, 2, "Shard processes.");
@@ -90,6 +92,10 @@ ABSL_FLAG(int, restart_after_ms, -1,
           "With --kill_shard: restart them (same address and index, empty memory) this many "
           "ms after the kill; -1: never.");
 ABSL_FLAG(int, replicas, 1, "Config replicas: copies of each chunk's state (failover needs 2).");
+ABSL_FLAG(int, etcd_members, -1,
+          "Local etcd members the launcher starts for the cluster's state (config "
+          "coordination.etcd): 1 to 7; 0 none; -1 (default) one when --replicas >= 2. The JSON "
+          "line gains etcd_members.");
 ABSL_FLAG(std::vector<std::string>, set, {},
           "More config fields, field=value as the binaries' --set takes them (e.g. "
           "max_inflight_chunks=2): checked here, then given to every shard, worker and admin call.");
@@ -274,6 +280,28 @@ int main(int argc, char** argv) {
     int port = absl::GetFlag(FLAGS_base_port) > 0 ? absl::GetFlag(FLAGS_base_port) + k : FreePort();
     shards.push_back(absl::StrCat(HostOf(k), ":", port));
   }
+  int etcd_members = absl::GetFlag(FLAGS_etcd_members);
+  if (etcd_members < 0) etcd_members = absl::GetFlag(FLAGS_replicas) >= 2 ? 1 : 0;
+  if (etcd_members > 7) {
+    fprintf(stderr, "cluster: --etcd_members must be in [-1, 7], got %d\n", etcd_members);
+    RemoveRunFolder(dir);
+    return 2;
+  }
+  std::unique_ptr<gcomp::coord::EtcdCluster> etcd;
+  if (etcd_members > 0) {
+    gcomp::coord::EtcdClusterOptions eo;
+    eo.members = etcd_members;
+    eo.data_dir = dir + "/etcd";
+    absl::StatusOr<std::unique_ptr<gcomp::coord::EtcdCluster>> started =
+        gcomp::coord::EtcdCluster::Start(eo);
+    if (!started.ok()) {
+      fprintf(stderr, "cluster: starting etcd (--etcd_members %d): %s\n", etcd_members,
+              std::string(started.status().message()).c_str());
+      RemoveRunFolder(dir);
+      return 1;
+    }
+    etcd = *std::move(started);
+  }
   const std::string mode = absl::GetFlag(FLAGS_mode);
   const std::string config_path = dir + "/cluster.yaml";
   // Written to a temporary name and renamed over `path`: a watcher never sees half a file.
@@ -299,6 +327,9 @@ int main(int argc, char** argv) {
       << "step_timeout_ms: " << absl::GetFlag(FLAGS_step_timeout_ms) << "\n"
       << "rpc_timeout_ms: " << absl::GetFlag(FLAGS_step_timeout_ms) * 2 + 5000 << "\n"
       << "connect_timeout_ms: 20000\n";
+    if (etcd != nullptr) {
+      c << "coordination: {etcd: [" << absl::StrJoin(etcd->endpoints(), ", ") << "]}\n";
+    }
     }
     return rename(tmp.c_str(), path.c_str()) == 0;
   };
@@ -741,7 +772,10 @@ int main(int argc, char** argv) {
          bound_ok ? "true" : "false", p50, mode.c_str(), absl::GetFlag(FLAGS_optimizer).c_str(),
          identical ? "true" : "false", all_ok ? "true" : "false", gbps,
          Escape(absl::GetFlag(FLAGS_label)).c_str(), bound_checked ? "true" : "false",
-         soak_json.c_str(), reshard_json.c_str(), failover_json.c_str(),
+         soak_json.c_str(), reshard_json.c_str(),
+         absl::StrCat(failover_json,
+                      etcd_members > 0 ? absl::StrCat(",\"etcd_members\":", etcd_members) : "")
+             .c_str(),
          absl::StrFormat(",\"shard_cpu_s\":[%s],\"worker_cpu_s\":[%s]",
                          absl::StrJoin(shard_cpu_s, ",", FormatSeconds),
                          absl::StrJoin(worker_cpu_s, ",", FormatSeconds))

@@ -1,0 +1,51 @@
+// `gcomp_admin status` with `coordination.etcd`: what etcd holds for the job, the one
+// source of truth for who is in the map: the committed map record, the live members with
+// their leases, and the coordinator.
+#ifndef GCOMP_ADMIN_COORDINATION_H_
+#define GCOMP_ADMIN_COORDINATION_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "coord/store.h"
+#include "proto/cluster_config.pb.h"
+#include "proto/coord.pb.h"
+
+namespace gcomp::admin {
+
+struct CoordinationStatus {
+  std::optional<proto::ShardMapRecord> map;  // nullopt: no map written yet (job not started)
+  int64_t map_revision = 0;
+  struct Member {
+    proto::MemberRecord record;
+    coord::LeaseId lease = coord::kNoLease;
+  };
+  std::map<uint32_t, Member> members;  // shards holding a lease, by index
+  std::string coordinator;             // "" when none leads
+
+  // Every shard of the map that is not down holds a lease (the map and the leases agree).
+  bool healthy() const;
+};
+
+// Reads the job's keys from `store`. Unavailable when no etcd member answers, DataLoss
+// naming the key when a record does not parse.
+absl::StatusOr<CoordinationStatus> CollectCoordination(coord::Store* store,
+                                                       const std::string& job);
+// The same from the config's coordination.etcd; FailedPrecondition when it lists none.
+absl::StatusOr<CoordinationStatus> CollectCoordination(const proto::ClusterConfig& config);
+
+// Lines under the shard table:
+//   etcd: map epoch 3 (revision 41, written by shard 0), down [1], joining []
+//   coordinator: shard 0
+//   leases: shard 0 (127.0.0.1:7000, lease 7587...), shard 2 (...); none: shard 1
+std::string FormatCoordinationText(const CoordinationStatus& status);
+// One JSON object: {"map":{...}|null,"revision":N,"coordinator":"...","members":[...],
+// "healthy":bool}.
+std::string FormatCoordinationJson(const CoordinationStatus& status);
+
+}  // namespace gcomp::admin
+
+#endif  // GCOMP_ADMIN_COORDINATION_H_
