@@ -29,6 +29,7 @@
 #include "base/logging.h"
 #include "cluster/cluster_config.h"
 #include "cluster/shard_map.h"
+#include "format/endian.h"
 #include "xxhash.h"
 
 namespace gcomp::server {
@@ -44,16 +45,17 @@ constexpr char kManifestHeader[] = "gcomp-checkpoint-manifest 1";
 constexpr uint64_t kMaxManifestBytes = 1 << 20;
 
 void PutU32(std::string* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  uint8_t b[4];
+  format::StoreLE32(b, v);
+  out->append(reinterpret_cast<const char*>(b), sizeof(b));
 }
 void PutU64(std::string* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  uint8_t b[8];
+  format::StoreLE64(b, v);
+  out->append(reinterpret_cast<const char*>(b), sizeof(b));
 }
-uint64_t GetLE(const char* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
-  return v;
-}
+uint32_t GetU32(const char* p) { return format::LoadLE32(reinterpret_cast<const uint8_t*>(p)); }
+uint64_t GetU64(const char* p) { return format::LoadLE64(reinterpret_cast<const uint8_t*>(p)); }
 
 std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
 
@@ -478,19 +480,19 @@ absl::StatusOr<std::vector<proto::CheckpointRecord>> ParseCheckpointFile(absl::s
   const size_t body_end = bytes.size() - kTrailerBytes;
   const char* t = bytes.data() + body_end;
   if (std::memcmp(t, kTrailer, sizeof(kTrailer)) != 0) return bad("truncated (no trailer)");
-  const uint64_t count = GetLE(t + 8, 8);
-  if (XXH64(bytes.data(), body_end, 0) != GetLE(t + 16, 8)) return bad("file checksum mismatch");
+  const uint64_t count = GetU64(t + 8);
+  if (XXH64(bytes.data(), body_end, 0) != GetU64(t + 16)) return bad("file checksum mismatch");
   std::vector<proto::CheckpointRecord> records;
   size_t pos = sizeof(kMagic);
   while (pos < body_end) {
     if (body_end - pos < 4) return bad(absl::StrCat("record at byte ", pos, " truncated"));
-    const uint32_t len = static_cast<uint32_t>(GetLE(bytes.data() + pos, 4));
+    const uint32_t len = GetU32(bytes.data() + pos);
     pos += 4;
     if (len > kMaxRecordBytes || body_end - pos < uint64_t{len} + 8) {
       return bad(absl::StrCat("record at byte ", pos - 4, " of ", len, " bytes runs past the end"));
     }
     absl::string_view payload = bytes.substr(pos, len);
-    if (XXH64(payload.data(), payload.size(), 0) != GetLE(bytes.data() + pos + len, 8)) {
+    if (XXH64(payload.data(), payload.size(), 0) != GetU64(bytes.data() + pos + len)) {
       return bad(absl::StrCat("record ", records.size(), " checksum mismatch"));
     }
     proto::CheckpointRecord r;
