@@ -61,43 +61,9 @@ std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
 
 std::string ErrnoText() { return std::strerror(errno); }
 
-// Writes `bytes` to dir/name durably: a temporary file, fsync, rename, fsync of the dir.
-absl::Status WriteDurably(const std::string& dir, const std::string& name, absl::string_view bytes) {
-  const std::string path = absl::StrCat(dir, "/", name);
-  const std::string tmp = absl::StrCat(path, ".tmp", getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;  // NotFound where the directory was removed meanwhile
-    return absl::ErrnoToStatus(err, absl::StrCat("cannot create ", tmp));
-  }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string why = ErrnoText();
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::DataLossError(absl::StrCat("cannot write ", tmp, ": ", why));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const std::string why = ErrnoText();
-    ::unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat("cannot sync ", tmp, ": ", why));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return absl::ErrnoToStatus(err, absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return absl::OkStatus();
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 absl::Status MakeDirs(const std::string& path) {
@@ -590,13 +556,21 @@ absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheck
   // A fresh name per write, so a manifest always names a file that was complete when it was
   // written (the final set is rewritten in place).
   std::random_device rd;
+  // Each file reaches the disk, and its name the directory, before the call returns: the
+  // manifest names a data file that a power loss cannot take back.
+  AtomicWriteOptions durable;
+  durable.fsync = true;
   const auto write_files = [&]() -> absl::Status {
     m.file = absl::StrCat(prefix, "-", Hex((uint64_t{rd()} << 32) | rd()), ".ckpt");
-    if (absl::Status st = WriteDurably(set_path, m.file, bytes); !st.ok()) return st;
-    return WriteDurably(set_path, absl::StrCat(prefix, ".manifest"), SerializeManifest(m));
+    if (absl::Status st = WriteFileAtomically(absl::StrCat(set_path, "/", m.file), bytes, durable);
+        !st.ok()) {
+      return st;
+    }
+    return WriteFileAtomically(absl::StrCat(set_path, "/", prefix, ".manifest"),
+                               SerializeManifest(m), durable);
   };
   s = write_files();
-  if (absl::IsNotFound(s)) {
+  if (!s.ok() && !IsDirectory(set_path)) {
     // Another shard's clean-up removed the set meanwhile: an old final set this shard is
     // rewriting, or one no shard had finished. Made again, it holds this shard's files.
     log::Warn("checkpoint: {} was removed while shard {} wrote it ({}); writing it again", set_path,
