@@ -21,7 +21,7 @@
 #include "admin/status.h"
 #include "base/json.h"
 #include "server/checkpoint.h"
-#include "base/logging.h"
+#include "base/log_flags.h"
 #include "cluster/cluster_config.h"
 #include "cluster/reshard_coordinator.h"
 
@@ -36,8 +36,6 @@ ABSL_FLAG(int64_t, deadline_ms, 60000,
           "reshard: how long added shards may take to come up and each shard to prepare.");
 ABSL_FLAG(int64_t, finish_timeout_ms, 600000,
           "reshard: how long the switch and the chunk moves may take once committed.");
-ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error|off");
-ABSL_FLAG(std::string, log_format, "text", gcomp::kLogFormatHelp);
 
 namespace {
 
@@ -191,8 +189,7 @@ std::string Usage() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(Usage());
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  absl::Status logging = gcomp::InitLogging("gcomp_admin", absl::GetFlag(FLAGS_log_level),
-                                            absl::GetFlag(FLAGS_log_format));
+  absl::Status logging = gcomp::InitLoggingFromFlags("gcomp_admin", "warn");
   if (!logging.ok()) {
     std::fprintf(stderr, "gcomp_admin: %s\n", logging.ToString().c_str());
     return kExitUsage;

@@ -13,6 +13,20 @@
 #include "absl/strings/str_cat.h"
 
 namespace gcomp {
+namespace {
+
+// Makes the directory entry of `path` (a rename into it) durable; best effort.
+void SyncDirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  std::string dir = ".";
+  if (slash != std::string::npos) dir = slash == 0 ? "/" : path.substr(0, slash);
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  fsync(fd);
+  close(fd);
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) { return ReadFile(path, UINT64_MAX); }
 
@@ -68,14 +82,16 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes
   return bytes;
 }
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes,
+                                 const AtomicWriteOptions& options) {
   const absl::string_view parts[] = {bytes};
-  return WriteFileAtomically(path, parts);
+  return WriteFileAtomically(path, parts, options);
 }
 
 absl::Status WriteFileAtomically(const std::string& path,
-                                 absl::Span<const absl::string_view> parts) {
-  absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(path);
+                                 absl::Span<const absl::string_view> parts,
+                                 const AtomicWriteOptions& options) {
+  absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(path, options);
   if (!writer.ok()) return writer.status();
   for (absl::string_view part : parts) {
     if (absl::Status s = writer->Append(part); !s.ok()) return s;
@@ -83,7 +99,8 @@ absl::Status WriteFileAtomically(const std::string& path,
   return writer->Commit();
 }
 
-absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path) {
+absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path,
+                                                          const AtomicWriteOptions& options) {
   // The commit renames over `path`: right for a file, wrong for a device or a pipe (as root,
   // /dev/null itself would become a file).
   struct stat st;
@@ -99,14 +116,15 @@ absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& pat
     return absl::PermissionDeniedError(
         absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
   }
-  return AtomicFileWriter(path, std::move(tmp), fd);
+  return AtomicFileWriter(path, std::move(tmp), fd, options);
 }
 
 AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& other) noexcept
     : path_(std::move(other.path_)),
       tmp_(std::move(other.tmp_)),
       fd_(std::exchange(other.fd_, -1)),
-      size_(other.size_) {}
+      size_(other.size_),
+      options_(other.options_) {}
 
 AtomicFileWriter::~AtomicFileWriter() { Abandon(); }
 
@@ -150,6 +168,12 @@ absl::Status AtomicFileWriter::Pwrite(uint64_t offset, absl::string_view bytes) 
 absl::Status AtomicFileWriter::Commit() {
   if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(tmp_, " is closed"));
   const int fd = std::exchange(fd_, -1);
+  if (options_.fsync && fsync(fd) != 0) {
+    const int err = errno;
+    close(fd);
+    std::remove(tmp_.c_str());
+    return absl::DataLossError(absl::StrCat("cannot sync ", tmp_, ": ", std::strerror(err)));
+  }
   if (close(fd) != 0) {
     const int err = errno;
     std::remove(tmp_.c_str());
@@ -161,6 +185,7 @@ absl::Status AtomicFileWriter::Commit() {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot rename ", tmp_, " to ", path_, ": ", std::strerror(err)));
   }
+  if (options_.fsync) SyncDirectoryOf(path_);
   return absl::OkStatus();
 }
 

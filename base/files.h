@@ -26,12 +26,26 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes
 // /dev/zero is refused after this much instead of read until memory runs out.
 inline constexpr uint64_t kMaxUnsizedReadBytes = uint64_t{1} << 30;
 
+// How far a crash-safe write goes (WriteFileAtomically, AtomicFileWriter).
+struct AtomicWriteOptions {
+  // Off: once the write returns, every process reads the new content, and a crash of the
+  // writing process leaves `path` old or new, never half-written; a crash of the machine
+  // (power, kernel) may still lose the new content, or leave the old one. On: the file is
+  // flushed to the device (fsync) before the rename and its directory after it (best
+  // effort: a directory that cannot be opened is not synced), so what the write returned
+  // also survives a crash of the machine. Costs a device flush or two per file.
+  bool fsync = false;
+};
+
 // Writes `bytes` to a temporary file beside `path` and renames it over `path`, so `path`
-// is never left half-written: it holds either its old content or all of `bytes`.
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
+// is never left half-written: it holds either its old content or all of `bytes`. Errors
+// are those of AtomicFileWriter's Create, Append and Commit.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes,
+                                 const AtomicWriteOptions& options = {});
 // The same for a file made of several pieces, written in order without joining them first.
 absl::Status WriteFileAtomically(const std::string& path,
-                                 absl::Span<const absl::string_view> parts);
+                                 absl::Span<const absl::string_view> parts,
+                                 const AtomicWriteOptions& options = {});
 
 // Writes a file piece by piece through a temporary file beside `path`, which Commit()
 // renames over `path`. Destroyed without a successful Commit() (an error on the way), it
@@ -40,7 +54,8 @@ class AtomicFileWriter {
  public:
   // PermissionDenied naming the temporary file if it cannot be created; FailedPrecondition
   // if `path` exists and is not a regular file (a device, pipe or directory).
-  static absl::StatusOr<AtomicFileWriter> Create(const std::string& path);
+  static absl::StatusOr<AtomicFileWriter> Create(const std::string& path,
+                                                 const AtomicWriteOptions& options = {});
 
   AtomicFileWriter(AtomicFileWriter&& other) noexcept;
   AtomicFileWriter& operator=(AtomicFileWriter&& other) = delete;
@@ -53,12 +68,13 @@ class AtomicFileWriter {
   // Overwrites bytes already appended, from `offset` on (a header whose fields are known
   // only at the end); OutOfRange if they would reach past what was appended.
   absl::Status WriteAt(uint64_t offset, absl::string_view bytes);
-  // Closes and renames; PermissionDenied if the rename fails, DataLoss if the close does.
+  // Closes and renames (with options.fsync, syncs the file first and the directory after);
+  // PermissionDenied if the rename fails, DataLoss if the sync or the close does.
   absl::Status Commit();
 
  private:
-  AtomicFileWriter(std::string path, std::string tmp, int fd)
-      : path_(std::move(path)), tmp_(std::move(tmp)), fd_(fd) {}
+  AtomicFileWriter(std::string path, std::string tmp, int fd, const AtomicWriteOptions& options)
+      : path_(std::move(path)), tmp_(std::move(tmp)), fd_(fd), options_(options) {}
   void Abandon();
   // Writes `bytes` at `offset`; DataLoss (and abandons the file) if that fails.
   absl::Status Pwrite(uint64_t offset, absl::string_view bytes);
@@ -67,6 +83,7 @@ class AtomicFileWriter {
   std::string tmp_;
   int fd_ = -1;        // -1 once committed or abandoned
   uint64_t size_ = 0;  // bytes appended
+  AtomicWriteOptions options_;
 };
 
 }  // namespace gcomp

@@ -28,6 +28,29 @@ TEST(Files, WriteThenReadRoundTripsAndReplaces) {
   EXPECT_EQ(*ReadFile(path), "second");
 }
 
+// fsync cannot be watched from here (only a machine crash shows it): the durable write must
+// keep every other promise of the plain one.
+TEST(Files, DurableWriteKeepsTheSameContract) {
+  AtomicWriteOptions durable;
+  durable.fsync = true;
+  const std::string path = TempPath("files_test_durable");
+  ASSERT_TRUE(WriteFileAtomically(path, "first", durable).ok());
+  EXPECT_EQ(*ReadFile(path), "first");
+  const absl::string_view parts[] = {"sec", "ond"};
+  ASSERT_TRUE(WriteFileAtomically(path, parts, durable).ok());
+  EXPECT_EQ(*ReadFile(path), "second");
+  EXPECT_EQ(ReadFile(absl::StrCat(path, ".tmp", getpid())).status().code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<AtomicFileWriter> writer = AtomicFileWriter::Create(path, durable);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE(writer->Append("xhird").ok());
+  ASSERT_TRUE(writer->WriteAt(0, "t").ok());
+  ASSERT_TRUE(writer->Commit().ok());
+  EXPECT_EQ(*ReadFile(path), "third");
+  EXPECT_EQ(WriteFileAtomically("/nonexistent_dir_gcomp/x", "data", durable).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
 TEST(Files, MissingFileIsNotFoundNamingIt) {
   absl::StatusOr<std::string> got = ReadFile(TempPath("no_such_file"));
   EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);

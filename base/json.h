@@ -23,10 +23,6 @@ void AppendJsonString(absl::string_view s, std::string* out);
 // The same, returned.
 std::string JsonQuote(absl::string_view s);
 
-// The longest prefix of `s` of at most `max_bytes` that does not end inside a UTF-8
-// character (for cutting text a peer sent to a size).
-absl::string_view Utf8Prefix(absl::string_view s, size_t max_bytes);
-
 // Whether code point `cp` is one of those that act on a terminal or on the direction of the
 // text around it without showing: C0 controls, DEL, C1 controls (U+0080-U+009F, of which
 // U+009B starts a terminal command like ESC [), and the bidirectional marks, embeddings,

@@ -31,11 +31,6 @@ namespace gcomp {
 absl::Status InitLogging(absl::string_view program, absl::string_view level = "info",
                          absl::string_view format = "text");
 
-// The --log_format flag's help text, shared by every binary.
-inline constexpr char kLogFormatHelp[] =
-    "text|json: json writes one JSON object per line (ts, level, process, msg) for log "
-    "collectors.";
-
 namespace log {
 
 template <typename... Args>

@@ -12,6 +12,7 @@
 #include "absl/strings/strip.h"
 #include "base/files.h"
 #include "base/system_memory.h"
+#include "format/endian.h"
 
 namespace gcomp {
 namespace {
@@ -59,12 +60,11 @@ absl::StatusOr<NpyF32View> ParseNpyF32View(absl::string_view bytes) {
   const int major = static_cast<uint8_t>(bytes[6]);
   size_t header_len, offset;
   if (major == 1) {
-    header_len = static_cast<uint8_t>(bytes[8]) | (static_cast<uint8_t>(bytes[9]) << 8);
+    header_len = format::LoadLE16(reinterpret_cast<const uint8_t*>(bytes.data() + 8));
     offset = 10;
   } else if (major == 2 || major == 3) {
     if (bytes.size() < 12) return absl::InvalidArgumentError(".npy file truncated in its header");
-    header_len = 0;
-    for (int i = 0; i < 4; ++i) header_len |= size_t{static_cast<uint8_t>(bytes[8 + i])} << (8 * i);
+    header_len = format::LoadLE32(reinterpret_cast<const uint8_t*>(bytes.data() + 8));
     offset = 12;
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unsupported .npy version ", major));
@@ -152,8 +152,9 @@ std::string NpyF32Header(absl::Span<const size_t> shape) {
   std::string out(kMagic, 6);
   out.push_back(1);
   out.push_back(0);
-  out.push_back(static_cast<char>(dict.size() & 0xff));
-  out.push_back(static_cast<char>(dict.size() >> 8));
+  uint8_t len[2];
+  format::StoreLE16(len, static_cast<uint16_t>(dict.size()));
+  out.append(reinterpret_cast<const char*>(len), sizeof(len));
   out += dict;
   return out;
 }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "base/utf8.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 
@@ -79,43 +80,11 @@ constexpr Field kFields[] = {
     {"coordination.request_timeout_ms", Kind::kUnsigned, "1000"},
 };
 
-// Whether `s` is well-formed UTF-8 (RFC 3629: shortest forms, no surrogates, <= U+10FFFF).
-bool IsUtf8(absl::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t len;
-    uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (s.size() - i < len) return false;
-    for (size_t k = 1; k < len; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += len;
-  }
-  return true;
-}
-
 absl::StatusOr<std::string> Scalar(const YAML::Node& node, absl::string_view field) {
   if (!node.IsScalar()) return FieldError(field, "expected a scalar value");
   // Strings land in proto3 string fields, which must hold UTF-8 (YAML text is UTF-8 too;
   // the emitter would replace stray bytes, so the config would not round-trip).
-  if (!IsUtf8(node.Scalar())) return FieldError(field, "not valid UTF-8 text");
+  if (!IsValidUtf8(node.Scalar())) return FieldError(field, "not valid UTF-8 text");
   // No name, address or path holds one; and yaml-cpp writes a trailing CR unquoted, which
   // its parser then reads as part of the line break (the config would not round-trip).
   for (size_t i = 0; i < node.Scalar().size(); ++i) {

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/json.h"
+#include "base/utf8.h"
 
 namespace gcomp::cluster {
 namespace {

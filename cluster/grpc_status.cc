@@ -5,7 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "base/json.h"
+#include "base/utf8.h"
 
 namespace gcomp::cluster {
 

@@ -10,7 +10,6 @@
 #include "base/large_buffer.h"
 #include "base/reused_per_thread.h"
 #include "codec/codec.h"
-#include "codec/internal/bits.h"
 #include "codec/internal/block_scratch.h"
 #include "codec/internal/cpu.h"
 #include "codec/internal/format.h"
@@ -18,16 +17,17 @@
 #include "codec/internal/join_elements.h"
 #include "codec/internal/quantize.h"
 #include "format/block_header.h"
+#include "format/endian.h"
 
 namespace gcomp::codec {
 namespace {
 
 using internal::HuffmanCode;
 using internal::FloatBits;
-using internal::Load32;
-using internal::Load64;
-using internal::Store32;
-using internal::Store64;
+using format::LoadLE32;
+using format::LoadLE64;
+using format::StoreLE32;
+using format::StoreLE64;
 
 // Scratch that grows without being zero-filled (every pass writes what it later reads), in
 // huge pages from half a megabyte on: a short-lived process (the CLI) otherwise spent more on
@@ -148,7 +148,7 @@ uint64_t Checksum(const uint8_t* block, size_t size) {
 }
 
 void WriteHeader(const BlockInfo& b, uint8_t* h) {
-  Store32(h + internal::kOffMagic, internal::kBlockMagic);
+  StoreLE32(h + internal::kOffMagic, internal::kBlockMagic);
   h[internal::kOffVersion] = internal::kBlockVersion;
   h[internal::kOffDType] = static_cast<uint8_t>(b.dtype);
   h[internal::kOffMode] = static_cast<uint8_t>(b.policy.mode);
@@ -157,12 +157,12 @@ void WriteHeader(const BlockInfo& b, uint8_t* h) {
   h[internal::kOffZeroMap] = static_cast<uint8_t>(b.zero_map);
   h[internal::kOffTable] = static_cast<uint8_t>(b.table);
   h[internal::kOffEmax] = static_cast<uint8_t>(b.emax);
-  Store32(h + internal::kOffElements, b.elements);
-  Store32(h + internal::kOffNonzeros, b.nonzeros);
-  Store32(h + internal::kOffMantissaBytes, static_cast<uint32_t>(b.mantissa_bytes));
-  Store32(h + internal::kOffZeroMapBytes, static_cast<uint32_t>(b.zero_map_bytes));
-  Store32(h + internal::kOffTableBytes, static_cast<uint32_t>(b.table_bytes));
-  for (int s = 0; s < 4; ++s) Store32(h + internal::kOffStreamBytes + 4 * s, b.stream_bytes[s]);
+  StoreLE32(h + internal::kOffElements, b.elements);
+  StoreLE32(h + internal::kOffNonzeros, b.nonzeros);
+  StoreLE32(h + internal::kOffMantissaBytes, static_cast<uint32_t>(b.mantissa_bytes));
+  StoreLE32(h + internal::kOffZeroMapBytes, static_cast<uint32_t>(b.zero_map_bytes));
+  StoreLE32(h + internal::kOffTableBytes, static_cast<uint32_t>(b.table_bytes));
+  for (int s = 0; s < 4; ++s) StoreLE32(h + internal::kOffStreamBytes + 4 * s, b.stream_bytes[s]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* d
       std::memcpy(p, own_table.data(), own_table.size());
       b.table_bytes = own_table.size();
     } else {
-      Store64(p, b.table_id);
+      StoreLE64(p, b.table_id);
       b.table_bytes = 8;
     }
     p += b.table_bytes;
@@ -289,7 +289,7 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* d
     total = kBlockHeaderBytes + raw.mantissa_bytes;
   }
   WriteHeader(b, blk);
-  Store64(blk + internal::kOffChecksum, Checksum(blk, total));
+  StoreLE64(blk + internal::kOffChecksum, Checksum(blk, total));
   return absl::Span<const uint8_t>(blk, total);
 }
 
@@ -379,11 +379,11 @@ absl::StatusOr<BlockInfo> ParseBlock(absl::Span<const uint8_t> blk, bool verify_
   for (int s = 0; s < 4; ++s) b.stream_bytes[s] = header.stream_bytes[s];
   b.exponent_bytes = header.exponent_bytes;
   b.total_bytes = blk.size();
-  if (verify_checksum && Load64(h + internal::kOffChecksum) != Checksum(h, blk.size())) {
+  if (verify_checksum && LoadLE64(h + internal::kOffChecksum) != Checksum(h, blk.size())) {
     return absl::DataLossError("block checksum mismatch");
   }
   if (b.table == TableKind::kReference) {
-    b.table_id = Load64(h + kBlockHeaderBytes + b.mantissa_bytes + b.zero_map_bytes);
+    b.table_id = LoadLE64(h + kBlockHeaderBytes + b.mantissa_bytes + b.zero_map_bytes);
   }
   return b;
 }

@@ -10,9 +10,9 @@
 #include "absl/synchronization/mutex.h"
 #include "base/thread_pool.h"
 #include "codec/codec.h"
-#include "codec/internal/bits.h"
 #include "codec/internal/block_scratch.h"
 #include "codec/internal/format.h"
+#include "format/endian.h"
 
 namespace gcomp::codec {
 namespace {
@@ -108,15 +108,15 @@ absl::Status EncodeBufferTo(DType dtype, const void* data, size_t n, const Buffe
   if (!status.ok()) return status;
   std::vector<uint8_t> head(header);
   uint8_t* h = head.data();
-  internal::Store32(h, internal::kFrameMagic);
+  format::StoreLE32(h, internal::kFrameMagic);
   h[4] = internal::kFrameVersion;
   h[5] = static_cast<uint8_t>(dtype);
   h[6] = h[7] = 0;
-  internal::Store64(h + 8, n);
-  internal::Store32(h + 16, static_cast<uint32_t>(per));
-  internal::Store32(h + 20, static_cast<uint32_t>(count));
-  for (size_t i = 0; i < count; ++i) internal::Store32(h + kFrameFixedBytes + 4 * i, sizes[i]);
-  internal::Store64(h + header - 8, XXH64(h, header - 8, 0));
+  format::StoreLE64(h + 8, n);
+  format::StoreLE32(h + 16, static_cast<uint32_t>(per));
+  format::StoreLE32(h + 20, static_cast<uint32_t>(count));
+  for (size_t i = 0; i < count; ++i) format::StoreLE32(h + kFrameFixedBytes + 4 * i, sizes[i]);
+  format::StoreLE64(h + header - 8, XXH64(h, header - 8, 0));
   return sink(0, head);
 }
 
@@ -148,7 +148,7 @@ absl::StatusOr<FrameInfo> InspectFrame(absl::Span<const uint8_t> frame) {
     return absl::DataLossError(absl::StrCat("frame of ", frame.size(), " bytes is too short"));
   }
   const uint8_t* h = frame.data();
-  if (internal::Load32(h) != internal::kFrameMagic) {
+  if (format::LoadLE32(h) != internal::kFrameMagic) {
     return absl::DataLossError("not a GComp frame (bad magic)");
   }
   if (h[4] != internal::kFrameVersion) {
@@ -159,9 +159,9 @@ absl::StatusOr<FrameInfo> InspectFrame(absl::Span<const uint8_t> frame) {
   }
   FrameInfo info;
   info.dtype = static_cast<DType>(h[5]);
-  info.elements = internal::Load64(h + 8);
-  info.block_elements = internal::Load32(h + 16);
-  const uint32_t count = internal::Load32(h + 20);
+  info.elements = format::LoadLE64(h + 8);
+  info.block_elements = format::LoadLE32(h + 16);
+  const uint32_t count = format::LoadLE32(h + 20);
   if (info.block_elements == 0 || info.block_elements > kMaxBlockElements) {
     return absl::DataLossError("bad frame block size");
   }
@@ -172,13 +172,13 @@ absl::StatusOr<FrameInfo> InspectFrame(absl::Span<const uint8_t> frame) {
   if (count != want) return absl::DataLossError("frame block count does not match its size");
   const uint64_t header = kFrameFixedBytes + uint64_t{4} * count + 8;
   if (header > frame.size()) return absl::DataLossError("frame truncated in its block table");
-  if (internal::Load64(h + header - 8) != XXH64(h, header - 8, 0)) {
+  if (format::LoadLE64(h + header - 8) != XXH64(h, header - 8, 0)) {
     return absl::DataLossError("frame header checksum mismatch");
   }
   uint64_t pos = header;
   info.blocks.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
-    const uint32_t size = internal::Load32(h + kFrameFixedBytes + 4 * i);
+    const uint32_t size = format::LoadLE32(h + kFrameFixedBytes + 4 * i);
     if (size > frame.size() - pos) return absl::DataLossError("frame truncated in its blocks");
     info.blocks.push_back(frame.subspan(pos, size));
     pos += size;

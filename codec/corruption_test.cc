@@ -7,8 +7,8 @@
 #include <xxhash.h>
 
 #include "codec/codec.h"
-#include "codec/internal/bits.h"
 #include "codec/testing/values.h"
+#include "format/endian.h"
 #include "gtest/gtest.h"
 
 namespace gcomp::codec {
@@ -124,7 +124,7 @@ TEST(Corruption, RandomDamageNeverCrashes) {
 // Damage with a recomputed checksum reaches the structural checks behind it.
 void Reseal(std::vector<uint8_t>* b) {
   const uint64_t seed = XXH64(b->data(), 48, 0);
-  internal::Store64(b->data() + 48, XXH64(b->data() + 56, b->size() - 56, seed));
+  format::StoreLE64(b->data() + 48, XXH64(b->data() + 56, b->size() - 56, seed));
 }
 
 TEST(Corruption, ResealedDamageFailsOrStaysInBounds) {
@@ -152,7 +152,7 @@ TEST(Corruption, ForgedHugeCountsFailWithoutAllocating) {
   for (uint32_t count : {0xffffffffu, (1u << 26) + 1, 1u << 26, 1u << 20}) {
     for (int field : {12, 16}) {  // element count, nonzero count
       std::vector<uint8_t> bad(block.begin(), block.end());
-      internal::Store32(bad.data() + field, count);
+      format::StoreLE32(bad.data() + field, count);
       Reseal(&bad);
       float out[100];
       EXPECT_FALSE(DecodeBlock(absl::MakeConstSpan(bad), DType::kF32, out, 100).ok());
@@ -185,11 +185,11 @@ TEST(Corruption, AFrameOfNearly2To64ElementsAndNoBlocksIsRejected) {
   std::string frame;
   ASSERT_TRUE(EncodeBuffer(DType::kF32, nullptr, 0, BufferOptions{}, &frame).ok());
   std::vector<uint8_t> forged(frame.begin(), frame.begin() + 24);
-  internal::Store64(forged.data() + 8, ~uint64_t{0});  // elements
-  internal::Store32(forged.data() + 16, 2);            // elements per block
-  internal::Store32(forged.data() + 20, 0);            // block count
+  format::StoreLE64(forged.data() + 8, ~uint64_t{0});  // elements
+  format::StoreLE32(forged.data() + 16, 2);            // elements per block
+  format::StoreLE32(forged.data() + 20, 0);            // block count
   forged.resize(32);
-  internal::Store64(forged.data() + 24, XXH64(forged.data(), 24, 0));
+  format::StoreLE64(forged.data() + 24, XXH64(forged.data(), 24, 0));
   absl::StatusOr<FrameInfo> info = InspectFrame(absl::MakeConstSpan(forged));
   ASSERT_FALSE(info.ok());
   EXPECT_EQ(info.status().code(), absl::StatusCode::kDataLoss);
@@ -202,7 +202,7 @@ TEST(Corruption, GarbageIsRejected) {
   for (int trial = 0; trial < 1000; ++trial) {
     std::vector<uint8_t> junk(rng() % 300);
     for (uint8_t& b : junk) b = rng();
-    if (junk.size() >= 4 && trial % 2) internal::Store32(junk.data(), 0x31424347);
+    if (junk.size() >= 4 && trial % 2) format::StoreLE32(junk.data(), 0x31424347);
     EXPECT_FALSE(DecodeBlock(absl::MakeConstSpan(junk), DType::kF32, out.data(), 1000).ok());
     EXPECT_FALSE(DecodeBuffer(absl::MakeConstSpan(junk), DType::kF32, out.data(), 1000, 1).ok());
   }

@@ -4,14 +4,13 @@
 #include <vector>
 
 #include "format/block_header.h"
+#include "format/endian.h"
 #include "gtest/gtest.h"
 
 namespace gcomp::format {
 namespace {
 
-void Put32(std::vector<uint8_t>& h, uint32_t off, uint32_t v) {
-  for (int i = 0; i < 4; ++i) h[off + i] = static_cast<uint8_t>(v >> (8 * i));
-}
+void Put32(std::vector<uint8_t>& h, uint32_t off, uint32_t v) { StoreLE32(h.data() + off, v); }
 
 // A header (sections not filled in) of an f32 block: 100 elements, 60 nonzeros, inline
 // table of 10 bytes, bitmap zero map, streams of 9 bytes each, a 40-byte plane.

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "format/block_format.h"
+#include "format/endian.h"
 #include "format/portable.h"
 
 namespace gcomp::format {

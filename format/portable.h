@@ -14,14 +14,6 @@
 
 namespace gcomp::format {
 
-// Little-endian loads from bytes of any alignment.
-GCOMP_HD uint32_t LoadLE32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-GCOMP_HD uint64_t LoadLE64(const uint8_t* p) {
-  return uint64_t{LoadLE32(p)} | uint64_t{LoadLE32(p + 4)} << 32;
-}
-
 GCOMP_HD uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 }  // namespace gcomp::format

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codec/codec.h"
+#include "format/endian.h"
 #include "fuzz/fuzz_support.h"
 
 namespace gcomp::fuzz {
@@ -36,8 +37,7 @@ codec::DType GuessDType(absl::Span<const uint8_t> block) {
 
 size_t GuessElements(absl::Span<const uint8_t> block) {
   if (block.size() < 16) return 1;
-  const size_t n = uint32_t{block[12]} | uint32_t{block[13]} << 8 | uint32_t{block[14]} << 16 |
-                   uint32_t{block[15]} << 24;
+  const size_t n = format::LoadLE32(block.data() + 12);
   return std::min(std::max<size_t>(n, 1), kMaxDecodeElements);
 }
 

@@ -6,19 +6,12 @@
 #include <cstring>
 #include <vector>
 
+#include "format/endian.h"
 #include "google/protobuf/stubs/logging.h"
 #include "xxhash.h"
 
 namespace gcomp::fuzz {
 namespace {
-
-uint32_t LoadU32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-
-void StoreU64(uint64_t v, uint8_t* p) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
 
 constexpr size_t kHeaderBytes = codec::kBlockHeaderBytes;
 constexpr size_t kChecksumOffset = 48;
@@ -46,20 +39,21 @@ void CheckCode(const absl::Status& status, std::initializer_list<absl::StatusCod
 void RepairBlockChecksum(uint8_t* block, size_t size) {
   if (size < kHeaderBytes) return;
   const uint64_t seed = XXH64(block, kChecksumOffset, 0);
-  StoreU64(XXH64(block + kHeaderBytes, size - kHeaderBytes, seed), block + kChecksumOffset);
+  format::StoreLE64(block + kChecksumOffset,
+                    XXH64(block + kHeaderBytes, size - kHeaderBytes, seed));
 }
 
 void RepairFrameChecksums(std::string* frame) {
   uint8_t* p = reinterpret_cast<uint8_t*>(frame->data());
   const size_t size = frame->size();
   if (size < kFrameFixedBytes) return;
-  const uint64_t count = LoadU32(p + 20);
+  const uint64_t count = format::LoadLE32(p + 20);
   const uint64_t table_end = kFrameFixedBytes + 4 * count;
   if (table_end + 8 > size) return;
-  StoreU64(XXH64(p, table_end, 0), p + table_end);
+  format::StoreLE64(p + table_end, XXH64(p, table_end, 0));
   uint64_t pos = table_end + 8;
   for (uint64_t i = 0; i < count; ++i) {
-    const uint64_t block_size = LoadU32(p + kFrameFixedBytes + 4 * i);
+    const uint64_t block_size = format::LoadLE32(p + kFrameFixedBytes + 4 * i);
     if (pos + block_size > size) return;
     RepairBlockChecksum(p + pos, block_size);
     pos += block_size;

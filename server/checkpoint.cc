@@ -29,6 +29,7 @@
 #include "base/logging.h"
 #include "cluster/cluster_config.h"
 #include "cluster/shard_map.h"
+#include "format/endian.h"
 #include "xxhash.h"
 
 namespace gcomp::server {
@@ -44,58 +45,25 @@ constexpr char kManifestHeader[] = "gcomp-checkpoint-manifest 1";
 constexpr uint64_t kMaxManifestBytes = 1 << 20;
 
 void PutU32(std::string* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  uint8_t b[4];
+  format::StoreLE32(b, v);
+  out->append(reinterpret_cast<const char*>(b), sizeof(b));
 }
 void PutU64(std::string* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  uint8_t b[8];
+  format::StoreLE64(b, v);
+  out->append(reinterpret_cast<const char*>(b), sizeof(b));
 }
-uint64_t GetLE(const char* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
-  return v;
-}
+uint32_t GetU32(const char* p) { return format::LoadLE32(reinterpret_cast<const uint8_t*>(p)); }
+uint64_t GetU64(const char* p) { return format::LoadLE64(reinterpret_cast<const uint8_t*>(p)); }
 
 std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
 
 std::string ErrnoText() { return std::strerror(errno); }
 
-// Writes `bytes` to dir/name durably: a temporary file, fsync, rename, fsync of the dir.
-absl::Status WriteDurably(const std::string& dir, const std::string& name, absl::string_view bytes) {
-  const std::string path = absl::StrCat(dir, "/", name);
-  const std::string tmp = absl::StrCat(path, ".tmp", getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;  // NotFound where the directory was removed meanwhile
-    return absl::ErrnoToStatus(err, absl::StrCat("cannot create ", tmp));
-  }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string why = ErrnoText();
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::DataLossError(absl::StrCat("cannot write ", tmp, ": ", why));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const std::string why = ErrnoText();
-    ::unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat("cannot sync ", tmp, ": ", why));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return absl::ErrnoToStatus(err, absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return absl::OkStatus();
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 absl::Status MakeDirs(const std::string& path) {
@@ -478,19 +446,19 @@ absl::StatusOr<std::vector<proto::CheckpointRecord>> ParseCheckpointFile(absl::s
   const size_t body_end = bytes.size() - kTrailerBytes;
   const char* t = bytes.data() + body_end;
   if (std::memcmp(t, kTrailer, sizeof(kTrailer)) != 0) return bad("truncated (no trailer)");
-  const uint64_t count = GetLE(t + 8, 8);
-  if (XXH64(bytes.data(), body_end, 0) != GetLE(t + 16, 8)) return bad("file checksum mismatch");
+  const uint64_t count = GetU64(t + 8);
+  if (XXH64(bytes.data(), body_end, 0) != GetU64(t + 16)) return bad("file checksum mismatch");
   std::vector<proto::CheckpointRecord> records;
   size_t pos = sizeof(kMagic);
   while (pos < body_end) {
     if (body_end - pos < 4) return bad(absl::StrCat("record at byte ", pos, " truncated"));
-    const uint32_t len = static_cast<uint32_t>(GetLE(bytes.data() + pos, 4));
+    const uint32_t len = GetU32(bytes.data() + pos);
     pos += 4;
     if (len > kMaxRecordBytes || body_end - pos < uint64_t{len} + 8) {
       return bad(absl::StrCat("record at byte ", pos - 4, " of ", len, " bytes runs past the end"));
     }
     absl::string_view payload = bytes.substr(pos, len);
-    if (XXH64(payload.data(), payload.size(), 0) != GetLE(bytes.data() + pos + len, 8)) {
+    if (XXH64(payload.data(), payload.size(), 0) != GetU64(bytes.data() + pos + len)) {
       return bad(absl::StrCat("record ", records.size(), " checksum mismatch"));
     }
     proto::CheckpointRecord r;
@@ -588,13 +556,21 @@ absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheck
   // A fresh name per write, so a manifest always names a file that was complete when it was
   // written (the final set is rewritten in place).
   std::random_device rd;
+  // Each file reaches the disk, and its name the directory, before the call returns: the
+  // manifest names a data file that a power loss cannot take back.
+  AtomicWriteOptions durable;
+  durable.fsync = true;
   const auto write_files = [&]() -> absl::Status {
     m.file = absl::StrCat(prefix, "-", Hex((uint64_t{rd()} << 32) | rd()), ".ckpt");
-    if (absl::Status st = WriteDurably(set_path, m.file, bytes); !st.ok()) return st;
-    return WriteDurably(set_path, absl::StrCat(prefix, ".manifest"), SerializeManifest(m));
+    if (absl::Status st = WriteFileAtomically(absl::StrCat(set_path, "/", m.file), bytes, durable);
+        !st.ok()) {
+      return st;
+    }
+    return WriteFileAtomically(absl::StrCat(set_path, "/", prefix, ".manifest"),
+                               SerializeManifest(m), durable);
   };
   s = write_files();
-  if (absl::IsNotFound(s)) {
+  if (!s.ok() && !IsDirectory(set_path)) {
     // Another shard's clean-up removed the set meanwhile: an old final set this shard is
     // rewriting, or one no shard had finished. Made again, it holds this shard's files.
     log::Warn("checkpoint: {} was removed while shard {} wrote it ({}); writing it again", set_path,

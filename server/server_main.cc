@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/files.h"
+#include "base/log_flags.h"
 #include "base/logging.h"
 #include "base/malloc_tuning.h"
 #include "base/metrics_exposer.h"
@@ -49,8 +50,6 @@ ABSL_FLAG(int, config_poll_ms, 2000,
           "How often the config file is re-read for a re-shard (0: never).");
 ABSL_FLAG(int, reshard_deadline_ms, 60000,
           "File-triggered re-shard: how long added shards may take to come up.");
-ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|off");
-ABSL_FLAG(std::string, log_format, "text", gcomp::kLogFormatHelp);
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
           "Serve Prometheus metrics on http://ADDRESS/metrics (port 0 picks a free port, "
           "logged at start); 'none' turns them off.");
@@ -185,9 +184,7 @@ int main(int argc, char** argv) {
             static_cast<long long>(parent_pid));
     return 2;
   }
-  absl::Status s = gcomp::InitLogging(absl::StrCat("gcomp_server[", shard, "]"),
-                                      absl::GetFlag(FLAGS_log_level),
-                                      absl::GetFlag(FLAGS_log_format));
+  absl::Status s = gcomp::InitLoggingFromFlags(absl::StrCat("gcomp_server[", shard, "]"), "info");
   if (!s.ok()) {
     fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "base/logging.h"
+#include "base/utf8.h"
 #include "cluster/wire_block.h"
 #include "server/shard_service.h"
 #include "server/shard_tensor.h"
@@ -17,15 +18,6 @@ namespace {
 
 // Stats.last_error stays one table cell's worth.
 constexpr size_t kMaxLastErrorChars = 200;
-
-// At most `max` bytes of `s`, cut before a UTF-8 continuation byte (a proto3 string must
-// stay valid UTF-8).
-std::string TruncateUtf8(const std::string& s, size_t max) {
-  if (s.size() <= max) return s;
-  size_t end = max;
-  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
-  return s.substr(0, end);
-}
 
 }  // namespace
 
@@ -86,7 +78,8 @@ absl::Status ShardService::PushPull(const proto::CompressedBlock& request,
       // Statuses name keys, chunks and workers, never the job token (it is checked in
       // the gRPC layer and never reaches here).
       absl::MutexLock lock(&last_error_mu_);
-      last_error_ = TruncateUtf8(s.ToString(), kMaxLastErrorChars);
+      // Cut at a character boundary: a proto3 string must stay valid UTF-8.
+      last_error_ = std::string(Utf8Prefix(s.ToString(), kMaxLastErrorChars));
     }
     // Any client can send rejected pushes at will: a budget of lines keeps the log useful.
     static log::LineBudget* const rejected = new log::LineBudget(10, "rejected pushes");

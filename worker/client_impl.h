@@ -3,18 +3,20 @@
 #ifndef GCOMP_WORKER_CLIENT_IMPL_H_
 #define GCOMP_WORKER_CLIENT_IMPL_H_
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "base/metrics_exposer.h"
 #include "base/thread_cache.h"
 #include "cluster/cluster_config.h"
@@ -33,7 +35,6 @@ namespace gcomp::worker {
 
 using cluster::FromGrpc;
 
-
 // Longest sleep between two retries of one call.
 constexpr int64_t kMaxBackoffMs = 5000;
 // Longest wait between two connection attempts to a shard: a shard that comes back (a
@@ -46,13 +47,10 @@ constexpr int kMaxReconnectBackoffMs = 1000;
 // one attempt whose packets are lost, or one DNS answer that never comes (the AAAA query
 // of a name whose A record came at once, passed on by the DNS server to resolvers it cannot
 // reach), would use up the caller's deadline. A lookup cut short keeps the addresses it has.
-inline int ConnectAttemptMs(uint32_t connect_timeout_ms) {
-  return static_cast<int>(std::clamp<uint32_t>(connect_timeout_ms / 2, 2000, 20000));
-}
+int ConnectAttemptMs(uint32_t connect_timeout_ms);
 
-inline std::chrono::system_clock::time_point DeadlineIn(uint32_t ms) {
-  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
-}
+// The gRPC deadline `ms` milliseconds from now.
+std::chrono::system_clock::time_point DeadlineIn(uint32_t ms);
 
 struct TensorInfo {
   codec::DType dtype = codec::DType::kF32;
@@ -82,29 +80,11 @@ struct MapState {
 
   uint64_t epoch() const { return config.shard_map_epoch(); }
   // Each chunk's live replica set, owner first (ShardMap::LiveReplicas).
-  std::vector<uint32_t> Holders(const std::string& key, const TensorInfo& t) const {
-    return map.LiveReplicas(key, t.layout, replicas, down, joining);
-  }
+  std::vector<uint32_t> Holders(const std::string& key, const TensorInfo& t) const;
   // Each chunk's owner; ShardMap::kNone when every shard that could hold it is down.
-  std::vector<uint32_t> Owners(const std::string& key, const TensorInfo& t) const {
-    if (replicas == 1) return map.Assign(key, t.layout);  // the common case, without ranking
-    const std::vector<uint32_t> live = Holders(key, t);
-    std::vector<uint32_t> owner(t.layout.num_chunks);
-    for (size_t c = 0; c < owner.size(); ++c) owner[c] = live[c * replicas];
-    return owner;
-  }
+  std::vector<uint32_t> Owners(const std::string& key, const TensorInfo& t) const;
   // Why chunk `c` has no owner: its shards, all down.
-  absl::Status NoOwner(const std::string& key, const TensorInfo& t, uint32_t c) const {
-    const std::vector<uint32_t> all = map.LiveReplicas(key, t.layout, replicas, {});
-    std::vector<std::string> names;
-    for (uint32_t j = 0; j < replicas; ++j) {
-      const uint32_t k = all[c * replicas + j];
-      names.push_back(absl::StrCat("shard ", k, " (", config.shards(k), ")"));
-    }
-    return absl::UnavailableError(absl::StrCat("chunk ", c, " of '", key, "': its shards ",
-                                               absl::StrJoin(names, " and "),
-                                               " and every other shard are down"));
-  }
+  absl::Status NoOwner(const std::string& key, const TensorInfo& t, uint32_t c) const;
 };
 
 struct Client::Impl {
@@ -133,18 +113,7 @@ struct Client::Impl {
   std::atomic<uint64_t> map_switches{0};
   std::atomic<uint64_t> down_reports{0};
 
-  ClientStats Stats() const {
-    ClientStats s;
-    s.raw_bytes_sent = raw_sent;
-    s.raw_bytes_received = raw_received;
-    s.wire_bytes_sent = wire_sent;
-    s.wire_bytes_received = wire_received;
-    s.chunks = chunks;
-    s.retries = retries;
-    s.map_switches = map_switches;
-    s.down_reports = down_reports;
-    return s;
-  }
+  ClientStats Stats() const;
   // Null without ClientOptions::metrics_address. The exposer is declared last so that it
   // stops serving before the metrics it reads go away.
   std::shared_ptr<ClientMetrics> metrics;
@@ -154,15 +123,11 @@ struct Client::Impl {
   // still running finish while everything they use is alive.
   ThreadCache threads;
 
-  std::shared_ptr<const MapState> Map() const {
-    absl::MutexLock lock(&map_mu);
-    return map;
-  }
+  // The current map.
+  std::shared_ptr<const MapState> Map() const;
 
-  const MapState::Stubs* Stub(const MapState& m, uint32_t shard) {
-    auto& v = m.stubs[shard];
-    return &v[next_channel.fetch_add(1, std::memory_order_relaxed) % v.size()];
-  }
+  // The stubs of one of `shard`'s channels in `m`, taken in turn.
+  const MapState::Stubs* Stub(const MapState& m, uint32_t shard);
 
   // A MapState for `config` (its shards and epoch), with channels reused by address.
   std::shared_ptr<MapState> BuildMap(const proto::ClusterConfig& config);
@@ -186,93 +151,26 @@ struct Client::Impl {
   // if none can be found), UNAVAILABLE when a shard knows one (a shard a re-shard
   // removed may already be stopped). Fills *error when the call should fail.
   bool ResendAfterSwitch(const grpc::Status& st, const MapState& seen, uint32_t shard,
-                         absl::Status* error) {
-    if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && seen.replicas > 1) {
-      // No answer in rpc_timeout_ms: the shard may be paused or cut off, and failed over
-      // meanwhile (its lease ended). Resent only under a newer map: a step that timed out
-      // on a shard that still serves fails as before.
-      ReportDown(seen, shard, st.error_message());
-      return SwitchMap(seen, shard).ok();
-    }
-    const bool aborted = st.error_code() == grpc::StatusCode::ABORTED;
-    if (!aborted && st.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
-    // With replicas, a shard that stays unreachable is reported, so that its backups take
-    // its chunks over (docs/SERVICE.md, "Replication and failover").
-    if (!aborted && seen.replicas > 1) ReportDown(seen, shard, st.error_message());
-    absl::Status s = SwitchMap(seen, shard);
-    if (s.ok()) return true;
-    if (!aborted && seen.replicas > 1 && absl::IsNotFound(s)) {
-      // Every shard answered the probe, so this one is back (a restart, catching up): its
-      // rejoin brings a new map soon. Try again (the caller bounds the rounds).
-      absl::SleepFor(absl::Milliseconds(500));
-      return true;
-    }
-    if (aborted || !absl::IsNotFound(s)) *error = s;
-    return false;
-  }
+                         absl::Status* error);
 
   // Tells the first other live shard that answers that `shard` of `seen` is unreachable.
-  void ReportDown(const MapState& seen, uint32_t shard, const std::string& why) {
-    proto::ReportDownRequest req;
-    req.set_job(config.job());
-    req.set_shard_map_epoch(seen.epoch());
-    req.set_shard(shard);
-    req.set_reason(absl::StrCat(options.name, ": ", why));
-    for (uint32_t k = 0; k < seen.stubs.size(); ++k) {
-      if (k == shard || seen.down[k]) continue;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(DeadlineIn(30000));
-      proto::ReportDownResponse resp;
-      if (seen.reshard[k]->ReportDown(&ctx, req, &resp).ok()) {
-        ++down_reports;
-        return;
-      }
-    }
-  }
+  void ReportDown(const MapState& seen, uint32_t shard, const std::string& why);
 
-  absl::StatusOr<TensorInfo> Find(const std::string& key) const {
-    absl::MutexLock lock(&mu);
-    auto it = tensors.find(key);
-    if (it == tensors.end()) {
-      return absl::NotFoundError(absl::StrCat("tensor '", key, "' not declared on this client"));
-    }
-    return it->second;
-  }
+  // The declared tensor `key`; NotFound if this client has not declared it.
+  absl::StatusOr<TensorInfo> Find(const std::string& key) const;
 
   // One unary call, retried on UNAVAILABLE, CANCELLED and busy refusals
   // (cluster::IsBusyRefusal);
   // with `map`, not once this client has moved past it (the shard may be one a re-shard
   // removed and stopped).
-  template <typename Call>
-  grpc::Status WithRetries(Call&& call, const MapState* map = nullptr) {
-    grpc::Status s;
-    for (uint32_t attempt = 0;; ++attempt) {
-      s = call();
-      if (map != nullptr && !s.ok() && Map()->epoch() > map->epoch()) return s;
-      // UNAVAILABLE: the shard could not be reached. CANCELLED: the shard dropped the call
-      // (e.g. while draining for shutdown); this client never cancels its own calls. Both
-      // are safe to retry, since pushes are idempotent on the shard.
-      const bool retryable = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                             s.error_code() == grpc::StatusCode::CANCELLED ||
-                             cluster::IsBusyRefusal(s);
-      if (!retryable || attempt >= config.max_retries()) return s;
-      ++retries;
-      const int64_t backoff_ms =
-          std::min<int64_t>(int64_t{config.retry_backoff_ms()} << std::min(attempt, 10u), kMaxBackoffMs);
-      absl::SleepFor(absl::Milliseconds(backoff_ms));
-    }
-  }
+  grpc::Status WithRetries(absl::FunctionRef<grpc::Status()> call,
+                           const MapState* map = nullptr);
 
   // One unary call to `shard` of map `m` with the config's call deadline, retried as
   // WithRetries does. `rpc(stub, context)` makes the call.
-  template <typename Rpc>
-  grpc::Status CallShard(const MapState& m, uint32_t shard, Rpc&& rpc) {
-    return WithRetries([&] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(DeadlineIn(config.rpc_timeout_ms()));
-      return rpc(Stub(m, shard), &ctx);
-    }, &m);
-  }
+  grpc::Status CallShard(
+      const MapState& m, uint32_t shard,
+      absl::FunctionRef<grpc::Status(const MapState::Stubs*, grpc::ClientContext*)> rpc);
 
   absl::Status RunPushPull(const std::string& key, int64_t step, const void* input, void* output);
 
@@ -280,37 +178,7 @@ struct Client::Impl {
   static constexpr int64_t kMaxResumableStep = int64_t{1} << 62;
   // Chunk c's current value from its shard (Pull, with retries).
   absl::StatusOr<proto::CompressedBlock> PullChunk(const std::string& key, const TensorInfo& t,
-                                                   uint32_t c) {
-    for (int switches = 0;; ++switches) {
-      std::shared_ptr<const MapState> m = Map();
-      const uint32_t shard = m->Owners(key, t)[c];
-      if (shard == cluster::ShardMap::kNone) return m->NoOwner(key, t, c);
-      proto::PullRequest req;
-      req.set_job(config.job());
-      req.set_key(key);
-      req.set_chunk(c);
-      req.set_shard_map_epoch(m->epoch());
-      req.add_checksums_read(cluster::kFastChecksum);
-      proto::CompressedBlock resp;
-      grpc::Status st = CallShard(*m, shard, [&](auto* stub, grpc::ClientContext* ctx) {
-        return stub->aggregation->Pull(ctx, req, &resp);
-      });
-      absl::Status error;
-      if (!st.ok() && switches < kMaxMapSwitches && ResendAfterSwitch(st, *m, shard, &error)) continue;
-      if (!error.ok()) return error;
-      if (!st.ok()) return FromGrpc(st, absl::StrCat("pull of '", key, "' chunk ", c));
-      // As for push-pull: a reply for another chunk (or a step no chunk can be at) from a
-      // broken or hostile shard is refused, not decoded into the output.
-      const proto::BlockAddress& got = resp.address();
-      if (got.key() != key || got.chunk() != c || got.step() < -1 ||
-          got.step() >= kMaxResumableStep) {
-        return absl::InternalError(absl::StrCat(
-            "pull of '", key, "' chunk ", c, " on shard ", shard, " (", m->config.shards(shard),
-            "): reply addressed to '", got.key(), "' chunk ", got.chunk(), " step ", got.step()));
-      }
-      return resp;
-    }
-  }
+                                                   uint32_t c);
 };
 
 }  // namespace gcomp::worker

@@ -38,11 +38,13 @@
 #include "absl/time/clock.h"
 #include "base/json.h"
 #include "base/large_buffer.h"
+#include "base/log_flags.h"
 #include "base/logging.h"
 #include "base/malloc_tuning.h"
 #include "base/mutex_mode.h"
 #include "base/npy.h"
 #include "base/progress.h"
+#include "base/progress_flags.h"
 #include "cluster/cluster_config.h"
 #include "cluster/optimizer.h"
 #include "cluster/shard_map.h"
@@ -60,11 +62,6 @@ ABSL_FLAG(bool, verify, true,
           "Check every result against the locally computed reference and error bound.");
 ABSL_FLAG(int, kill_at_step, -1,
           "Testing: SIGKILL this process in the middle of this step (after its pushes start).");
-ABSL_FLAG(std::string, log_level, "warn", "trace|debug|info|warn|error|off");
-ABSL_FLAG(std::string, log_format, "text", gcomp::kLogFormatHelp);
-ABSL_FLAG(std::string, progress, "auto",
-          "auto|always|never: a progress line (step, steps/s, ratio, ETA) rewritten on stderr; "
-          "auto shows it only when stderr is a terminal.");
 ABSL_FLAG(std::string, metrics_address, "",
           "Serve this worker's Prometheus metrics on http://ADDRESS/metrics (port 0 picks a "
           "free one). Empty: none.");
@@ -110,9 +107,8 @@ int main(int argc, char** argv) {
       "Replays real gradients as worker W of a job; --helpfull lists every flag.");
   absl::ParseCommandLine(argc, argv);
   const uint32_t w = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker));
-  const absl::Status logging = gcomp::InitLogging(absl::StrCat("gcomp_worker[", w, "]"),
-                                                  absl::GetFlag(FLAGS_log_level),
-                                                  absl::GetFlag(FLAGS_log_format));
+  const absl::Status logging =
+      gcomp::InitLoggingFromFlags(absl::StrCat("gcomp_worker[", w, "]"), "warn");
   std::string error;
   auto finish = [&](bool ok, const std::string& body) {
     // The error may hold a shard's status message: quoted as JSON, control characters
@@ -126,8 +122,7 @@ int main(int argc, char** argv) {
     error = logging.ToString();
     return finish(false, "");
   }
-  const absl::StatusOr<gcomp::ProgressMode> progress_mode =
-      gcomp::ParseProgressMode(absl::GetFlag(FLAGS_progress));
+  const absl::StatusOr<gcomp::ProgressMode> progress_mode = gcomp::ProgressModeFromFlags();
   if (!progress_mode.ok()) {
     error = progress_mode.status().ToString();
     return finish(false, "");

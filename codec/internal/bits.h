@@ -1,26 +1,14 @@
-// Little-endian loads/stores and LSB-first bit writer/reader with 64-bit accumulators.
+// LSB-first bit writer/reader with 64-bit accumulators (the byte order is format/endian.h's).
 // Internal to codec/; see docs/FORMAT.md for the bit order.
 #ifndef GCOMP_CODEC_INTERNAL_BITS_H_
 #define GCOMP_CODEC_INTERNAL_BITS_H_
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
+
+#include "format/endian.h"
 
 namespace gcomp::codec::internal {
-
-inline uint64_t Load64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;  // the project only targets little-endian hosts (x86-64, aarch64)
-}
-inline void Store64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
-inline uint32_t Load32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline void Store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
 // Writes bits LSB-first. Requires 8 writable bytes past the last byte it will emit, and at
 // most 56 bits put between two Flush() calls.
@@ -33,7 +21,7 @@ class BitWriter {
     fill_ += n;
   }
   inline void Flush() {
-    Store64(p_, acc_);
+    format::StoreLE64(p_, acc_);
     p_ += fill_ >> 3;
     acc_ >>= (fill_ & 56);
     fill_ &= 7;
@@ -42,7 +30,7 @@ class BitWriter {
   size_t Finish() {
     Flush();
     if (fill_ > 0) {
-      Store64(p_, acc_);
+      format::StoreLE64(p_, acc_);
       ++p_;
       fill_ = 0;
       acc_ = 0;
@@ -66,7 +54,7 @@ class WordWriter {
   // `v` must have no bits at or above `n`; n <= 64.
   inline void Put(uint64_t v, unsigned n) {
     const uint64_t acc = acc_ | (v << fill_);  // fill_ < 64
-    Store64(p_, acc);
+    format::StoreLE64(p_, acc);
     const unsigned t = fill_ + n;
     // The bits of v past the word: v >> (64 - fill_), written so that fill_ == 0 gives 0.
     const uint64_t rest = (v >> 1) >> (63 - fill_);
@@ -79,7 +67,7 @@ class WordWriter {
   }
   // Writes the rest, zero-padding the last byte; returns bytes written.
   size_t Finish() {
-    Store64(p_, acc_);
+    format::StoreLE64(p_, acc_);
     p_ += (fill_ + 7) / 8;
     acc_ = 0;
     fill_ = 0;
@@ -109,7 +97,7 @@ class BitReader {
   // After Refill(), at least 56 bits are available to Peek/Consume.
   inline void Refill() {
     if (pos_ + 8 <= size_) {
-      buf_ |= Load64(begin_ + pos_) << cnt_;
+      buf_ |= format::LoadLE64(begin_ + pos_) << cnt_;
       pos_ += (63 - cnt_) >> 3;
       cnt_ |= 56;
     } else {

@@ -11,6 +11,7 @@
 #include "codec/internal/bits.h"
 #include "codec/internal/huffman.h"
 #include "codec/internal/huffman_kernels.h"
+#include "format/endian.h"
 
 namespace gcomp::codec::internal {
 
@@ -95,7 +96,7 @@ void DecodeRuns(size_t safe, const uint64_t* multi, const uint16_t* table,
   unsigned c0 = cnt[0], c1 = cnt[1], c2 = cnt[2], c3 = cnt[3];
 #define GCOMP_REFILL(p, b, c) \
   do {                        \
-    b |= Load64(p) << c;      \
+    b |= format::LoadLE64(p) << c;      \
     p += (63 - c) >> 3;       \
     c |= 56;                  \
   } while (0)
@@ -103,7 +104,7 @@ void DecodeRuns(size_t safe, const uint64_t* multi, const uint16_t* table,
   do {                                      \
     if constexpr (kMulti) {                 \
       const uint64_t e = multi[b & kMask];  \
-      Store32(o, static_cast<uint32_t>(e)); \
+      format::StoreLE32(o, static_cast<uint32_t>(e)); \
       o += (e >> 40) & 0xff;                \
       b >>= (e >> 32) & 0xff;               \
       c -= (e >> 32) & 0xff;                \

@@ -8,10 +8,10 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "codec/internal/bits.h"
 #include "codec/internal/join_elements.h"
 #include "codec/internal/join_elements_kernels.h"
 #include "codec/internal/quantize_kernels.h"
+#include "format/endian.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -87,7 +87,7 @@ __attribute__((always_inline, target("avx2,bmi2,popcnt"))) inline __m256i Join8(
         const uint64_t at = *pos;
         const uint8_t* p = plane + (at >> 3);
         const unsigned __int128 pair =
-            (static_cast<unsigned __int128>(Load64(p + 8)) << 64) | Load64(p);
+            (static_cast<unsigned __int128>(format::LoadLE64(p + 8)) << 64) | format::LoadLE64(p);
         const uint64_t bits = static_cast<uint64_t>(pair >> (at & 7));
         *pos += static_cast<uint64_t>(__builtin_popcountll(mask));
         const __m256i b =
@@ -110,8 +110,8 @@ __attribute__((always_inline, target("avx2,bmi2,popcnt"))) inline __m256i Join8(
     const uint64_t pa = *pos, pb = pa + at[3];
     if (__builtin_expect(_mm256_movemask_epi8(_mm256_cmpgt_epi32(w, v.narrow)) == 0, 1)) {
       // Fields of <= 14 bits: 4 of them (<= 56 bits) from each of two 8-byte loads.
-      const uint64_t xa = Load64(plane + (pa >> 3)) >> (pa & 7);
-      const uint64_t xb = Load64(plane + (pb >> 3)) >> (pb & 7);
+      const uint64_t xa = format::LoadLE64(plane + (pa >> 3)) >> (pa & 7);
+      const uint64_t xb = format::LoadLE64(plane + (pb >> 3)) >> (pb & 7);
       const __m256i ea = _mm256_cvtepu32_epi64(_mm256_castsi256_si128(excl));
       const __m256i eb = _mm256_cvtepu32_epi64(_mm_sub_epi32(
           _mm256_extracti128_si256(excl, 1), _mm_set1_epi32(static_cast<int>(at[3]))));
@@ -125,7 +125,7 @@ __attribute__((always_inline, target("avx2,bmi2,popcnt"))) inline __m256i Join8(
       _mm256_store_si256(reinterpret_cast<__m256i*>(off), excl);
       for (int t = 0; t < 8; ++t) {
         const uint64_t p = pa + off[t];
-        field[t] = static_cast<uint32_t>(Load64(plane + (p >> 3)) >> (p & 7));
+        field[t] = static_cast<uint32_t>(format::LoadLE64(plane + (p >> 3)) >> (p & 7));
       }
       f = _mm256_load_si256(reinterpret_cast<const __m256i*>(field));
     }

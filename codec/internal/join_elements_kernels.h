@@ -13,6 +13,7 @@
 #include "codec/codec.h"
 #include "codec/internal/bits.h"
 #include "codec/internal/quantize.h"
+#include "format/endian.h"
 
 namespace gcomp::codec::internal {
 
@@ -21,7 +22,7 @@ inline uint32_t FieldAt(const uint8_t* plane, size_t size, uint64_t pos, unsigne
   const uint64_t byte = pos >> 3;
   uint64_t x = 0;
   if (byte + 8 <= size) {
-    x = Load64(plane + byte);
+    x = format::LoadLE64(plane + byte);
   } else {
     for (uint64_t b = byte; b < size && b < byte + 8; ++b)
       x |= uint64_t{plane[b]} << (8 * (b - byte));

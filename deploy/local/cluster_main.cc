@@ -63,6 +63,7 @@
 #include "absl/time/clock.h"
 #include "base/process_usage.h"
 #include "base/progress.h"
+#include "base/progress_flags.h"
 #include "base/usage_trend.h"
 #include "cluster/cluster_config.h"
 #include "coord/etcd_process.h"
@@ -131,9 +132,6 @@ ABSL_FLAG(double, soak_max_growth_pct, 5.0, "Growth allowed by the soak check, i
 ABSL_FLAG(std::string, soak_samples, "",
           "Soak check: also write every sample to this file, one line each: seconds since "
           "the first sample, worker 0's step, process name, resident bytes, open files.");
-ABSL_FLAG(std::string, progress, "auto",
-          "auto|always|never: a progress line (step, steps/s, ratio, ETA) rewritten on stderr; "
-          "auto shows it only on a terminal.");
 ABSL_FLAG(int, metrics_base_port, 0,
           "Shard K serves Prometheus metrics on --host:(this + K); 0 picks free ports. The "
           "JSON line's metrics_ports lists them.");
@@ -200,8 +198,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "cluster: need --shards >= 1, --workers >= 1, --steps >= 1, --gradients\n");
     return 2;
   }
-  const absl::StatusOr<gcomp::ProgressMode> progress_mode_or =
-      gcomp::ParseProgressMode(absl::GetFlag(FLAGS_progress));
+  const absl::StatusOr<gcomp::ProgressMode> progress_mode_or = gcomp::ProgressModeFromFlags();
   if (!progress_mode_or.ok()) {
     fprintf(stderr, "cluster: --progress: %s\n", progress_mode_or.status().ToString().c_str());
     return 2;

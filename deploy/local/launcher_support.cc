@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/json.h"
+#include "base/utf8.h"
 #include "base/usage_trend.h"
 
 namespace gcomp::launcher {

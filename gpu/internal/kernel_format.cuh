@@ -10,6 +10,7 @@
 
 #include "format/block_format.h"
 #include "format/block_header.h"
+#include "format/endian.h"
 #include "format/huffman_code.h"
 #include "format/portable.h"
 
@@ -25,6 +26,7 @@ using fmt::HuffmanWork;
 using fmt::kDecodeTableSize;
 using fmt::kHeaderBytes;
 using fmt::kMaxCodeLen;
+using fmt::LoadLE16;
 using fmt::LoadLE32;
 using fmt::LoadLE64;
 using fmt::StreamCount;
@@ -47,7 +49,7 @@ GCOMP_HD int MantissaWidth(const FloatBits& lay, const BlockPolicy& p, int emax,
 template <typename U>
 GCOMP_HD U LoadElemBytes(const uint8_t* p) {
   if (sizeof(U) == 4) return static_cast<U>(LoadLE32(p));
-  return static_cast<U>(p[0] | p[1] << 8);
+  return static_cast<U>(LoadLE16(p));
 }
 
 }  // namespace gcomp::gpu::internal

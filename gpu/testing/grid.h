@@ -15,6 +15,7 @@
 #include "codec/codec.h"
 #include "codec/testing/gradients.h"
 #include "codec/testing/values.h"
+#include "format/endian.h"
 
 namespace gcomp::gpu::testing {
 
@@ -93,7 +94,7 @@ inline void FixChecksum(std::string* block) {
   if (block->size() < codec::kBlockHeaderBytes) return;
   const uint64_t seed = XXH64(block->data(), 48, 0);
   const uint64_t sum = XXH64(block->data() + 56, block->size() - 56, seed);
-  std::memcpy(&(*block)[48], &sum, 8);
+  format::StoreLE64(reinterpret_cast<uint8_t*>(block->data()) + 48, sum);
 }
 
 // The real gradients ($GCOMP_GRADIENTS_DIR) as `dtype` chunks of `chunk_elems` elements.
