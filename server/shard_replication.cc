@@ -256,16 +256,11 @@ absl::Status ShardService::CoordinateFailover(const proto::ReportDownRequest& r)
   };
   ClusterState* const state = options_.cluster_state;
   if (state != nullptr) {
-    // The coordinator is the one etcd elected; a forwarded report is handled where it
-    // arrives (CommitMap refuses it there if that shard does not lead).
-    const std::optional<uint32_t> leader = state->Leader();
-    if (!r.forwarded() && leader && *leader != self && *leader < n && !down[*leader] &&
-        options_.peers.report_down) {
-      proto::ReportDownRequest forward = r;
-      forward.set_forwarded(true);
-      proto::ReportDownResponse ignored;
-      return options_.peers.report_down(current.shards(*leader), forward, &ignored);
-    }
+    // Only the coordinator etcd elected decides, and it watches the leases itself: a report
+    // to another shard needs no forwarding (forwarding it to a coordinator that had just
+    // died held this shard's failover for the call's whole deadline).
+    absl::StatusOr<bool> leading = state->Lead();
+    if (!leading.ok() || !*leading) return absl::OkStatus();
     // Down means holding no lease: a shard that holds one is alive, whatever one peer
     // could or could not reach.
     std::vector<uint32_t> dead;

@@ -87,6 +87,13 @@ bool Client::Impl::ResendAfterSwitch(const grpc::Status& st, const MapState& see
     absl::SleepFor(absl::Milliseconds(500));
     return true;
   }
+  if (aborted && seen.replicas > 1 && absl::IsNotFound(s)) {
+    // A failover's map reaches the shards one after the other: the shard that aborted the
+    // call has it, the ones asked may not yet. Ask again shortly (the caller bounds the
+    // rounds).
+    absl::SleepFor(absl::Milliseconds(200));
+    return true;
+  }
   if (aborted || !absl::IsNotFound(s)) *error = s;
   return false;
 }
