@@ -53,10 +53,8 @@ absl::StatusOr<CoordinationStatus> CollectCoordination(const proto::ClusterConfi
   if (config.coordination().etcd().empty()) {
     return absl::FailedPreconditionError("the config's coordination.etcd lists no etcd member");
   }
-  coord::EtcdStoreOptions o;
-  o.endpoints.assign(config.coordination().etcd().begin(), config.coordination().etcd().end());
-  o.request_timeout = absl::Milliseconds(config.coordination().request_timeout_ms());
-  absl::StatusOr<std::unique_ptr<coord::EtcdStore>> store = coord::EtcdStore::Create(o);
+  absl::StatusOr<std::unique_ptr<coord::EtcdStore>> store =
+      coord::EtcdStore::Create(coord::EtcdStoreOptionsFrom(config.coordination()));
   if (!store.ok()) return store.status();
   return CollectCoordination(store->get(), config.job());
 }

@@ -48,6 +48,13 @@ absl::Status CheckEndpoint(const std::string& e) {
 
 }  // namespace
 
+EtcdStoreOptions EtcdStoreOptionsFrom(const proto::CoordinationConfig& coordination) {
+  EtcdStoreOptions o;
+  o.endpoints.assign(coordination.etcd().begin(), coordination.etcd().end());
+  o.request_timeout = absl::Milliseconds(coordination.request_timeout_ms());
+  return o;
+}
+
 std::string PrefixRangeEnd(const std::string& prefix) {
   std::string end = prefix;
   while (!end.empty()) {
@@ -101,6 +108,10 @@ EtcdStore::EtcdStore(const EtcdStoreOptions& options) : options_(options) {
 
 EtcdStore::~EtcdStore() = default;
 
+void EtcdStore::SetDeadline(grpc::ClientContext* ctx) const {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.request_timeout));
+}
+
 absl::Status EtcdStore::OnAnyMember(const std::function<absl::Status(Member&)>& call) {
   const size_t first = current_.load();
   absl::Status last;
@@ -119,7 +130,7 @@ absl::StatusOr<std::optional<KeyValue>> EtcdStore::Get(const std::string& key) {
   std::optional<KeyValue> out;
   absl::Status s = OnAnyMember([&](Member& m) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.request_timeout));
+    SetDeadline(&ctx);
     etcdserverpb::RangeRequest req;
     req.set_key(key);
     etcdserverpb::RangeResponse resp;
@@ -136,7 +147,7 @@ absl::StatusOr<std::vector<KeyValue>> EtcdStore::GetPrefix(const std::string& pr
   absl::Status s = OnAnyMember([&](Member& m) {
     out.clear();
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.request_timeout));
+    SetDeadline(&ctx);
     etcdserverpb::RangeRequest req;
     req.set_key(prefix);
     req.set_range_end(PrefixRangeEnd(prefix));
@@ -184,7 +195,7 @@ absl::StatusOr<TxnResult> EtcdStore::Commit(const Txn& txn) {
   absl::Status s = OnAnyMember([&](Member& m) {
     if (sent) return absl::UnavailableError("etcd transaction's outcome unknown");
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.request_timeout));
+    SetDeadline(&ctx);
     etcdserverpb::TxnResponse resp;
     const grpc::Status gs = m.kv->Txn(&ctx, req, &resp);
     // Only a refusal before anything reached the member may go to the next one.
@@ -205,7 +216,7 @@ absl::StatusOr<LeaseId> EtcdStore::GrantLease(absl::Duration ttl) {
   LeaseId id = kNoLease;
   absl::Status s = OnAnyMember([&](Member& m) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.request_timeout));
+    SetDeadline(&ctx);
     etcdserverpb::LeaseGrantRequest req;
     req.set_ttl(seconds);
     etcdserverpb::LeaseGrantResponse resp;
@@ -224,7 +235,7 @@ absl::StatusOr<absl::Duration> EtcdStore::KeepAlive(LeaseId lease) {
   absl::Duration ttl;
   absl::Status s = OnAnyMember([&](Member& m) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.request_timeout));
+    SetDeadline(&ctx);
     auto stream = m.lease->LeaseKeepAlive(&ctx);
     etcdserverpb::LeaseKeepAliveRequest req;
     req.set_id(lease);
@@ -251,7 +262,7 @@ absl::StatusOr<absl::Duration> EtcdStore::KeepAlive(LeaseId lease) {
 absl::Status EtcdStore::Revoke(LeaseId lease) {
   absl::Status s = OnAnyMember([&](Member& m) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.request_timeout));
+    SetDeadline(&ctx);
     etcdserverpb::LeaseRevokeRequest req;
     req.set_id(lease);
     etcdserverpb::LeaseRevokeResponse resp;

@@ -17,6 +17,11 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coord/store.h"
+#include "proto/cluster_config.pb.h"
+
+namespace grpc {
+class ClientContext;
+}  // namespace grpc
 
 namespace gcomp::coord {
 
@@ -48,6 +53,8 @@ class EtcdStore final : public Store {
  private:
   struct Member;
   explicit EtcdStore(const EtcdStoreOptions& options);
+  // One request's deadline: options_.request_timeout from now.
+  void SetDeadline(grpc::ClientContext* ctx) const;
   // Runs `call` on the members in turn, from the last that answered, until one answers.
   absl::Status OnAnyMember(const std::function<absl::Status(Member&)>& call);
 
@@ -55,6 +62,10 @@ class EtcdStore final : public Store {
   std::vector<std::unique_ptr<Member>> members_;
   std::atomic<size_t> current_{0};
 };
+
+// The options a cluster config's `coordination` section gives (etcd members, request
+// timeout).
+EtcdStoreOptions EtcdStoreOptionsFrom(const proto::CoordinationConfig& coordination);
 
 // The key range [prefix, end) that etcd's range_end means for "every key with this prefix".
 std::string PrefixRangeEnd(const std::string& prefix);

@@ -167,6 +167,20 @@ struct Recorder {
   absl::Mutex mu;
   std::vector<WatchEvent> events ABSL_GUARDED_BY(mu);
   std::vector<absl::Status> errors ABSL_GUARDED_BY(mu);
+  // Watches `prefix` of `store` after `after`, recording into this.
+  absl::StatusOr<std::unique_ptr<Watch>> Follow(Store* store, const std::string& prefix,
+                                               int64_t after) {
+    return store->WatchPrefix(
+        prefix, after,
+        [this](const WatchEvent& e) {
+          absl::MutexLock l(&mu);
+          events.push_back(e);
+        },
+        [this](const absl::Status& st) {
+          absl::MutexLock l(&mu);
+          errors.push_back(st);
+        });
+  }
   bool WaitFor(size_t n, absl::Duration timeout) {
     absl::MutexLock l(&mu);
     auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return events.size() >= n; };
@@ -180,16 +194,7 @@ TEST(EtcdStore, WatchDeliversChangesAfterTheRevisionInOrder) {
   auto s = Connect(*c);
   const int64_t before = Set(s.get(), "/w/0", "old")->revision;
   Recorder rec;
-  absl::StatusOr<std::unique_ptr<Watch>> w = s->WatchPrefix(
-      "/w/", before,
-      [&](const WatchEvent& e) {
-        absl::MutexLock l(&rec.mu);
-        rec.events.push_back(e);
-      },
-      [&](const absl::Status& st) {
-        absl::MutexLock l(&rec.mu);
-        rec.errors.push_back(st);
-      });
+  absl::StatusOr<std::unique_ptr<Watch>> w = rec.Follow(s.get(), "/w/", before);
   ASSERT_TRUE(w.ok()) << w.status();
   ASSERT_TRUE(Set(s.get(), "/w/1", "a").ok());
   ASSERT_TRUE(Set(s.get(), "/elsewhere", "x").ok());
@@ -215,16 +220,7 @@ TEST(EtcdStore, ThreeMembersSurviveTheLossOfAnyOne) {
   ASSERT_NE(c, nullptr);
   auto s = Connect(*c);
   Recorder rec;
-  auto w = s->WatchPrefix(
-      "/m/", 0,
-      [&](const WatchEvent& e) {
-        absl::MutexLock l(&rec.mu);
-        rec.events.push_back(e);
-      },
-      [&](const absl::Status& st) {
-        absl::MutexLock l(&rec.mu);
-        rec.errors.push_back(st);
-      });
+  auto w = rec.Follow(s.get(), "/m/", 0);
   ASSERT_TRUE(w.ok());
   int writes = 0;
   for (int victim = 0; victim < 3; ++victim) {

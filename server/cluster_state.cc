@@ -60,10 +60,8 @@ absl::StatusOr<std::unique_ptr<ClusterState>> ClusterState::Join(
     if (config.coordination().etcd().empty()) {
       return absl::FailedPreconditionError("config coordination.etcd lists no etcd member");
     }
-    coord::EtcdStoreOptions eo;
-    eo.endpoints.assign(config.coordination().etcd().begin(), config.coordination().etcd().end());
-    eo.request_timeout = absl::Milliseconds(config.coordination().request_timeout_ms());
-    absl::StatusOr<std::unique_ptr<coord::EtcdStore>> etcd = coord::EtcdStore::Create(eo);
+    absl::StatusOr<std::unique_ptr<coord::EtcdStore>> etcd =
+        coord::EtcdStore::Create(coord::EtcdStoreOptionsFrom(config.coordination()));
     if (!etcd.ok()) return etcd.status();
     store = *std::move(etcd);
   }

@@ -22,7 +22,6 @@
 #include "coord/etcd_store.h"
 #include "coord/map_record.h"
 #include "gtest/gtest.h"
-#include "server/grpc_service.h"
 #include "tests/free_port.h"
 #include "tests/shard_processes.h"
 
@@ -62,18 +61,6 @@ proto::ClusterConfig Config(const std::string& job, const std::vector<std::strin
   return *c;
 }
 
-// The same training through in-process shards that nothing disturbs (no etcd).
-testing::TrainResult Undisturbed() {
-  const proto::ClusterConfig c = Config("reference", {});
-  std::vector<std::unique_ptr<server::ShardServer>> shards;
-  for (int k = 0; k < c.shards_size(); ++k) {
-    auto s = server::ShardServer::Start(c, {static_cast<uint32_t>(k), 2, {}}, c.shards(k));
-    EXPECT_TRUE(s.ok()) << s.status();
-    shards.push_back(s.ok() ? *std::move(s) : nullptr);
-  }
-  return testing::Train(c, {});
-}
-
 class Coordination : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -97,7 +84,7 @@ class PausedShard : public Coordination, public ::testing::WithParamInterface<in
 // whose calls to it timed out find that map and resend, and the results are those of an
 // undisturbed run. Awake again, the shard acknowledges nothing: it is down in the map.
 TEST_P(PausedShard, IsFailedOverByItsLeaseAndFencedWhenItWakes) {
-  const testing::TrainResult reference = Undisturbed();
+  const testing::TrainResult reference = testing::TrainUndisturbed(Config("reference", {}), {});
   ASSERT_TRUE(reference.error.ok()) << reference.error;
   const int victim = GetParam();
   ShardProcesses shards(Server(), OutDir(), Config(absl::StrCat("paused", victim), etcd_->endpoints()));

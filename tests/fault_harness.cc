@@ -36,7 +36,6 @@
 #include "coord/etcd_process.h"
 #include "coord/etcd_store.h"
 #include "coord/map_record.h"
-#include "server/grpc_service.h"
 #include "tests/free_port.h"
 #include "tests/shard_processes.h"
 
@@ -79,23 +78,6 @@ proto::ClusterConfig Config(const std::string& job, const std::vector<std::strin
     exit(2);
   }
   return *c;
-}
-
-testing::TrainResult Undisturbed() {
-  const proto::ClusterConfig c = Config("reference", {});
-  std::vector<std::unique_ptr<server::ShardServer>> shards;
-  for (int k = 0; k < c.shards_size(); ++k) {
-    auto s = server::ShardServer::Start(c, {static_cast<uint32_t>(k), 2, {}}, c.shards(k));
-    if (!s.ok()) {
-      testing::TrainResult r;
-      r.error = s.status();
-      return r;
-    }
-    shards.push_back(*std::move(s));
-  }
-  testing::TrainOptions o;
-  o.steps = kSteps;
-  return testing::Train(c, o);
 }
 
 struct RunResult {
@@ -236,7 +218,10 @@ int Main(int argc, char** argv) {
   } else {
     mkdir(dir.c_str(), 0755);
   }
-  const testing::TrainResult reference = Undisturbed();
+  testing::TrainOptions plain;
+  plain.steps = kSteps;
+  const testing::TrainResult reference =
+      testing::TrainUndisturbed(Config("reference", {}), plain);
   if (!reference.error.ok()) {
     fprintf(stderr, "fault_harness: the undisturbed run failed: %s\n",
             reference.error.ToString().c_str());

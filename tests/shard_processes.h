@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cluster/cluster_config.h"
+#include "server/grpc_service.h"
 #include "tests/synthetic_gradient.h"
 #include "worker/client.h"
 
@@ -209,6 +210,25 @@ inline TrainResult Train(const proto::ClusterConfig& config, const TrainOptions&
   }
   for (std::thread& t : threads) t.join();
   return result;
+}
+
+// The same training through in-process shards of `config` that nothing disturbs: the
+// reference a faulty run is compared with.
+inline TrainResult TrainUndisturbed(const proto::ClusterConfig& config, const TrainOptions& o) {
+  std::vector<std::unique_ptr<server::ShardServer>> shards;
+  for (int k = 0; k < config.shards_size(); ++k) {
+    auto s = server::ShardServer::Start(config, {static_cast<uint32_t>(k), 2, {}}, config.shards(k));
+    if (!s.ok()) {
+      TrainResult r;
+      r.error = s.status();
+      return r;
+    }
+    shards.push_back(*std::move(s));
+  }
+  TrainOptions plain = o;
+  plain.after_step = nullptr;
+  plain.step_pause = absl::ZeroDuration();
+  return Train(config, plain);
 }
 
 // "" when every worker's every tensor is bit-identical in a and b; else the first difference.
