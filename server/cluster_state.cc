@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "base/logging.h"
 #include "cluster/cluster_config.h"
 #include "coord/etcd_store.h"
@@ -214,8 +215,9 @@ void ClusterState::OnEvent(const coord::WatchEvent& e) {
   if (key == keys_.coordinator) {
     absl::MutexLock l(&mu_);
     uint32_t k = 0;
-    if (put && absl::SimpleAtoi(absl::string_view(e.kv.value).substr(6), &k) &&
-        e.kv.value.rfind("shard ", 0) == 0) {
+    // Anyone with access to etcd can write anything there: checked before it is read.
+    absl::string_view who = e.kv.value;
+    if (put && absl::ConsumePrefix(&who, "shard ") && absl::SimpleAtoi(who, &k)) {
       leader_ = k;
     } else {
       leader_.reset();

@@ -161,5 +161,29 @@ TEST(ClusterState, TheCoordinatorIsToldOfAMemberWhoseLeaseEnded) {
   EXPECT_EQ(std::count(e0.lost.begin(), e0.lost.end(), 1u), 0);
 }
 
+// Whoever can write to etcd can write anything: short, foreign or corrupt values at the
+// job's keys are ignored, never a crash.
+TEST(ClusterState, GarbageInTheStoreIsIgnored) {
+  auto store = std::make_shared<coord::MemoryStore>();
+  auto a = JoinAs(0, store, nullptr);
+  ASSERT_NE(a, nullptr);
+  const coord::JobKeys keys("job");
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{keys.coordinator, "x"},
+                                                        {keys.coordinator, "shard "},
+                                                        {keys.coordinator, "shard 99999999999"},
+                                                        {keys.map, "\x01\x02garbage"},
+                                                        {keys.Member(7), "\xff"},
+                                                        {keys.members + "nan", "x"}}) {
+    coord::Txn t;
+    t.puts.push_back({key, value, coord::kNoLease});
+    ASSERT_TRUE(store->Commit(t)->committed);
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_TRUE(a->CheckLease().ok());
+  EXPECT_EQ(a->map().record.epoch(), 1u);
+  EXPECT_FALSE(a->Leader().has_value() && *a->Leader() > 2);
+}
+
 }  // namespace
 }  // namespace gcomp::server
