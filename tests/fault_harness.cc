@@ -246,14 +246,15 @@ int Main(int argc, char** argv) {
     bad += r.outcome != "identical";
   }
   printf("\n| fault | runs | identical | data_loss | wrong | error |\n| --- | --- | --- | --- | --- | --- |\n");
-  for (const auto& [kind, outcomes] : table) {
+  for (const auto& row : table) {
+    const std::map<std::string, int>& outcomes = row.second;
     int runs = 0;
     for (const auto& [o, n] : outcomes) runs += n;
-    auto get = [&](const char* o) {
+    auto get = [&outcomes](const char* o) {
       auto it = outcomes.find(o);
       return it == outcomes.end() ? 0 : it->second;
     };
-    printf("| %s | %d | %d | %d | %d | %d |\n", kind.c_str(), runs, get("identical"),
+    printf("| %s | %d | %d | %d | %d | %d |\n", row.first.c_str(), runs, get("identical"),
            get("data_loss"), get("wrong"), get("error"));
   }
   printf("\n%zu runs, %d not identical; logs in %s\n", results.size(), bad, dir.c_str());
