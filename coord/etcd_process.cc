@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -41,14 +42,6 @@ std::string LastLine(const std::string& path) {
     if (!line.empty()) last = line;
   }
   return last.size() > 400 ? last.substr(last.size() - 400) : last;
-}
-
-void RemoveTree(const std::string& dir) {
-  // Paths come from mkdtemp; nothing else is removed.
-  const std::string cmd = absl::StrCat("rm -rf '", dir, "'");
-  if (system(cmd.c_str()) != 0) {
-    // Left behind in the temporary folder; nothing to do about it here.
-  }
 }
 
 }  // namespace
@@ -187,7 +180,8 @@ void EtcdCluster::Resume(int k) {
 
 EtcdCluster::~EtcdCluster() {
   for (int k = 0; k < members(); ++k) Kill(k);
-  if (own_dir_) RemoveTree(options_.data_dir);
+  std::error_code ignored;  // a folder left behind in the temporary folder is harmless
+  if (own_dir_) std::filesystem::remove_all(options_.data_dir, ignored);
 }
 
 }  // namespace gcomp::coord

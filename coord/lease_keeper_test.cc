@@ -35,6 +35,22 @@ bool KeyExists(Store* s, const std::string& key) {
   return kv.ok() && kv->has_value();
 }
 
+// A keeper with `ttl` that counts its losses in *lost, and the key /member bound to it.
+std::unique_ptr<LeaseKeeper> KeeperHoldingMember(Store* store, absl::Duration ttl,
+                                                 std::atomic<int>* lost) {
+  LeaseKeeperOptions o;
+  o.ttl = ttl;
+  absl::StatusOr<std::unique_ptr<LeaseKeeper>> keeper =
+      LeaseKeeper::Start(store, o, [lost] { ++*lost; });
+  EXPECT_TRUE(keeper.ok()) << keeper.status();
+  if (!keeper.ok()) return nullptr;
+  Txn t;
+  t.puts.push_back({"/member", "me", (*keeper)->id()});
+  absl::StatusOr<TxnResult> r = store->Commit(t);
+  EXPECT_TRUE(r.ok() && r->committed);
+  return *std::move(keeper);
+}
+
 TEST(LeaseKeeper, OptionsAreChecked) {
   Env e = Start();
   ASSERT_NE(e.store, nullptr);
@@ -49,21 +65,17 @@ TEST(LeaseKeeper, OptionsAreChecked) {
 TEST(LeaseKeeper, RenewedLeaseOutlivesItsTtlAndIsRevokedAtTheEnd) {
   Env e = Start();
   ASSERT_NE(e.store, nullptr);
-  LeaseKeeperOptions o;
-  o.ttl = absl::Seconds(1);
+  const absl::Duration ttl = absl::Seconds(1);
   std::atomic<int> lost{0};
-  auto keeper = LeaseKeeper::Start(e.store.get(), o, [&] { ++lost; });
-  ASSERT_TRUE(keeper.ok()) << keeper.status();
-  Txn t;
-  t.puts.push_back({"/member", "me", (*keeper)->id()});
-  ASSERT_TRUE(e.store->Commit(t)->committed);
+  std::unique_ptr<LeaseKeeper> keeper = KeeperHoldingMember(e.store.get(), ttl, &lost);
+  ASSERT_NE(keeper, nullptr);
   for (int i = 0; i < 6; ++i) {  // three TTLs
     absl::SleepFor(absl::Milliseconds(500));
-    EXPECT_TRUE((*keeper)->Valid());
+    EXPECT_TRUE(keeper->Valid());
     EXPECT_TRUE(KeyExists(e.store.get(), "/member"));
   }
   EXPECT_EQ(lost.load(), 0);
-  keeper->reset();
+  keeper.reset();
   EXPECT_FALSE(KeyExists(e.store.get(), "/member"));  // revoked, not left to expire
 }
 
@@ -73,27 +85,23 @@ TEST(LeaseKeeper, RenewedLeaseOutlivesItsTtlAndIsRevokedAtTheEnd) {
 TEST(LeaseKeeper, UnreachableStoreFencesTheHolderByTheTtl) {
   Env e = Start();
   ASSERT_NE(e.store, nullptr);
-  LeaseKeeperOptions o;
-  o.ttl = absl::Seconds(2);
+  const absl::Duration ttl = absl::Seconds(2);
   std::atomic<int> lost{0};
-  auto keeper = LeaseKeeper::Start(e.store.get(), o, [&] { ++lost; });
-  ASSERT_TRUE(keeper.ok()) << keeper.status();
-  Txn t;
-  t.puts.push_back({"/member", "me", (*keeper)->id()});
-  ASSERT_TRUE(e.store->Commit(t)->committed);
+  std::unique_ptr<LeaseKeeper> keeper = KeeperHoldingMember(e.store.get(), ttl, &lost);
+  ASSERT_NE(keeper, nullptr);
   absl::SleepFor(absl::Milliseconds(300));
-  ASSERT_TRUE((*keeper)->Valid());
+  ASSERT_TRUE(keeper->Valid());
   const absl::Time paused = absl::Now();
   e.cluster->Pause(0);
-  while ((*keeper)->Valid() && absl::Now() - paused < absl::Seconds(10)) {
+  while (keeper->Valid() && absl::Now() - paused < absl::Seconds(10)) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   const absl::Duration fenced_after = absl::Now() - paused;
-  EXPECT_FALSE((*keeper)->Valid());
-  EXPECT_LE(fenced_after, o.ttl) << "still valid after the lease could have expired";
+  EXPECT_FALSE(keeper->Valid());
+  EXPECT_LE(fenced_after, ttl) << "still valid after the lease could have expired";
   absl::SleepFor(absl::Seconds(1));
   EXPECT_EQ(lost.load(), 1);
-  EXPECT_TRUE((*keeper)->lost());
+  EXPECT_TRUE(keeper->lost());
   e.cluster->Resume(0);
   // etcd expires the lease once it runs again and sees it unrenewed.
   const absl::Time deadline = absl::Now() + absl::Seconds(15);
@@ -101,7 +109,7 @@ TEST(LeaseKeeper, UnreachableStoreFencesTheHolderByTheTtl) {
     absl::SleepFor(absl::Milliseconds(100));
   }
   EXPECT_FALSE(KeyExists(e.store.get(), "/member"));
-  EXPECT_FALSE((*keeper)->Valid());
+  EXPECT_FALSE(keeper->Valid());
   EXPECT_EQ(lost.load(), 1);
 }
 
@@ -113,13 +121,14 @@ TEST(LeaseKeeper, HolderThatStallsPastTheTtlIsNotValidWhenItWakes) {
   LeaseKeeperOptions o;
   o.ttl = absl::Seconds(1);
   o.renew_every = absl::Seconds(5);  // renewals cannot keep up: as if the holder stalled
-  auto keeper = LeaseKeeper::Start(e.store.get(), o);
-  ASSERT_TRUE(keeper.ok()) << keeper.status();
-  EXPECT_TRUE((*keeper)->Valid());
-  EXPECT_GT((*keeper)->Remaining(), absl::ZeroDuration());
+  absl::StatusOr<std::unique_ptr<LeaseKeeper>> started = LeaseKeeper::Start(e.store.get(), o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<LeaseKeeper> keeper = *std::move(started);
+  EXPECT_TRUE(keeper->Valid());
+  EXPECT_GT(keeper->Remaining(), absl::ZeroDuration());
   absl::SleepFor(absl::Milliseconds(1100));
-  EXPECT_FALSE((*keeper)->Valid());
-  EXPECT_EQ((*keeper)->Remaining(), absl::ZeroDuration());
+  EXPECT_FALSE(keeper->Valid());
+  EXPECT_EQ(keeper->Remaining(), absl::ZeroDuration());
 }
 
 }  // namespace

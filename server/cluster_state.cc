@@ -273,6 +273,11 @@ bool ClusterState::IsLive(uint32_t k) const {
   return members_.count(k) > 0;
 }
 
+bool ClusterState::Leading() const {
+  absl::MutexLock l(&mu_);
+  return leadership_.has_value() && lease_ != nullptr && lease_->Valid();
+}
+
 std::optional<uint32_t> ClusterState::Leader() const {
   absl::MutexLock l(&mu_);
   return leader_;

@@ -70,6 +70,9 @@ class ClusterState {
   bool IsLive(uint32_t k) const ABSL_LOCKS_EXCLUDED(mu_);
   // The coordinator's shard index, nullopt when none leads.
   std::optional<uint32_t> Leader() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether this shard is the coordinator as of its last election tick (no etcd call; a
+  // decision is checked against etcd when it is committed).
+  bool Leading() const ABSL_LOCKS_EXCLUDED(mu_);
   // Tries to lead: true when this shard is the coordinator now.
   absl::StatusOr<bool> Lead() ABSL_LOCKS_EXCLUDED(mu_);
   // The coordinator's decision: the committed map moves from `from` to `next` (a higher

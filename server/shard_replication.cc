@@ -259,8 +259,8 @@ absl::Status ShardService::CoordinateFailover(const proto::ReportDownRequest& r)
     // Only the coordinator etcd elected decides, and it watches the leases itself: a report
     // to another shard needs no forwarding (forwarding it to a coordinator that had just
     // died held this shard's failover for the call's whole deadline).
-    absl::StatusOr<bool> leading = state->Lead();
-    if (!leading.ok() || !*leading) return absl::OkStatus();
+    // The cached answer: a report costs no etcd call (CommitMap checks the leadership).
+    if (!state->Leading()) return absl::OkStatus();
     // Down means holding no lease: a shard that holds one is alive, whatever one peer
     // could or could not reach.
     std::vector<uint32_t> dead;

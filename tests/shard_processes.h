@@ -116,6 +116,8 @@ class ShardProcesses {
   }
 
  private:
+  // Not gcomp::Spawn: its child gets SIGTERM when the forking *thread* exits, and the fault
+  // harness restarts shards from a short-lived injector thread.
   pid_t Fork(int k, const std::string& log) {
     const pid_t pid = fork();
     if (pid == 0) {
