@@ -48,6 +48,7 @@ std::string ShardService::ShardName(uint32_t index) const {
 absl::flat_hash_map<uint32_t, ShardService::TensorBackup> ShardService::AssignRolesLocked(
     Tensor* t) {
   const uint32_t self = shard_index_.load();
+  const std::vector<uint32_t> old_live = std::move(t->live);
   t->live = shard_map_.LiveReplicas(t->key, t->layout, replicas_, down_, joining_shards_);
   absl::flat_hash_map<uint32_t, TensorBackup> backups;
   t->owner.resize(t->layout.num_chunks);
@@ -60,7 +61,14 @@ absl::flat_hash_map<uint32_t, ShardService::TensorBackup> ShardService::AssignRo
         backups[c] = std::move(it->second);
         t->backups.erase(it);
       } else {
-        backups[c] = TensorBackup{};  // a new backup: synced by the owner's next state
+        TensorBackup fresh;  // a new backup: synced by the owner's next state
+        for (uint32_t i = 0; old_live.size() == t->live.size() && i < replicas_; ++i) {
+          const uint32_t k = old_live[c * replicas_ + i];
+          if (k != cluster::ShardMap::kNone && k < down_.size() && down_[k]) {
+            fresh.replaced.push_back(k);
+          }
+        }
+        backups[c] = std::move(fresh);
       }
     }
   }
@@ -732,11 +740,18 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
           ++promoted;
           continue;
         }
-        std::vector<std::string> holders;
+        // The copies lost: down shards of the last map, and those this shard's unsynced
+        // backup stood in for (two shards lost one map apart).
+        std::vector<uint32_t> lost_on;
+        if (held != released.end() && !held->second.synced) lost_on = held->second.replaced;
         for (uint32_t j = 0; j < replicas_; ++j) {
           const uint32_t k = old_live[c * replicas_ + j];
-          if (k != cluster::ShardMap::kNone && down[k]) holders.push_back(ShardName(k));
+          if (k != cluster::ShardMap::kNone && down[k]) lost_on.push_back(k);
         }
+        std::sort(lost_on.begin(), lost_on.end());
+        lost_on.erase(std::unique(lost_on.begin(), lost_on.end()), lost_on.end());
+        std::vector<std::string> holders;
+        for (uint32_t k : lost_on) holders.push_back(ShardName(k));
         t->lost[c] = absl::StrCat(
             "chunk ", c, " of '", key, "' is lost: every copy of its state was on ",
             absl::StrJoin(holders, " and "), ", now down (", s.message(),

@@ -39,6 +39,9 @@ inline absl::StatusOr<cluster::OptimizerOptions> OptimizerFrom(const proto::Opti
 struct ShardService::TensorBackup {
   bool synced = false;
   bool has_state = false;
+  // A backup taken on in place of copies on shards that went down, until it is synced:
+  // those shards, so that losing the chunk before then names every copy that was lost.
+  std::vector<uint32_t> replaced;
   proto::ChunkState state;
   proto::ChunkState partial;
   std::vector<float> initial;

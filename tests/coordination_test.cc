@@ -128,6 +128,39 @@ TEST_P(PausedShard, IsFailedOverByItsLeaseAndFencedWhenItWakes) {
 
 INSTANTIATE_TEST_SUITE_P(Shards, PausedShard, ::testing::Values(0, 1));
 
+// Two shards that share chunks die one map apart (their leases ended in different ticks
+// of the coordinator): shard 2 first, failed over (shard 0 becomes a new, still empty
+// backup of the chunks shard 1 and 2 held), then shard 1 before any step synced that
+// backup. The chunks are lost, and the error names both shards whose copies were lost, not
+// only the last one (CI once saw "every copy of its state was on shard 1").
+TEST_F(Coordination, TwoShardsLostOneMapApartAreBothNamed) {
+  ShardProcesses shards(Server(), OutDir(), Config("apart", etcd_->endpoints()));
+  ASSERT_TRUE(shards.StartAll());
+  const std::string job = shards.config().job();
+  testing::TrainOptions o;
+  o.after_step = [&](int step) {
+    if (step != 3) return;
+    shards.Kill(2);
+    const absl::Time end = absl::Now() + absl::Milliseconds(kLeaseTtlMs) + absl::Seconds(10);
+    bool failed_over = false;
+    while (!failed_over && absl::Now() < end) {
+      absl::StatusOr<std::optional<coord::VersionedMap>> map = coord::ReadMap(store_.get(), job);
+      failed_over = map.ok() && map->has_value() && (*map)->record.down_shards_size() == 1;
+      if (!failed_over) absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_TRUE(failed_over) << "no map with shard 2 down";
+    // Every shard installs a committed map from its watch; give them that moment.
+    absl::SleepFor(absl::Milliseconds(500));
+    shards.Kill(1);
+  };
+  const testing::TrainResult got = testing::Train(shards.config(), o);
+  ASSERT_FALSE(got.error.ok());
+  EXPECT_TRUE(absl::IsDataLoss(got.error)) << got.error;
+  const std::string message(got.error.message());
+  EXPECT_NE(message.find("shard 1 ("), std::string::npos) << message;
+  EXPECT_NE(message.find("shard 2 ("), std::string::npos) << message;
+}
+
 TEST_F(Coordination, ASecondProcessStartedAsTheSameShardRefusesToStart) {
   ShardProcesses shards(Server(), OutDir(), Config("twice", etcd_->endpoints()));
   ASSERT_TRUE(shards.StartAll());

@@ -136,7 +136,9 @@ struct Client::Impl {
   // `connecting`: Client::Connect's first registration, whose timeout is connect_timeout_ms
   // and whose likely cause of silence is a shard not running (a map switch waits longer
   // for shards that do run).
-  absl::Status RegisterAll(const MapState& m, uint32_t timeout_ms, bool connecting);
+  // `unreachable`, when set, gets the shard that did not answer (kNone otherwise).
+  absl::Status RegisterAll(const MapState& m, uint32_t timeout_ms, bool connecting,
+                           uint32_t* unreachable = nullptr);
   // Declares `key` on every shard of `m`; `initial` as in Client::Declare.
   // `may_switch`: a shard answering ABORTED moves this client to the newer map and the
   // declaration is redone there (else the ABORTED status is returned).
@@ -145,8 +147,14 @@ struct Client::Impl {
   // After shard `shard` of `seen` answered ABORTED, or could not be reached: fetches the
   // config from it, else from the other shards, and moves this client to a newer map
   // (registered, every tensor declared), unless another call already did. NotFound when
-  // no shard knows a newer map.
+  // no shard knows a newer map. With replicas, a shard of the new map that does not answer
+  // (it died after that map was made) is reported, and the failover's next map is waited
+  // for, up to rpc_timeout_ms.
   absl::Status SwitchMap(const MapState& seen, uint32_t shard);
+  // The newest map a live shard of `seen` serves above epoch `floor` (asking `shard`
+  // first) into *next, and who served it into *from; NotFound when none does.
+  absl::Status FindNewerMap(const MapState& seen, uint32_t shard, uint64_t floor,
+                            proto::ClusterConfig* next, std::string* from);
   // Whether a failed call should be resent under a newer map: ABORTED always (an error
   // if none can be found), UNAVAILABLE when a shard knows one (a shard a re-shard
   // removed may already be stopped). Fills *error when the call should fail.

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "worker/client_impl.h"
 
 namespace gcomp::worker {
@@ -56,7 +57,9 @@ std::shared_ptr<MapState> Client::Impl::BuildMap(const proto::ClusterConfig& cfg
   return m;
 }
 
-absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms, bool connecting) {
+absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms, bool connecting,
+                                       uint32_t* unreachable) {
+  if (unreachable != nullptr) *unreachable = cluster::ShardMap::kNone;
   proto::RegisterWorkerRequest req;
   req.set_job(config.job());
   req.set_worker(options.worker);
@@ -89,6 +92,10 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms, b
             st.error_message(), ")"));
       }
       if (!st.ok()) {
+        if (unreachable != nullptr && (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                                       st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+          *unreachable = s;
+        }
         return FromGrpc(st, absl::StrCat("registering with shard ", s, " (", m.config.shards(s), ")"));
       }
       const auto& reads = resp.checksums_read();
@@ -100,40 +107,53 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms, b
   return absl::OkStatus();
 }
 
+absl::Status Client::Impl::FindNewerMap(const MapState& seen, uint32_t shard, uint64_t floor,
+                                        proto::ClusterConfig* next, std::string* from) {
+  std::vector<std::string> problems;
+  from->clear();
+  next->set_shard_map_epoch(0);
+  const uint32_t n = seen.config.shards_size();
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t k = (shard + i) % n;
+    if (seen.down[k]) continue;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(std::min<uint32_t>(config.rpc_timeout_ms(), 5000)));
+    proto::ClusterConfig got;
+    grpc::Status st = seen.reshard[k]->GetConfig(&ctx, proto::GetConfigRequest(), &got);
+    const std::string who = absl::StrCat("shard ", k, " (", seen.config.shards(k), ")");
+    if (!st.ok()) {
+      problems.push_back(absl::StrCat(who, ": ", st.error_message()));
+    } else if (got.job() != config.job()) {
+      problems.push_back(absl::StrCat(who, " serves job '", got.job(), "'"));
+    } else if (got.shard_map_epoch() > floor &&
+               got.shard_map_epoch() > next->shard_map_epoch()) {
+      *next = std::move(got);
+      *from = who;
+    }
+  }
+  if (!from->empty()) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat(
+      "no shard of shard-map epoch ", seen.epoch(), " knows a map newer than epoch ", floor,
+      problems.empty() ? "" : absl::StrCat(" (", absl::StrJoin(problems, "; "), ")")));
+}
+
 absl::Status Client::Impl::SwitchMap(const MapState& seen, uint32_t shard) {
   absl::MutexLock switching(&switch_mu);
   if (Map()->epoch() > seen.epoch()) return absl::OkStatus();  // another call switched
   uint64_t floor = seen.epoch();
+  // Set when a map's shard did not answer: its failover brings a newer map, waited for.
+  absl::Time wait_until = absl::InfinitePast();
   // Maps can follow each other quickly (a failover, then a rejoin): a map replaced while
   // this client registers with it is skipped for the newer one.
   for (int attempt = 0;; ++attempt) {
     proto::ClusterConfig next;
     std::string from;
-    std::vector<std::string> problems;
-    const uint32_t n = seen.config.shards_size();
-    for (uint32_t i = 0; i < n; ++i) {
-      const uint32_t k = (shard + i) % n;
-      if (seen.down[k]) continue;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(DeadlineIn(std::min<uint32_t>(config.rpc_timeout_ms(), 5000)));
-      proto::ClusterConfig got;
-      grpc::Status st = seen.reshard[k]->GetConfig(&ctx, proto::GetConfigRequest(), &got);
-      const std::string who = absl::StrCat("shard ", k, " (", seen.config.shards(k), ")");
-      if (!st.ok()) {
-        problems.push_back(absl::StrCat(who, ": ", st.error_message()));
-      } else if (got.job() != config.job()) {
-        problems.push_back(absl::StrCat(who, " serves job '", got.job(), "'"));
-      } else if (got.shard_map_epoch() > floor &&
-                 got.shard_map_epoch() > next.shard_map_epoch()) {
-        next = std::move(got);
-        from = who;
-      }
+    absl::Status found = FindNewerMap(seen, shard, floor, &next, &from);
+    while (absl::IsNotFound(found) && absl::Now() < wait_until) {
+      absl::SleepFor(absl::Milliseconds(250));
+      found = FindNewerMap(seen, shard, floor, &next, &from);
     }
-    if (from.empty()) {
-      return absl::NotFoundError(absl::StrCat(
-          "no shard of shard-map epoch ", seen.epoch(), " knows a newer map",
-          problems.empty() ? "" : absl::StrCat(" (", absl::StrJoin(problems, "; "), ")")));
-    }
+    if (!found.ok()) return found;
     // The worker keeps its own settings; only the map comes from the shard.
     proto::ClusterConfig cfg = seen.config;
     *cfg.mutable_shards() = next.shards();
@@ -146,8 +166,9 @@ absl::Status Client::Impl::SwitchMap(const MapState& seen, uint32_t shard) {
     std::shared_ptr<MapState> m = BuildMap(cfg);
     // A shard of the new map answers once it has switched, which waits for the switch
     // step on every chunk it holds: up to rpc_timeout_ms when a chunk falls behind.
-    absl::Status s =
-        RegisterAll(*m, std::max(config.connect_timeout_ms(), config.rpc_timeout_ms()), false);
+    uint32_t unreachable = cluster::ShardMap::kNone;
+    absl::Status s = RegisterAll(*m, std::max(config.connect_timeout_ms(), config.rpc_timeout_ms()),
+                                 false, &unreachable);
     absl::flat_hash_map<std::string, TensorInfo> declared;
     {
       absl::MutexLock lock(&mu);
@@ -157,7 +178,14 @@ absl::Status Client::Impl::SwitchMap(const MapState& seen, uint32_t shard) {
       s = DeclareOn(*m, it->first, it->second, it->second.layout.elements, nullptr,
                     /*may_switch=*/false);
     }
-    if (absl::IsAborted(s) && attempt < kMaxMapSwitches) {
+    // A shard of the new map died after it was made (two faults one map apart): with
+    // replicas, the next failover replaces this map too.
+    const bool shard_gone = m->replicas > 1 && unreachable != cluster::ShardMap::kNone;
+    if ((absl::IsAborted(s) || shard_gone) && attempt < kMaxMapSwitches) {
+      if (shard_gone) {
+        ReportDown(*m, unreachable, std::string(s.message()));
+        wait_until = absl::Now() + absl::Milliseconds(config.rpc_timeout_ms());
+      }
       floor = m->epoch();
       continue;
     }
