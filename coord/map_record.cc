@@ -11,7 +11,8 @@ JobKeys::JobKeys(const std::string& job)
     : prefix(absl::StrCat("/gcomp/", job, "/")),
       map(prefix + "map"),
       members(prefix + "members/"),
-      coordinator(prefix + "coordinator") {}
+      coordinator(prefix + "coordinator"),
+      run(prefix + "run") {}
 
 std::string JobKeys::Member(uint32_t shard) const { return absl::StrCat(members, shard); }
 

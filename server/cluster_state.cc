@@ -127,9 +127,13 @@ absl::Status ClusterState::Register() {
   }
   std::shared_ptr<coord::LeaseKeeper> keeper = *std::move(lease);
   proto::MemberRecord me;
+  {
+    absl::MutexLock l(&mu_);
+    me = member_;
+  }
   me.set_address(config_.shards(options_.shard));
   me.set_incarnation(incarnation_);
-  me.set_started_unix_ms(absl::ToUnixMillis(absl::Now()));
+  if (me.started_unix_ms() == 0) me.set_started_unix_ms(absl::ToUnixMillis(absl::Now()));
   // A process that held this index and died (a restart after SIGKILL, a rescheduled pod)
   // keeps its record until its lease expires: waited out. One that is alive keeps renewing,
   // and this one gives up after a TTL and a second.
@@ -144,9 +148,54 @@ absl::Status ClusterState::Register() {
   auto election = std::make_shared<coord::Election>(store_.get(), keys_.coordinator, name_,
                                                     keeper.get());
   absl::MutexLock l(&mu_);
+  member_ = me;
   leadership_.reset();
   election_ = std::move(election);
   lease_ = std::move(keeper);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<coord::RunEntry> ClusterState::EnterRun(
+    const std::function<absl::StatusOr<std::string>()>& newest_set) {
+  proto::MemberRecord me;
+  coord::LeaseId lease = coord::kNoLease;
+  {
+    absl::MutexLock l(&mu_);
+    me = member_;
+    if (lease_ != nullptr) lease = lease_->id();
+  }
+  absl::StatusOr<coord::RunEntry> entry =
+      coord::EnterRun(store_.get(), config_.job(), options_.shard, &me, lease, newest_set);
+  if (!entry.ok()) return entry.status();
+  absl::MutexLock l(&mu_);
+  member_ = me;
+  return entry;
+}
+
+absl::Status ClusterState::MarkServing(uint64_t generation) {
+  proto::MemberRecord me;
+  coord::LeaseId lease = coord::kNoLease;
+  {
+    absl::MutexLock l(&mu_);
+    if (member_.generation() == generation) return absl::OkStatus();
+    member_.set_generation(generation);
+    me = member_;
+    if (lease_ != nullptr) lease = lease_->id();
+  }
+  // Only while the record is still this lease's (else a lost lease's return registers it
+  // again, with the generation above).
+  absl::StatusOr<std::optional<coord::KeyValue>> held = store_->Get(keys_.Member(options_.shard));
+  if (!held.ok()) return held.status();
+  if (!held->has_value() || (*held)->lease != lease) {
+    return absl::FailedPreconditionError("this shard's member record is not held by its lease");
+  }
+  coord::Txn txn;
+  txn.conditions.push_back(
+      {keys_.Member(options_.shard), coord::Condition::Field::kModRevision, (*held)->mod_revision});
+  txn.puts.push_back({keys_.Member(options_.shard), me.SerializeAsString(), lease});
+  absl::StatusOr<coord::TxnResult> r = store_->Commit(txn);
+  if (!r.ok()) return r.status();
+  if (!r->committed) return absl::AbortedError("this shard's member record changed meanwhile");
   return absl::OkStatus();
 }
 

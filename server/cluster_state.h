@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coord/election.h"
+#include "coord/job_run.h"
 #include "coord/lease_keeper.h"
 #include "coord/map_record.h"
 #include "coord/store.h"
@@ -81,6 +82,14 @@ class ClusterState {
   // another coordinator decided first, or this one lost its lease.
   absl::Status CommitMap(const proto::ClusterConfig& from, const proto::ClusterConfig& next)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // How this shard enters the job (coord/job_run.h): the run's start, entering a run being
+  // started (both: restore the run's restore_set), or a rejoin. `newest_set` is asked only
+  // when this shard starts a run.
+  absl::StatusOr<coord::RunEntry> EnterRun(
+      const std::function<absl::StatusOr<std::string>()>& newest_set) ABSL_LOCKS_EXCLUDED(mu_);
+  // A shard that rejoined is taken back: it serves in run `generation` from now on (so a
+  // later restart of its peers counts it as a running job).
+  absl::Status MarkServing(uint64_t generation) ABSL_LOCKS_EXCLUDED(mu_);
   // The record as last seen, with its revision (status, tests).
   coord::VersionedMap map() const ABSL_LOCKS_EXCLUDED(mu_);
   coord::LeaseId lease() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -115,6 +124,9 @@ class ClusterState {
   std::shared_ptr<coord::LeaseKeeper> lease_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<coord::Election> election_ ABSL_GUARDED_BY(mu_);
   std::optional<coord::Leadership> leadership_ ABSL_GUARDED_BY(mu_);
+  // This process's member record as last written (registered again as it is when the
+  // lease is taken anew, its run included).
+  proto::MemberRecord member_ ABSL_GUARDED_BY(mu_);
   coord::VersionedMap map_ ABSL_GUARDED_BY(mu_);
   uint64_t offered_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint32_t, proto::MemberRecord> members_ ABSL_GUARDED_BY(mu_);

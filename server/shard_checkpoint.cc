@@ -247,11 +247,9 @@ absl::Status ShardService::WriteFinalCheckpoint() {
                          std::move(chunks));
 }
 
-absl::Status ShardService::RestoreFromCheckpoint() {
+absl::StatusOr<LoadedCheckpoint> ShardService::LoadForRestore(const std::string& only_set,
+                                                               CheckedStates* checked_out) {
   const std::string& dir = config_.checkpoint().dir();
-  // Checked now rather than at the first checkpoint, which would fail only in the log while
-  // training went on without any.
-  if (absl::Status st = CheckCheckpointDirWritable(dir); !st.ok()) return st;
   // Every chunk state is decoded and checked before anything is declared: a set whose states
   // cannot be restored (damage behind valid checksums, a forged file) is skipped for an older
   // one, as a damaged set is, instead of stopping the shard for good. All of them, not only
@@ -267,9 +265,13 @@ absl::Status ShardService::RestoreFromCheckpoint() {
     joining = joining_shards_;
     self = shard_index_.load();
   }
-  absl::flat_hash_map<std::pair<std::string, uint32_t>, ChunkSnapshot> checked;
+  CheckedStates& checked = *checked_out;
   const auto restorable = [&](const LoadedCheckpoint& c) -> absl::Status {
     checked.clear();
+    if (!only_set.empty() && CheckpointSetName(c.final, c.step, c.shards) != only_set) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("not the set this run restores (", only_set, ")"));
+    }
     struct Declared {  // what each chunk of a declared tensor is checked against
       cluster::ChunkLayout layout;
       codec::DType dtype;
@@ -307,11 +309,37 @@ absl::Status ShardService::RestoreFromCheckpoint() {
     return absl::OkStatus();
   };
   absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir, restorable);
+  if (only_set.empty() || (loaded.ok() && CheckpointSetName(loaded->final, loaded->step, loaded->shards) == only_set)) return loaded;
+  // The run names the set every shard restores: no other will do.
+  std::string why = loaded.ok() ? "" : std::string(loaded.status().message());
+  if (loaded.ok()) {
+    for (const std::string& problem : loaded->skipped) {
+      if (problem.find(only_set) != std::string::npos) why = problem;
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the job's run (in etcd) restores checkpoint set ", only_set, ", which this shard cannot "
+      "restore from ", dir, why.empty() ? ": not there" : absl::StrCat(": ", why),
+      "; give every shard the same checkpoint.dir contents, or delete the run record to "
+      "choose anew"));
+}
+
+absl::Status ShardService::RestoreFromCheckpoint() {
+  // Checked now rather than at the first checkpoint, which would fail only in the log while
+  // training went on without any.
+  if (absl::Status st = CheckCheckpointDirWritable(config_.checkpoint().dir()); !st.ok()) return st;
+  CheckedStates checked;
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadForRestore("", &checked);
   if (absl::IsNotFound(loaded.status())) {
-    log::Info("shard {}: no checkpoint in {}; starting empty", shard(), dir);
+    log::Info("shard {}: no checkpoint in {}; starting empty", shard(), config_.checkpoint().dir());
     return absl::OkStatus();
   }
   if (!loaded.ok()) return loaded.status();
+  return RestoreLoaded(*std::move(loaded), std::move(checked));
+}
+
+absl::Status ShardService::RestoreLoaded(LoadedCheckpoint loaded_set, CheckedStates checked) {
+  LoadedCheckpoint* loaded = &loaded_set;
   const absl::Time start = absl::Now();
   if (loaded->job != config_.job()) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint ", loaded->path, " is of job '",
@@ -339,13 +367,23 @@ absl::Status ShardService::RestoreFromCheckpoint() {
     decls[d.key()] = &d;
   }
   uint64_t restored = 0;
-  for (const proto::ChunkState& st : loaded->chunks) {
+  uint64_t backed_up = 0;
+  for (proto::ChunkState& st : loaded->chunks) {
     std::shared_ptr<StepAccumulator> acc;
     codec::DType dtype = codec::DType::kF32;
     {
       absl::MutexLock lock(&mu_);
       Tensor* t = tensors_.at(st.key()).get();
       auto it = t->chunks.find(st.chunk());
+      if (auto b = t->backups.find(st.chunk()); it == t->chunks.end() && b != t->backups.end()) {
+        // Backed up here: the set holds the owner's state at the same step, so the copy
+        // is synced from the start (not one copy until the first step replicates it).
+        b->second.state = std::move(st);
+        b->second.has_state = true;
+        b->second.synced = true;
+        ++backed_up;
+        continue;
+      }
       if (it == t->chunks.end()) continue;  // owned by another shard under this config
       acc = it->second;
       dtype = t->dtype;
@@ -363,8 +401,9 @@ absl::Status ShardService::RestoreFromCheckpoint() {
   }
   restored_from_ = loaded->path;
   restored_step_ = loaded->step;
-  log::Info("shard {}: restored {} chunks of {} tensors from {} (step {}, {} bytes read, {:.3f} s){}",
-            shard(), restored, loaded->declarations.size(), loaded->path, loaded->step,
+  log::Info("shard {}: restored {} chunks of {} tensors from {} (step {}, {} backup copies, {} "
+            "bytes read, {:.3f} s){}",
+            shard(), restored, loaded->declarations.size(), loaded->path, loaded->step, backed_up,
             loaded->bytes, absl::ToDoubleSeconds(absl::Now() - start),
             loaded->skipped.empty() ? "" : absl::StrCat("; skipped newer: ", loaded->skipped.size()));
   return absl::OkStatus();

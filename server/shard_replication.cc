@@ -503,9 +503,107 @@ bool ShardService::CaughtUpLocked() const {
   return true;
 }
 
+absl::Status ShardService::EnterJob() {
+  const std::string& dir = config_.checkpoint().dir();
+  if (options_.cluster_state == nullptr) {
+    return dir.empty() ? absl::OkStatus() : RestoreFromCheckpoint();
+  }
+  if (!dir.empty()) {
+    if (absl::Status s = CheckCheckpointDirWritable(dir); !s.ok()) return s;
+  }
+  // Only a shard that starts a run chooses the set (and has loaded it by then).
+  std::optional<LoadedCheckpoint> chosen;
+  CheckedStates checked;
+  const auto newest = [&]() -> absl::StatusOr<std::string> {
+    if (dir.empty()) return std::string();
+    absl::StatusOr<LoadedCheckpoint> l = LoadForRestore("", &checked);
+    if (absl::IsNotFound(l.status())) return std::string();
+    if (!l.ok()) return l.status();
+    chosen = *std::move(l);
+    return CheckpointSetName(chosen->final, chosen->step, chosen->shards);
+  };
+  absl::StatusOr<coord::RunEntry> entry = options_.cluster_state->EnterRun(newest);
+  if (!entry.ok()) {
+    return absl::Status(entry.status().code(), absl::StrCat("entering the job's run in etcd: ",
+                                                            entry.status().message()));
+  }
+  const proto::RunRecord& run = entry->run;
+  log::Info("shard {}: {} {} of job {} (started by {}; restores {})", shard(),
+            coord::RunEntryKindName(entry->kind), run.generation(), config_.job(), run.started_by(),
+            run.restore_set().empty() ? "nothing" : run.restore_set());
+  {
+    absl::MutexLock lock(&mu_);
+    run_generation_ = run.generation();
+    run_says_rejoin_ = entry->kind == coord::RunEntry::Kind::kRejoin;
+  }
+  if (entry->kind == coord::RunEntry::Kind::kRejoin) {
+    // Replicated: the state comes back from the other copies. Single copies: as without
+    // etcd, the newest set this shard can restore.
+    return replicas_ >= 2 || dir.empty() ? absl::OkStatus() : RestoreFromCheckpoint();
+  }
+  if (run.restore_set().empty()) return absl::OkStatus();
+  if (dir.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job's run restores checkpoint set ", run.restore_set(), " (chosen by ",
+        run.started_by(), "), but this shard's config has no checkpoint.dir"));
+  }
+  if (!chosen.has_value()) {
+    absl::StatusOr<LoadedCheckpoint> l = LoadForRestore(run.restore_set(), &checked);
+    if (!l.ok()) return l.status();
+    chosen = *std::move(l);
+  }
+  return RestoreLoaded(*std::move(chosen), std::move(checked));
+}
+
+bool ShardService::EnterNextRun() {
+  if (options_.cluster_state == nullptr) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!run_says_rejoin_) return false;
+  }
+  absl::StatusOr<coord::RunEntry> entry =
+      options_.cluster_state->EnterRun([&]() -> absl::StatusOr<std::string> {
+        if (config_.checkpoint().dir().empty()) return std::string();
+        CheckedStates ignored;
+        absl::StatusOr<LoadedCheckpoint> l = LoadForRestore("", &ignored);
+        if (absl::IsNotFound(l.status())) return std::string();
+        if (!l.ok()) return l.status();
+        return CheckpointSetName(l->final, l->step, l->shards);
+      });
+  if (!entry.ok() || entry->kind == coord::RunEntry::Kind::kRejoin) return false;
+  const proto::RunRecord& run = entry->run;
+  log::Warn("shard {}: every shard of the run it rejoined stopped; {} {} (restores {})", shard(),
+            coord::RunEntryKindName(entry->kind), run.generation(),
+            run.restore_set().empty() ? "nothing" : run.restore_set());
+  absl::Status s;
+  if (!run.restore_set().empty()) {
+    {
+      absl::MutexLock lock(&mu_);
+      restoring_thread_ = std::this_thread::get_id();
+    }
+    CheckedStates checked;
+    absl::StatusOr<LoadedCheckpoint> l = LoadForRestore(run.restore_set(), &checked);
+    s = l.ok() ? RestoreLoaded(*std::move(l), std::move(checked)) : l.status();
+  }
+  absl::MutexLock lock(&mu_);
+  restoring_thread_ = std::thread::id();
+  run_generation_ = run.generation();
+  run_says_rejoin_ = false;
+  if (!s.ok()) {
+    // Serving half a set would be worse than not serving: stay out, and say why.
+    log::Error("shard {}: restoring {} for run {}: {}; this shard does not serve", shard(),
+               run.restore_set(), run.generation(), s.ToString());
+    return true;
+  }
+  rejoining_ = false;
+  return true;
+}
+
 void ShardService::HoldForRejoinCheck() {
   if (replicas_ < 2) return;
   absl::MutexLock lock(&mu_);
+  // With etcd the run record has decided already: only a restart into a running run waits.
+  if (options_.cluster_state != nullptr && !run_says_rejoin_) return;
   rejoining_ = true;
 }
 
@@ -534,6 +632,13 @@ void ShardService::RejoinLoop() {
   answered[self] = true;
   bool running = false;
   uint64_t newest_peer_epoch = 0;
+  if (options_.cluster_state != nullptr) {
+    // Decided from the run record (EnterJob): no peer is asked.
+    absl::MutexLock lock(&mu_);
+    if (!run_says_rejoin_) return;
+    running = true;
+    std::fill(answered.begin(), answered.end(), true);
+  }
   absl::Duration backoff = absl::Milliseconds(100);
   while (!running && std::find(answered.begin(), answered.end(), false) != answered.end()) {
     for (int i = 0; i < map.shards_size() && options_.peers.status; ++i) {
@@ -551,7 +656,7 @@ void ShardService::RejoinLoop() {
     if (mu_.AwaitWithTimeout(absl::Condition(&stop), backoff)) return;
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
-  if (!running || own_epoch > newest_peer_epoch) {
+  if (!running || (options_.cluster_state == nullptr && own_epoch > newest_peer_epoch)) {
     absl::MutexLock lock(&mu_);
     rejoining_ = false;
     return;
@@ -572,6 +677,8 @@ void ShardService::RejoinLoop() {
         if (s.ok()) return true;
         log::Info("shard {}: rejoin request to shard {}: {}", self, i, s.ToString());
       }
+      // Nobody to rejoin any more (every shard of the run stopped): the next run.
+      if (!caught_up && EnterNextRun()) return false;
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutting_down_; };
       if (mu_.AwaitWithTimeout(absl::Condition(&stop), backoff)) return false;
@@ -631,6 +738,7 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
   }
   std::vector<std::shared_ptr<StepAccumulator>> dropped;
   absl::Status dropped_status;
+  uint64_t taken_back_in_run = 0;  // set when this install ends a rejoin (with etcd: its run)
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("shard shutting down");
@@ -667,6 +775,8 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
       // Restarted: taken back as a joining shard. Its memory is empty, so it learns the
       // job's tensors here and backs their chunks up until their owners' states arrive.
       rejoining_ = false;
+      run_says_rejoin_ = false;
+      taken_back_in_run = run_generation_;
       for (const proto::TensorDeclaration& d : request.declarations()) {
         if (tensors_.contains(d.key())) continue;
         absl::StatusOr<codec::DType> dt = cluster::FromProto(d.dtype());
@@ -776,6 +886,13 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
   }
   // Outside mu_: accumulators take their own locks.
   for (const auto& acc : dropped) acc->Cancel(dropped_status);
+  if (taken_back_in_run != 0 && options_.cluster_state != nullptr) {
+    // Serving in the run again: a later restart of the others finds a running job here.
+    if (absl::Status s = options_.cluster_state->MarkServing(taken_back_in_run); !s.ok()) {
+      log::Warn("shard {}: marking itself serving in run {} in etcd: {}", shard(),
+                taken_back_in_run, s.ToString());
+    }
+  }
   return absl::OkStatus();
 }
 

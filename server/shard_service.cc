@@ -42,9 +42,9 @@ absl::StatusOr<std::unique_ptr<ShardService>> ShardService::Create(
     ShardService* raw = service.get();
     service->expiry_thread_ = std::thread([raw] { raw->ExpiryLoop(); });
   }
+  s = service->EnterJob();
+  if (!s.ok()) return s;
   if (!config.checkpoint().dir().empty()) {
-    s = service->RestoreFromCheckpoint();
-    if (!s.ok()) return s;
     if (config.checkpoint().every_steps() > 0) {
       ShardService* raw = service.get();
       service->ckpt_thread_ = std::thread([raw] { raw->CheckpointLoop(); });
@@ -269,7 +269,7 @@ std::string ShardService::SupersededMessage(uint64_t epoch) const {
 
 absl::Status ShardService::CheckEpochLocked(uint64_t epoch, absl::Time deadline) const {
   ExpirePrepareLocked();
-  if (rejoining_) {
+  if (rejoining_ && std::this_thread::get_id() != restoring_thread_) {
     return absl::UnavailableError(absl::StrCat(
         "shard ", self_address_, " restarted and is rejoining the running job; retry"));
   }

@@ -46,6 +46,7 @@
 #include "proto/reshard.pb.h"
 #include "proto/coord.pb.h"
 #include "server/admission.h"
+#include "server/checkpoint.h"
 #include "server/cluster_state.h"
 #include "server/shard_metrics.h"
 #include "server/step_accumulator.h"
@@ -234,7 +235,22 @@ class ShardService {
   };
 
   ShardService(proto::ClusterConfig config, const ShardOptions& options);
+  // Chunk states of a checkpoint set, decoded and checked while it was chosen.
+  using CheckedStates = absl::flat_hash_map<std::pair<std::string, uint32_t>, ChunkSnapshot>;
+  // Restores the newest restorable set of checkpoint.dir (none: starts empty).
   absl::Status RestoreFromCheckpoint();
+  // The newest set of checkpoint.dir that this shard can restore, or with `only_set`, that
+  // set (FailedPrecondition naming it when it cannot be restored); its states this shard
+  // owns go into *checked.
+  absl::StatusOr<LoadedCheckpoint> LoadForRestore(const std::string& only_set,
+                                                  CheckedStates* checked);
+  absl::Status RestoreLoaded(LoadedCheckpoint loaded, CheckedStates checked);
+  // How this shard enters the job (with coordination.etcd: the run record decides, see
+  // coord/job_run.h; without: it restores checkpoint.dir's newest set, if any).
+  absl::Status EnterJob();
+  // With etcd, a rejoining shard whose run ended (every serving shard stopped): it enters
+  // the next run instead, restoring its set. True when it did.
+  bool EnterNextRun();
   // Called by a chunk's accumulator (under its lock) at a checkpoint step boundary.
   void OnSnapshot(const std::string& key, uint32_t chunk, ChunkSnapshot snapshot);
   void CheckpointLoop();
@@ -439,6 +455,13 @@ class ShardService {
   std::vector<bool> down_ ABSL_GUARDED_BY(mu_);     // by shard index, from map_config_
   std::vector<bool> joining_shards_ ABSL_GUARDED_BY(mu_);  // likewise
   bool rejoining_ ABSL_GUARDED_BY(mu_) = false;     // restarted: not serving yet
+  // The thread restoring a set while rejoining_ holds (EnterNextRun): its declarations
+  // pass, everyone else's wait.
+  std::thread::id restoring_thread_ ABSL_GUARDED_BY(mu_);
+  // With etcd: the run this shard entered or rejoins (coord/job_run.h), and whether it
+  // rejoins (the run decided it; no peer is asked).
+  uint64_t run_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool run_says_rejoin_ ABSL_GUARDED_BY(mu_) = false;
   std::thread rejoin_thread_;
   absl::Mutex failover_mu_;  // one coordinated failover at a time; before mu_
   // ReportDown calls waiting for failover_mu_ or holding it (at most kMaxFailoverWaiters).

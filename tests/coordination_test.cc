@@ -39,6 +39,12 @@ std::string OutDir() {
   return kept != nullptr ? kept : getenv("TEST_TMPDIR");
 }
 
+int CountOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 std::string Server() {
   return std::string(getenv("TEST_SRCDIR")) + "/gcomp_ps/server/gcomp_server";
 }
@@ -159,6 +165,57 @@ TEST_F(Coordination, TwoShardsLostOneMapApartAreBothNamed) {
   const std::string message(got.error.message());
   EXPECT_NE(message.find("shard 1 ("), std::string::npos) << message;
   EXPECT_NE(message.find("shard 2 ("), std::string::npos) << message;
+}
+
+// `replicas: 2` with checkpoints, the whole job stopped (SIGTERM: each shard writes its
+// final set) and started again: with the peer protocol every shard took the others for a
+// running job and waited to rejoin it, so the job never served again. From etcd's run
+// record, the first shard up starts run 2 and names the set; the others enter it and
+// restore the same set; training resumes from step 5 and ends bit-identical to a run that
+// was never stopped. Stopped and started a second time, the same holds (run 3), even with
+// a shard killed before the first step after the restore: its backups restored their
+// copies from the set too, so the failover loses nothing.
+TEST_F(Coordination, AWholeJobRestartedFromCheckpointsServes) {
+  testing::TrainOptions all;
+  all.steps = 9;
+  const testing::TrainResult reference = testing::TrainUndisturbed(Config("reference", {}), all);
+  ASSERT_TRUE(reference.error.ok()) << reference.error;
+  proto::ClusterConfig c = Config("restart", etcd_->endpoints());
+  c.mutable_checkpoint()->set_dir(absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-restart"));
+  c.mutable_checkpoint()->set_every_steps(2);
+  ShardProcesses shards(Server(), OutDir(), c);
+  testing::TrainResult got;
+  int generation = 1;
+  for (const auto& [first, last] : {std::pair{0, 5}, std::pair{5, 7}, std::pair{7, 9}}) {
+    ASSERT_TRUE(shards.StartAll());
+    testing::TrainOptions part;
+    part.first_step = first;
+    part.steps = last;
+    const int killed = first == 7 ? 1 : -1;
+    if (killed >= 0) shards.Kill(killed);
+    got = testing::Train(shards.config(), part);
+    ASSERT_TRUE(got.error.ok()) << "steps " << first << " to " << last - 1 << ": " << got.error;
+    std::string logs;
+    for (int k = 0; k < 3; ++k) logs += Slurp(shards.log(k));
+    if (killed >= 0) {
+      EXPECT_EQ(CountOf(logs, "0 chunks taken over, 0 lost"), 0) << logs;
+      EXPECT_EQ(CountOf(logs, "lost: every copy"), 0) << logs;
+    }
+    // One shard started the run, the others entered it; every one restored the same set.
+    const std::string run = absl::StrCat(" run ", generation, " of job restart");
+    EXPECT_EQ(CountOf(logs, "started the" + run), 1) << logs;
+    EXPECT_EQ(CountOf(logs, "entered the" + run), 2) << logs;
+    if (first > 0) {
+      EXPECT_EQ(CountOf(logs, "restores final-of-3"), 3) << logs;
+    }
+    for (int k = 0; k < 3; ++k) {
+      if (k == killed) continue;
+      const int status = shards.Stop(k);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "shard " << k << ": " << status;
+    }
+    ++generation;
+  }
+  EXPECT_EQ(testing::FirstDifference(reference, got), "");
 }
 
 TEST_F(Coordination, ASecondProcessStartedAsTheSameShardRefusesToStart) {

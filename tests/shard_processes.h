@@ -111,6 +111,17 @@ class ShardProcesses {
     if (pids_[k] > 0) Reap(pids_[k], SIGKILL);
     pids_[k] = -1;
   }
+  // SIGTERM, as Kubernetes stops a pod (the shard writes its final checkpoint); waits for
+  // the exit and returns waitpid's status.
+  int Stop(int k) {
+    int status = -1;
+    if (pids_[k] > 0) {
+      kill(pids_[k], SIGTERM);
+      waitpid(pids_[k], &status, 0);
+    }
+    pids_[k] = -1;
+    return status;
+  }
   void Signal(int k, int sig) {
     if (pids_[k] > 0) kill(pids_[k], sig);
   }
@@ -161,6 +172,8 @@ struct TrainResult {
 struct TrainOptions {
   int workers = 3;
   int steps = 10;
+  // Steps first_step to steps - 1 run (a job resumed from a checkpoint starts past 0).
+  int first_step = 0;
   std::vector<std::pair<std::string, size_t>> tensors = {{"w1", 5000}, {"w2", 777}, {"b", 3}};
   // Called by worker 0 once it has the results of each step.
   std::function<void(int step)> after_step;
@@ -191,7 +204,7 @@ inline TrainResult Train(const proto::ClusterConfig& config, const TrainOptions&
         if (!s.ok()) return fail(s);
       }
       std::vector<std::vector<float>> out(o.tensors.size());
-      for (int step = 0; step < o.steps; ++step) {
+      for (int step = o.first_step; step < o.steps; ++step) {
         absl::SleepFor(o.step_pause);
         for (size_t i = 0; i < o.tensors.size(); ++i) {
           const auto& [key, n] = o.tensors[i];

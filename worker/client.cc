@@ -70,10 +70,24 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const proto::ClusterConf
     absl::MutexLock lock(&impl->map_mu);
     impl->map = m;
   }
-  absl::Status s = impl->RegisterAll(*m, impl->config.connect_timeout_ms(), true);
+  uint32_t unreachable = cluster::ShardMap::kNone;
+  absl::Status s = impl->RegisterAll(*m, impl->config.connect_timeout_ms(), true, &unreachable);
   // A config from before a re-shard or failover (a worker restarted with the job's original
   // file): the shards name the newer map; take it from them, as a running client does.
   if (absl::IsAborted(s)) s = impl->SwitchMap(*m, 0);
+  if (!s.ok() && m->replicas > 1 && unreachable != cluster::ShardMap::kNone) {
+    // A shard of the config is down (a worker started while one is failed over): the
+    // running shards serve, or soon commit, the map without it.
+    impl->ReportDown(*m, unreachable, std::string(s.message()));
+    absl::Status switched = impl->SwitchMap(*m, (unreachable + 1) % m->config.shards_size(),
+                                            absl::Milliseconds(impl->config.rpc_timeout_ms()));
+    if (switched.ok()) {
+      s = switched;
+    } else {
+      s = absl::Status(s.code(), absl::StrCat(s.message(), "; and no running shard serves a map "
+                                              "without it: ", switched.message()));
+    }
+  }
   if (!s.ok()) return s;
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }

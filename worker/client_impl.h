@@ -149,8 +149,10 @@ struct Client::Impl {
   // (registered, every tensor declared), unless another call already did. NotFound when
   // no shard knows a newer map. With replicas, a shard of the new map that does not answer
   // (it died after that map was made) is reported, and the failover's next map is waited
-  // for, up to rpc_timeout_ms.
-  absl::Status SwitchMap(const MapState& seen, uint32_t shard);
+  // for, up to rpc_timeout_ms; `wait`: how long to wait for a newer map at all (0: none
+  // when no shard knows one).
+  absl::Status SwitchMap(const MapState& seen, uint32_t shard,
+                         absl::Duration wait = absl::ZeroDuration());
   // The newest map a live shard of `seen` serves above epoch `floor` (asking `shard`
   // first) into *next, and who served it into *from; NotFound when none does.
   absl::Status FindNewerMap(const MapState& seen, uint32_t shard, uint64_t floor,

@@ -80,6 +80,10 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms, b
         ctx.set_deadline(DeadlineIn(timeout_ms));
         return stub.aggregation->RegisterWorker(&ctx, req, &resp);
       });
+      if (unreachable != nullptr && (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                                     st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+        *unreachable = s;
+      }
       if (connecting && st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
         // Waited for the channel the whole time: nothing answered at that address (not
         // running yet, another port, a firewall), which "Deadline Exceeded" alone hides.
@@ -92,10 +96,6 @@ absl::Status Client::Impl::RegisterAll(const MapState& m, uint32_t timeout_ms, b
             st.error_message(), ")"));
       }
       if (!st.ok()) {
-        if (unreachable != nullptr && (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                                       st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
-          *unreachable = s;
-        }
         return FromGrpc(st, absl::StrCat("registering with shard ", s, " (", m.config.shards(s), ")"));
       }
       const auto& reads = resp.checksums_read();
@@ -137,12 +137,13 @@ absl::Status Client::Impl::FindNewerMap(const MapState& seen, uint32_t shard, ui
       problems.empty() ? "" : absl::StrCat(" (", absl::StrJoin(problems, "; "), ")")));
 }
 
-absl::Status Client::Impl::SwitchMap(const MapState& seen, uint32_t shard) {
+absl::Status Client::Impl::SwitchMap(const MapState& seen, uint32_t shard, absl::Duration wait) {
   absl::MutexLock switching(&switch_mu);
   if (Map()->epoch() > seen.epoch()) return absl::OkStatus();  // another call switched
   uint64_t floor = seen.epoch();
-  // Set when a map's shard did not answer: its failover brings a newer map, waited for.
-  absl::Time wait_until = absl::InfinitePast();
+  // Until when a newer map is waited for (a failover commits one after a lease TTL); moved
+  // on when a new map's shard does not answer.
+  absl::Time wait_until = absl::Now() + wait;
   // Maps can follow each other quickly (a failover, then a rejoin): a map replaced while
   // this client registers with it is skipped for the newer one.
   for (int attempt = 0;; ++attempt) {
