@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "base/json.h"
 #include "coord/etcd_store.h"
+#include "coord/job_run.h"
 #include "coord/map_record.h"
 
 namespace gcomp::admin {
@@ -46,6 +47,9 @@ absl::StatusOr<CoordinationStatus> CollectCoordination(coord::Store* store, cons
   absl::StatusOr<std::optional<coord::KeyValue>> leader = store->Get(keys.coordinator);
   if (!leader.ok()) return leader.status();
   if (leader->has_value()) out.coordinator = (*leader)->value;
+  absl::StatusOr<proto::RunRecord> run = coord::ReadRun(store, job);
+  if (!run.ok()) return run.status();
+  out.run = *std::move(run);
   return out;
 }
 
@@ -72,7 +76,11 @@ std::string FormatCoordinationText(const CoordinationStatus& s) {
   absl::StrAppend(&out, "coordinator: ", s.coordinator.empty() ? "none" : s.coordinator, "\n");
   std::vector<std::string> held, none;
   for (const auto& [k, m] : s.members) {
-    held.push_back(absl::StrCat("shard ", k, " (", m.record.address(), ", lease ", m.lease, ")"));
+    held.push_back(absl::StrCat(
+        "shard ", k, " (", m.record.address(), ", lease ", m.lease,
+        m.record.generation() != 0 ? absl::StrCat(", run ", m.record.generation())
+                                   : std::string(", not serving yet"),
+        ")"));
   }
   if (s.map) {
     for (uint32_t k = 0; k < static_cast<uint32_t>(s.map->shards_size()); ++k) {
@@ -82,6 +90,11 @@ std::string FormatCoordinationText(const CoordinationStatus& s) {
   absl::StrAppend(&out, "leases: ", held.empty() ? "none" : absl::StrJoin(held, ", "));
   if (!none.empty()) absl::StrAppend(&out, "; none: ", absl::StrJoin(none, ", "));
   absl::StrAppend(&out, "\n");
+  if (s.run.generation() != 0) {
+    absl::StrAppend(&out, "run: ", s.run.generation(), ", started by ", s.run.started_by(),
+                    ", restores ", s.run.restore_set().empty() ? "nothing" : s.run.restore_set(),
+                    ", entered [", absl::StrJoin(s.run.entered(), ", "), "]\n");
+  }
   return out;
 }
 
@@ -98,15 +111,23 @@ std::string FormatCoordinationJson(const CoordinationStatus& s) {
                        absl::StrJoin(s.map->joining_shards(), ","),
                        "],\"written_by\":", JsonQuote(s.map->written_by()), "}");
   }
+  std::string run = "null";
+  if (s.run.generation() != 0) {
+    run = absl::StrCat("{\"generation\":", s.run.generation(), ",\"started_by\":",
+                       JsonQuote(s.run.started_by()), ",\"restore_set\":",
+                       JsonQuote(s.run.restore_set()), ",\"entered\":[",
+                       absl::StrJoin(s.run.entered(), ","), "]}");
+  }
   std::vector<std::string> members;
   for (const auto& [k, m] : s.members) {
     members.push_back(absl::StrCat("{\"shard\":", k, ",\"address\":", JsonQuote(m.record.address()),
                                    ",\"lease\":", m.lease, ",\"incarnation\":",
-                                   m.record.incarnation(), "}"));
+                                   m.record.incarnation(), ",\"run\":", m.record.generation(),
+                                   "}"));
   }
   return absl::StrCat("{\"map\":", map, ",\"revision\":", s.map_revision, ",\"coordinator\":",
                       JsonQuote(s.coordinator), ",\"members\":[", absl::StrJoin(members, ","),
-                      "],\"healthy\":", s.healthy() ? "true" : "false", "}");
+                      "],\"healthy\":", s.healthy() ? "true" : "false", ",\"run\":", run, "}");
 }
 
 }  // namespace gcomp::admin

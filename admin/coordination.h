@@ -1,6 +1,6 @@
 // `gcomp_admin status` with `coordination.etcd`: what etcd holds for the job, the one
 // source of truth for who is in the map: the committed map record, the live members with
-// their leases, and the coordinator.
+// their leases and runs, the coordinator, and the job's current run.
 #ifndef GCOMP_ADMIN_COORDINATION_H_
 #define GCOMP_ADMIN_COORDINATION_H_
 
@@ -25,6 +25,7 @@ struct CoordinationStatus {
   };
   std::map<uint32_t, Member> members;  // shards holding a lease, by index
   std::string coordinator;             // "" when none leads
+  proto::RunRecord run;                // generation 0: no run started yet
 
   // Every shard of the map that is not down holds a lease (the map and the leases agree).
   bool healthy() const;
@@ -40,10 +41,11 @@ absl::StatusOr<CoordinationStatus> CollectCoordination(const proto::ClusterConfi
 // Lines under the shard table:
 //   etcd: map epoch 3 (revision 41, written by shard 0), down [1], joining []
 //   coordinator: shard 0
-//   leases: shard 0 (127.0.0.1:7000, lease 7587...), shard 2 (...); none: shard 1
+//   leases: shard 0 (127.0.0.1:7000, lease 7587..., run 2), shard 2 (...); none: shard 1
+//   run: 2, started by shard 2, restores final-of-3, entered [2, 0, 1]
 std::string FormatCoordinationText(const CoordinationStatus& status);
 // One JSON object: {"map":{...}|null,"revision":N,"coordinator":"...","members":[...],
-// "healthy":bool}.
+// "healthy":bool,"run":{...}|null}.
 std::string FormatCoordinationJson(const CoordinationStatus& status);
 
 }  // namespace gcomp::admin

@@ -1,5 +1,6 @@
 #include "admin/coordination.h"
 
+#include "coord/job_run.h"
 #include "coord/map_record.h"
 #include "coord/memory_store.h"
 #include "gtest/gtest.h"
@@ -42,6 +43,27 @@ TEST(Coordination, ReportsTheRecordTheLeasesAndTheCoordinator) {
   const std::string json = FormatCoordinationJson(*s);
   EXPECT_NE(json.find("\"epoch\":3"), std::string::npos) << json;
   EXPECT_NE(json.find("\"healthy\":true"), std::string::npos) << json;
+
+  EXPECT_NE(json.find("\"run\":null"), std::string::npos) << json;  // no run entered yet
+  EXPECT_NE(text.find("not serving yet"), std::string::npos) << text;
+
+  // Shard 0 starts the job's first run: the run and its generation on the member show.
+  ASSERT_TRUE(coord::EnterRun(&store, "job", 0, &m, lease,
+                              []() -> absl::StatusOr<std::string> { return "final-of-2"; })
+                  .ok());
+  s = CollectCoordination(&store, "job");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NE(FormatCoordinationText(*s).find("run: 1, started by shard 0, restores final-of-2, "
+                                            "entered [0]"),
+            std::string::npos)
+      << FormatCoordinationText(*s);
+  EXPECT_NE(FormatCoordinationText(*s).find("lease " + std::to_string(lease) + ", run 1)"),
+            std::string::npos);
+  EXPECT_NE(FormatCoordinationJson(*s).find(
+                "\"run\":{\"generation\":1,\"started_by\":\"shard 0\",\"restore_set\":"
+                "\"final-of-2\",\"entered\":[0]}"),
+            std::string::npos)
+      << FormatCoordinationJson(*s);
 
   store.ExpireLease(lease);  // shard 0's lease ends: the map lists it live, nothing holds it
   s = CollectCoordination(&store, "job");
