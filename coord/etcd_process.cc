@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(
 absl::Status EtcdCluster::Spawn(int k, bool initial) {
   Member& m = members_[k];
   const std::string dir = absl::StrCat(options_.data_dir, "/", m.name);
-  const std::string client = absl::StrCat("http://127.0.0.1:", m.client_port);
+  const std::string client = absl::StrCat("http://", options_.host, ":", m.client_port);
   const std::string peer = absl::StrCat("http://127.0.0.1:", m.peer_port);
   std::vector<std::string> args = {
       options_.binary,
@@ -152,7 +152,7 @@ absl::Status EtcdCluster::WaitReady(absl::Duration timeout) const {
 
 std::vector<std::string> EtcdCluster::endpoints() const {
   std::vector<std::string> out;
-  for (const Member& m : members_) out.push_back(absl::StrCat("127.0.0.1:", m.client_port));
+  for (const Member& m : members_) out.push_back(absl::StrCat(options_.host, ":", m.client_port));
   return out;
 }
 

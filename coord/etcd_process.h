@@ -23,6 +23,10 @@ struct EtcdClusterOptions {
   std::string data_dir;
   // The etcd binary; empty: $GCOMP_ETCD_BIN, else `etcd` on PATH, else /usr/bin/etcd.
   std::string binary;
+  // The address every member serves clients on (and advertises): loopback by default; a
+  // host's own non-loopback address where clients in another network namespace must reach
+  // it (the fault harness's partitioned shard).
+  std::string host = "127.0.0.1";
   // Each member's log goes to <data_dir>/member<K>.log.
   // How long Start waits for every member to answer.
   absl::Duration start_timeout = absl::Seconds(30);

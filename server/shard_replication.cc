@@ -609,6 +609,8 @@ void ShardService::HoldForRejoinCheck() {
 
 void ShardService::StartRejoinCheck() {
   if (replicas_ < 2) return;
+  absl::MutexLock lock(&rejoin_thread_mu_);
+  if (rejoin_thread_.joinable()) rejoin_thread_.join();  // an earlier rejoin, finished
   rejoin_thread_ = std::thread([this] { RejoinLoop(); });
 }
 
@@ -739,6 +741,7 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
   std::vector<std::shared_ptr<StepAccumulator>> dropped;
   absl::Status dropped_status;
   uint64_t taken_back_in_run = 0;  // set when this install ends a rejoin (with etcd: its run)
+  bool rejoin_again = false;       // with etcd: this shard was taken out while alive
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("shard shutting down");
@@ -794,7 +797,17 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
       }
     }
     const bool fenced = down[self];
-    if (fenced) {
+    if (fenced && options_.cluster_state != nullptr) {
+      // Alive but counted out (its lease ended: paused, cut off): it must not serve a chunk
+      // a backup has taken over, and it holds nothing the others lack. It comes back as a
+      // restarted shard does: rejoining, then catching up from the owners.
+      rejoining_ = true;
+      run_says_rejoin_ = true;
+      rejoin_again = true;
+      dropped_status = absl::UnavailableError(absl::StrCat(
+          "this shard (", self_address_, ") was failed over in epoch ", epoch,
+          " and is rejoining; its chunks are served by other shards"));
+    } else if (fenced) {
       // Alive but counted out (it did not answer in time): it must not serve a chunk that
       // a backup has taken over.
       phase_ = Phase::kDrained;
@@ -886,6 +899,10 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
   }
   // Outside mu_: accumulators take their own locks.
   for (const auto& acc : dropped) acc->Cancel(dropped_status);
+  if (rejoin_again) {
+    log::Warn("shard {}: taken out of the map while alive (its lease ended); rejoining", shard());
+    StartRejoinCheck();
+  }
   if (taken_back_in_run != 0 && options_.cluster_state != nullptr) {
     // Serving in the run again: a later restart of the others finds a running job here.
     if (absl::Status s = options_.cluster_state->MarkServing(taken_back_in_run); !s.ok()) {

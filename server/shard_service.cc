@@ -92,7 +92,10 @@ ShardService::ShardService(proto::ClusterConfig config, const ShardOptions& opti
 ShardService::~ShardService() {
   Shutdown();
   if (switch_thread_.joinable()) switch_thread_.join();
-  if (rejoin_thread_.joinable()) rejoin_thread_.join();
+  {
+    absl::MutexLock lock(&rejoin_thread_mu_);
+    if (rejoin_thread_.joinable()) rejoin_thread_.join();
+  }
   {
     absl::MutexLock lock(&ckpt_mu_);
     ckpt_stop_ = true;

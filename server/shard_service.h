@@ -462,7 +462,8 @@ class ShardService {
   // rejoins (the run decided it; no peer is asked).
   uint64_t run_generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool run_says_rejoin_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread rejoin_thread_;
+  absl::Mutex rejoin_thread_mu_;  // before mu_
+  std::thread rejoin_thread_ ABSL_GUARDED_BY(rejoin_thread_mu_);
   absl::Mutex failover_mu_;  // one coordinated failover at a time; before mu_
   // ReportDown calls waiting for failover_mu_ or holding it (at most kMaxFailoverWaiters).
   static constexpr int kMaxFailoverWaiters = 16;

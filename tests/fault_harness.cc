@@ -6,14 +6,18 @@
 //   kill_during_catchup the same, then SIGKILL again 1.5 s after the restart, while it
 //                       catches up, and a second restart 2 s later
 //   kill_no_restart     SIGKILL of a shard that stays down
-//   pause_past_lease    SIGSTOP of a shard for 3 lease TTLs (past rpc_timeout_ms), SIGCONT
+//   pause_past_lease    SIGSTOP of a shard for 3 lease TTLs (past rpc_timeout_ms), SIGCONT;
+//                       it must rejoin by itself afterwards (as after a partition)
 //   kill_coordinator    SIGKILL of the shard that holds the coordinator key, restarted 2 s later
 //   kill_etcd_member    SIGKILL of one etcd member of three, restarted 3 s later
+//   partition_shard     a shard in its own network namespace, cut off (every packet to and
+//                       from it dropped: etcd, workers, peers) for 3 lease TTLs, then healed
 //
 // Each run's outcome: "identical" (every worker's every value equals an undisturbed run,
 // bit for bit), "data_loss" (a worker got DATA_LOSS), "wrong" (finished with other values),
 // or "error" (a worker failed otherwise). One fault never loses both copies, so anything
-// but "identical" is a failure. Prints one JSON line per run and a Markdown summary; exit
+// but "identical" is a failure, except "skipped": a partition where network namespaces
+// cannot be made (not root), said so in the run's detail. Prints one JSON line per run and a Markdown summary; exit
 // status 0 when every run was identical.
 //
 //   fault_harness --server bazel-bin/server/gcomp_server --runs 30 --seed 1
@@ -37,6 +41,7 @@
 #include "coord/etcd_store.h"
 #include "coord/map_record.h"
 #include "tests/free_port.h"
+#include "tests/isolated_host.h"
 #include "tests/shard_processes.h"
 
 ABSL_FLAG(std::string, server, "", "gcomp_server binary (default: from the test's runfiles).");
@@ -56,12 +61,16 @@ constexpr int kLeaseTtlMs = 2000;
 
 const std::vector<std::string> kKinds = {"kill_restart",     "kill_during_catchup",
                                          "kill_no_restart",  "pause_past_lease",
-                                         "kill_coordinator", "kill_etcd_member"};
+                                         "kill_coordinator", "kill_etcd_member",
+                                         "partition_shard"};
 
-proto::ClusterConfig Config(const std::string& job, const std::vector<std::string>& etcd) {
+// `hosts`: each shard's IP address (loopback when empty).
+proto::ClusterConfig Config(const std::string& job, const std::vector<std::string>& etcd,
+                            const std::vector<std::string>& hosts = {}) {
   std::vector<std::string> addresses;
   for (int k = 0; k < kShards; ++k) {
-    addresses.push_back(absl::StrCat("127.0.0.1:", testing::FreePort()));
+    addresses.push_back(absl::StrCat(hosts.empty() ? "127.0.0.1" : hosts[k], ":",
+                                     testing::FreePort()));
   }
   std::vector<std::string> set = {"workers=3", "uplink.mode=lossless", "downlink.mode=lossless",
                                   "chunk_bytes=2048", "optimizer.name=adam",
@@ -100,8 +109,26 @@ RunResult RunOnce(uint32_t seed, const std::string& kind, const std::string& ser
   r.at_step = 2 + static_cast<int>(rng() % 6);
   r.target = static_cast<int>(rng() % kShards);
   const std::string job = absl::StrCat("run", seed);
+  // A partition puts the target in a network of its own; everything else then serves on
+  // this host's end of that link (loopback is not reachable from the namespace).
+  std::unique_ptr<testing::IsolatedHost> isolated;
+  std::vector<std::string> hosts;
+  if (kind == "partition_shard") {
+    absl::StatusOr<std::unique_ptr<testing::IsolatedHost>> made =
+        testing::IsolatedHost::Create(static_cast<int>(seed % 64));
+    if (!made.ok()) {
+      r.outcome = "skipped";
+      r.detail = absl::StrCat("no network namespace: ", made.status().message());
+      return r;
+    }
+    isolated = *std::move(made);
+    for (int k = 0; k < kShards; ++k) {
+      hosts.push_back(k == r.target ? isolated->ns_ip() : isolated->host_ip());
+    }
+  }
   coord::EtcdClusterOptions eo;
   eo.members = 3;
+  if (isolated != nullptr) eo.host = isolated->host_ip();
   // eo.data_dir stays empty: a temporary folder removed after the run, not kept with the
   // logs (each member preallocates a 64 MB write-ahead log).
   absl::StatusOr<std::unique_ptr<coord::EtcdCluster>> etcd = coord::EtcdCluster::Start(eo);
@@ -113,8 +140,9 @@ RunResult RunOnce(uint32_t seed, const std::string& kind, const std::string& ser
   coord::EtcdStoreOptions so;
   so.endpoints = (*etcd)->endpoints();
   std::unique_ptr<coord::EtcdStore> store = *coord::EtcdStore::Create(so);
-  const proto::ClusterConfig config = Config(job, (*etcd)->endpoints());
+  const proto::ClusterConfig config = Config(job, (*etcd)->endpoints(), hosts);
   testing::ShardProcesses shards(server, dir, config);
+  if (isolated != nullptr) shards.SetNetns(r.target, isolated->netns_path());
   if (!shards.StartAll()) {
     r.outcome = "error";
     r.detail = "a shard did not start";
@@ -137,6 +165,17 @@ RunResult RunOnce(uint32_t seed, const std::string& kind, const std::string& ser
       injector = std::thread([&, member] {
         absl::SleepFor(absl::Seconds(3));
         (*etcd)->Restart(member).IgnoreError();
+      });
+      return;
+    }
+    if (kind == "partition_shard") {
+      if (absl::Status s = isolated->Cut(); !s.ok()) {
+        r.detail = absl::StrCat("cutting the link: ", s.message());
+        return;
+      }
+      injector = std::thread([&] {
+        absl::SleepFor(absl::Milliseconds(3 * kLeaseTtlMs));
+        isolated->Heal().IgnoreError();
       });
       return;
     }
@@ -174,12 +213,34 @@ RunResult RunOnce(uint32_t seed, const std::string& kind, const std::string& ser
   if (map.ok() && map->has_value()) r.final_epoch = (*map)->record.epoch();
   if (!got.error.ok()) {
     r.outcome = absl::IsDataLoss(got.error) ? "data_loss" : "error";
-    r.detail = std::string(got.error.message());
+    r.detail = absl::StrCat(r.detail, r.detail.empty() ? "" : "; ", got.error.message());
+    return r;
+  }
+  if (!r.detail.empty()) {
+    r.outcome = "error";  // the fault could not be injected as drawn
     return r;
   }
   const std::string diff = testing::FirstDifference(reference, got);
   r.outcome = diff.empty() ? "identical" : "wrong";
   r.detail = diff;
+  if (diff.empty() && (kind == "partition_shard" || kind == "pause_past_lease")) {
+    // A shard taken out while alive rejoins by itself once it can: the map must come back
+    // to nothing down and nothing joining.
+    const absl::Time end = absl::Now() + absl::Seconds(30);
+    proto::ShardMapRecord record;
+    while (absl::Now() < end) {
+      map = coord::ReadMap(store.get(), job);
+      if (map.ok() && map->has_value()) record = (*map)->record;
+      if (record.down_shards_size() == 0 && record.joining_shards_size() == 0) break;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    r.final_epoch = record.epoch();
+    if (record.down_shards_size() != 0 || record.joining_shards_size() != 0) {
+      r.outcome = "error";
+      r.detail = absl::StrCat("shard ", r.target, " did not rejoin within 30 s (epoch ",
+                              record.epoch(), ")");
+    }
+  }
   return r;
 }
 
@@ -243,9 +304,10 @@ int Main(int argc, char** argv) {
   int bad = 0;
   for (const RunResult& r : results) {
     ++table[r.kind][r.outcome];
-    bad += r.outcome != "identical";
+    bad += r.outcome != "identical" && r.outcome != "skipped";
   }
-  printf("\n| fault | runs | identical | data_loss | wrong | error |\n| --- | --- | --- | --- | --- | --- |\n");
+  printf("\n| fault | runs | identical | data_loss | wrong | error | skipped |\n"
+         "| --- | --- | --- | --- | --- | --- | --- |\n");
   for (const auto& row : table) {
     const std::map<std::string, int>& outcomes = row.second;
     int runs = 0;
@@ -254,10 +316,11 @@ int Main(int argc, char** argv) {
       auto it = outcomes.find(o);
       return it == outcomes.end() ? 0 : it->second;
     };
-    printf("| %s | %d | %d | %d | %d | %d |\n", row.first.c_str(), runs, get("identical"),
-           get("data_loss"), get("wrong"), get("error"));
+    printf("| %s | %d | %d | %d | %d | %d | %d |\n", row.first.c_str(), runs, get("identical"),
+           get("data_loss"), get("wrong"), get("error"), get("skipped"));
   }
-  printf("\n%zu runs, %d not identical; logs in %s\n", results.size(), bad, dir.c_str());
+  printf("\n%zu runs, %d not identical (skipped ones aside); logs in %s\n", results.size(), bad,
+         dir.c_str());
   return bad == 0 ? 0 : 1;
 }
 

@@ -6,7 +6,9 @@
 #define GCOMP_TESTS_SHARD_PROCESSES_H_
 
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -46,7 +48,10 @@ inline bool Listening(const std::string& address) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // An IPv4 host as given (a shard in its own network namespace has one); else loopback.
+  if (inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr) != 1) {
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  }
   a.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
   const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
   close(fd);
@@ -122,6 +127,11 @@ class ShardProcesses {
     pids_[k] = -1;
     return status;
   }
+  // Shard k starts (from now on) in the network namespace at `path` (IsolatedHost).
+  void SetNetns(int k, std::string path) {
+    if (netns_.size() < pids_.size()) netns_.resize(pids_.size());
+    netns_[k] = std::move(path);
+  }
   void Signal(int k, int sig) {
     if (pids_[k] > 0) kill(pids_[k], sig);
   }
@@ -135,6 +145,13 @@ class ShardProcesses {
       const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(fd, 1);
       dup2(fd, 2);
+      if (static_cast<size_t>(k) < netns_.size() && !netns_[k].empty()) {
+        const int ns = open(netns_[k].c_str(), O_RDONLY);
+        if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) {
+          perror(("joining the network namespace " + netns_[k]).c_str());
+          _exit(126);
+        }
+      }
       std::vector<std::string> args = {server_, "--config", config_path_, "--shard",
                                        std::to_string(k), "--metrics_address", "none",
                                        "--shutdown_grace_ms", "500"};
@@ -158,6 +175,7 @@ class ShardProcesses {
   std::string config_path_;
   std::vector<pid_t> pids_;
   std::vector<std::string> logs_;
+  std::vector<std::string> netns_;  // by shard; empty: this process's network
   std::vector<pid_t> extra_;
   int starts_ = 0;
 };
