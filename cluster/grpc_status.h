@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "grpcpp/support/status.h"
 
 namespace gcomp::cluster {
@@ -25,12 +26,20 @@ grpc::Status ToGrpc(const absl::Status& status);
 // is put before the message: "PushPull to shard 1 (10.0.0.2:7070): ...".
 absl::Status FromGrpc(const grpc::Status& status, absl::string_view context = "");
 
-// Whether a RESOURCE_EXHAUSTED refusal is the shard being busy rather than full: one of its
-// bounds on calls in flight (per connection, per worker id, calls waiting for an epoch), an
-// address refused for a while for replies it left unread, or gRPC's own when every request
-// thread is taken. Those pass as calls end, so callers retry
-// them after a backoff; a memory budget or tensor count does not pass.
+// A refusal that passes as calls end (the shard is busy, not full): one of its bounds on
+// calls in flight (per connection, per worker id, calls waiting for an epoch), or an
+// address refused for a while for replies it left unread. RESOURCE_EXHAUSTED with
+// `message`, marked retryable by a detail (proto/status.proto RetryInfo, about
+// `retry_after`) that ToGrpc sends in the status details and IsBusyRefusal reads back;
+// a memory budget or a tensor count is refused without it, since those do not pass.
+absl::Status BusyRefusal(absl::string_view message,
+                         absl::Duration retry_after = absl::Milliseconds(100));
+
+// Whether a refusal is a busy one that callers retry after a backoff: RESOURCE_EXHAUSTED
+// with the retry detail, or gRPC's own refusal when every request thread is taken (made
+// inside gRPC, so its message is the only sign).
 bool IsBusyRefusal(const grpc::Status& status);
+bool IsBusyRefusal(const absl::Status& status);
 
 }  // namespace gcomp::cluster
 

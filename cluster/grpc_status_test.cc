@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "proto/status.pb.h"
 
 namespace gcomp::cluster {
 namespace {
@@ -48,14 +49,34 @@ TEST(GrpcStatus, BusyRefusalsAreTheOnesThatPass) {
   const auto exhausted = [](const char* m) {
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, m);
   };
-  EXPECT_TRUE(IsBusyRefusal(exhausted("Server Threadpool Exhausted")));
-  EXPECT_TRUE(IsBusyRefusal(
-      exhausted("client ipv4:1.2.3.4:5 already has 6 calls in flight on this shard (limit)")));
-  EXPECT_TRUE(IsBusyRefusal(exhausted(
-      "client address 1.2.3.4 left replies unread on this shard (more than 128 at once, or "
-      "one for 30s): its calls are refused for 29s (replies unread)")));
+  // Marked where the refusal is made, carried by the status detail, whatever its words.
+  const absl::Status busy = BusyRefusal("client ipv4:1.2.3.4:5 already has 6 calls (limit)");
+  EXPECT_EQ(busy.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(IsBusyRefusal(busy));
+  const grpc::Status sent = ToGrpc(busy);
+  EXPECT_FALSE(sent.error_details().empty());
+  EXPECT_TRUE(IsBusyRefusal(sent));
+  EXPECT_EQ(sent.error_message(), busy.message());
+  // Across a second hop (a shard passing a peer's refusal on) the mark stays.
+  EXPECT_TRUE(IsBusyRefusal(ToGrpc(FromGrpc(sent, "Replicate to shard 2"))));
+  // Its bytes are google.rpc.Status with one google.rpc.RetryInfo.
+  proto::RpcStatus details;
+  ASSERT_TRUE(details.ParseFromString(sent.error_details()));
+  EXPECT_EQ(details.code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  ASSERT_EQ(details.details_size(), 1);
+  EXPECT_EQ(details.details(0).type_url(), "type.googleapis.com/google.rpc.RetryInfo");
+
+  // Words alone do not make a refusal retryable, whoever writes them (a hostile peer).
+  EXPECT_FALSE(IsBusyRefusal(exhausted("already has 6 calls in flight on this shard (limit)")));
   EXPECT_FALSE(IsBusyRefusal(exhausted("memory budget of 1 GiB is used up")));
-  EXPECT_FALSE(IsBusyRefusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "(replies unread)")));
+  EXPECT_FALSE(IsBusyRefusal(absl::ResourceExhaustedError("memory budget of 1 GiB is used up")));
+  // A detail that does not parse is no mark either.
+  EXPECT_FALSE(IsBusyRefusal(
+      grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "x", std::string("\xff\xff\x01", 3))));
+  // The detail makes only RESOURCE_EXHAUSTED retryable here.
+  EXPECT_FALSE(IsBusyRefusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "x", sent.error_details())));
+  // gRPC's own refusal when every request thread is taken has no detail: its text is the sign.
+  EXPECT_TRUE(IsBusyRefusal(exhausted("Server Threadpool Exhausted")));
 }
 
 }  // namespace

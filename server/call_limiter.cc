@@ -1,6 +1,7 @@
 #include "server/call_limiter.h"
 
 #include "absl/strings/str_cat.h"
+#include "cluster/grpc_status.h"
 
 namespace gcomp::server {
 
@@ -12,7 +13,7 @@ absl::StatusOr<CallLimiter::Slot> CallLimiter::Acquire(const std::string& client
   absl::MutexLock lock(&mu_);
   uint32_t& n = in_flight_[client];
   if (n >= max_calls_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return cluster::BusyRefusal(absl::StrCat(
         "client ", client, " already has ", n, " calls in flight on this shard (", limit_, ")"));
   }
   ++n;

@@ -12,6 +12,7 @@
 #include "base/logging.h"
 #include "base/system_memory.h"
 #include "cluster/direction_codec.h"
+#include "cluster/grpc_status.h"
 #include "server/shard_tensor.h"
 
 namespace gcomp::server {
@@ -362,8 +363,8 @@ absl::Status ShardService::AwaitEpochLocked(const std::function<bool()>& ready, 
   const uint32_t most = std::max<uint32_t>(
       1, transfer ? options_.max_waiting_for_epoch / 2 : options_.max_waiting_for_epoch);
   if (waiting >= most) {
-    // Worded as the call limiter's refusals, which clients and peers retry after a backoff.
-    return absl::ResourceExhaustedError(
+    // Busy, not full: clients and peers retry after a backoff.
+    return cluster::BusyRefusal(
         absl::StrCat(waiting, transfer ? " transfer calls" : " calls",
                      " in flight on this shard wait for shard-map epoch ", epoch, " (at most ",
                      most, "); retry"));

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/logging.h"
+#include "cluster/grpc_status.h"
 #include "grpc/grpc.h"
 #include "grpcpp/server_context.h"
 
@@ -61,7 +62,7 @@ absl::Status UnreadReplies::Admit(absl::string_view peer, absl::Time now) {
   absl::MutexLock lock(&mu_);
   const absl::Duration left = refusals_.RefusedFor(address, now);
   if (left <= absl::ZeroDuration()) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
+  return cluster::BusyRefusal(absl::StrCat(
       "client address ", log::Clip(address, 64), " left replies unread on this shard (more than ",
       options_.max_per_address, " for ", absl::FormatDuration(options_.min_age), ", or one for ",
       absl::FormatDuration(options_.timeout), "): its calls are refused for another ",
