@@ -12,7 +12,9 @@ shard pods serve only workers with a certificate and the job token.
 The changes to the manifests: pod DNS names (gcomp-shard-K.gcomp-shard) need a cluster
 DNS, so the test gives the pods fixed addresses on its network and sets the ConfigMap's
 address template to them; and the containers' `ports` (informational in Kubernetes) are
-left out, since podman 4.3 would publish them on the host. Needs what deploy/image/image_test.py needs, plus catatonit.
+left out, since podman 4.3 would publish them on the host. The shards run without etcd
+(`without_etcd`): base's etcd StatefulSet is not played. Needs what
+deploy/image/image_test.py needs, plus catatonit.
 """
 import copy
 import json
@@ -42,6 +44,15 @@ def manifests():
         for d in yaml.safe_load_all(open(os.path.join(BASE, name))):
             out[d["kind"]] = d
     return out
+
+
+def without_etcd(config):
+    """The config with replicas: 1 and no coordination section: these pods play the shards
+    only (base's etcd members are a StatefulSet of their own, not played here); the
+    failover test sets replicas: 2 itself and runs the shards' peer protocol."""
+    assert config.pop("coordination")["etcd"], "base's config names the etcd members"
+    config["replicas"] = 1
+    return config
 
 
 def shard_pods(replicas, image, sts=None):
@@ -170,7 +181,7 @@ def test_shard_pods_serve_worker_pods_and_a_deleted_shard_is_named(env):
     e, tmp = env
     shards, workers = 3, 2
     m = manifests()
-    config = yaml.safe_load(m["ConfigMap"]["data"]["cluster.yaml"])
+    config = without_etcd(yaml.safe_load(m["ConfigMap"]["data"]["cluster.yaml"]))
     config["workers"] = workers
     config["shards"] = {"count": shards, "address": SUBNET + ".1{index}:7000"}
     config["uplink"] = config["downlink"] = {"mode": "lossless"}
@@ -367,7 +378,7 @@ def assert_same_training(got, want):
 
 
 def base_config(shards, ip_prefix):
-    config = yaml.safe_load(manifests()["ConfigMap"]["data"]["cluster.yaml"])
+    config = without_etcd(yaml.safe_load(manifests()["ConfigMap"]["data"]["cluster.yaml"]))
     assert config["workers"] == 2 and config["uplink"]["mode"] == "near-lossless"
     config["shards"] = {"count": shards, "address": ip_prefix + "{index}:7000"}
     return config
@@ -487,8 +498,8 @@ def test_mtls_overlay_pods_serve_only_workers_with_the_certificate_and_token(env
     os.chmod(other_token / "token", 0o644)
 
     rendered = render_mtls()
-    cm = copy.deepcopy(rendered["ConfigMap"])
-    config = yaml.safe_load(cm["data"]["cluster.yaml"])
+    cm = copy.deepcopy(rendered["ConfigMap/gcomp-config"])
+    config = without_etcd(yaml.safe_load(cm["data"]["cluster.yaml"]))
     config["workers"] = workers
     config["uplink"] = config["downlink"] = {"mode": "lossless"}
     # podman starts the worker pods one after the other, seconds apart on a loaded machine:
@@ -502,7 +513,7 @@ def test_mtls_overlay_pods_serve_only_workers_with_the_certificate_and_token(env
                for k in range(shards)]
     health_port = config["security"]["health_port"]
 
-    pods = shard_pods(shards, TAG, sts=rendered["StatefulSet"])
+    pods = shard_pods(shards, TAG, sts=rendered["StatefulSet/gcomp-shard"])
     for pod in pods:
         pod["spec"]["hostAliases"] = aliases
         for v in pod["spec"]["volumes"]:
