@@ -329,6 +329,8 @@ def test_the_config_names_every_etcd_member_by_its_stable_dns_name():
     assert initial == {"%s-%d" % (sts["metadata"]["name"], k): "http://%s:%d" % (names[k], peer_port)
                        for k in range(n)}
     assert flag(args, "initial-cluster-state") == "new"
+    # docs/DEPLOY.md ("Day 2: etcd") patches this argument by its index.
+    assert args[9] == "--initial-cluster-state=new"
     # The headless Service publishes members before they are Ready (quorum needs peers).
     assert sts["spec"]["serviceName"] == svc["metadata"]["name"]
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
