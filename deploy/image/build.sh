@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Builds the gcomp-ps runtime image with podman and prints its size; with --train, the
 # training image (Containerfile.train: the same binaries plus Python, torch, scikit-learn,
-# the gcomp package and the examples) instead.
+# the gcomp package and the examples) instead; with --etcd, the etcd image of
+# deploy/k8s/base (Containerfile.etcd: Debian's etcd and etcdctl, no gcomp binaries).
 #
-#   deploy/image/build.sh [--train] [--tag localhost/gcomp:dev] [--base IMAGE]
+#   deploy/image/build.sh [--train | --etcd] [--tag localhost/gcomp:dev] [--base IMAGE]
 #
 # Binaries: `bazel build $BAZEL_FLAGS` (default -c opt) of gcomp_server, gcomp_worker,
 # gcomp and gcomp_admin.
 # --train also builds the Python extension (//python:_gcomp.so).
 # Base: --base IMAGE (e.g. docker.io/library/debian:12-slim where a registry is reachable),
-# else localhost/gcomp-base:bookworm (gcomp-train-base with --train), made once with `debootstrap --variant=minbase` from
+# else localhost/gcomp-base:bookworm (gcomp-train-base with --train, gcomp-etcd-base with
+# --etcd), made once with `debootstrap --variant=minbase` from
 # the Debian mirror this machine's apt uses, with the runtime packages included (no
 # registry needed). Environment: PODMAN (default "podman"; e.g. "podman --runtime runc"),
 # and podman's own CONTAINERS_CONF.
@@ -19,17 +21,24 @@ cd "$ROOT"
 TAG=""
 BASE=""
 TRAIN=0
+ETCD=0
 while (($#)); do
   case "$1" in
     --tag) TAG="$2"; shift 2 ;;
     --base) BASE="$2"; shift 2 ;;
     --train) TRAIN=1; shift ;;
-    *) echo "build.sh: unknown argument '$1' (--train, --tag IMAGE, --base IMAGE)" >&2; exit 2 ;;
+    --etcd) ETCD=1; shift ;;
+    *) echo "build.sh: unknown argument '$1' (--train, --etcd, --tag IMAGE, --base IMAGE)" >&2; exit 2 ;;
   esac
 done
+if ((TRAIN && ETCD)); then
+  echo "build.sh: --train and --etcd build different images; give one" >&2
+  exit 2
+fi
 read -r -a PODMAN <<< "${PODMAN:-podman}"
 PACKAGES=$(grep -v '^#' deploy/image/runtime-packages.txt | xargs)
 TRAIN_PACKAGES=""
+ETCD_PACKAGES=""
 CONTAINERFILE=deploy/image/Containerfile
 DEFAULT_BASE=localhost/gcomp-base:bookworm
 if ((TRAIN)); then
@@ -38,16 +47,28 @@ if ((TRAIN)); then
   CONTAINERFILE=deploy/image/Containerfile.train
   DEFAULT_BASE=localhost/gcomp-train-base:bookworm
 fi
+if ((ETCD)); then
+  TAG="${TAG:-localhost/gcomp-etcd:dev}"
+  # The etcd image carries none of the runtime libraries.
+  PACKAGES=""
+  ETCD_PACKAGES=$(grep -v '^#' deploy/image/etcd-packages.txt | xargs)
+  CONTAINERFILE=deploy/image/Containerfile.etcd
+  DEFAULT_BASE=localhost/gcomp-etcd-base:bookworm
+fi
 TAG="${TAG:-localhost/gcomp:dev}"
 
 BINARIES=(server/gcomp_server worker/gcomp_worker gcomp admin/gcomp_admin)
 read -r -a BAZEL_FLAGS <<< "${BAZEL_FLAGS--c opt}"
 TARGETS=(//server:gcomp_server //worker:gcomp_worker //:gcomp //admin:gcomp_admin)
 if ((TRAIN)); then TARGETS+=(//python:_gcomp.so); fi
-bazel build "${BAZEL_FLAGS[@]}" "${TARGETS[@]}"
-OUT="$(bazel info "${BAZEL_FLAGS[@]}" bazel-bin)"
 CONTEXT="$(mktemp -d)"
 trap 'rm -rf "$CONTEXT"' EXIT
+if ((ETCD)); then
+  BINARIES=()  # nothing of gcomp-ps goes in: no build
+else
+  bazel build "${BAZEL_FLAGS[@]}" "${TARGETS[@]}"
+  OUT="$(bazel info "${BAZEL_FLAGS[@]}" bazel-bin)"
+fi
 mkdir -p "$CONTEXT/bin" "$CONTEXT/lib"
 
 # Libraries from outside Debian's archive (the CUDA runtime, which NVIDIA lets
@@ -61,7 +82,7 @@ copy_foreign_libs() {
     esac
   done
 }
-for b in "${BINARIES[@]}"; do
+for b in "${BINARIES[@]+"${BINARIES[@]}"}"; do
   install -m 0755 "$OUT/$b" "$CONTEXT/bin/"
   strip "$CONTEXT/bin/$(basename "$b")"
   copy_foreign_libs "$OUT/$b"
@@ -86,7 +107,7 @@ if [[ -z "$BASE" ]]; then
     command -v debootstrap >/dev/null || { echo "build.sh: debootstrap is not installed (apt-get install debootstrap), or pass --base" >&2; exit 2; }
     ROOTFS="$CONTEXT/rootfs"
     echo "build.sh: making $BASE with debootstrap from $MIRROR" >&2
-    INCLUDE="$PACKAGES $TRAIN_PACKAGES"
+    INCLUDE="$PACKAGES $TRAIN_PACKAGES $ETCD_PACKAGES"
     INCLUDE="$(echo $INCLUDE)"  # one space between names
     debootstrap --variant=minbase --include="${INCLUDE// /,}" bookworm "$ROOTFS" "$MIRROR" >"$CONTEXT/debootstrap.log" 2>&1 \
       || { tail -20 "$CONTEXT/debootstrap.log" >&2; exit 1; }
@@ -100,6 +121,6 @@ if [[ -z "$BASE" ]]; then
 fi
 
 "${PODMAN[@]}" build --quiet --build-arg "BASE=$BASE" --build-arg "RUNTIME_PACKAGES=$PACKAGES" \
-  --build-arg "TRAIN_PACKAGES=$TRAIN_PACKAGES" -f "$CONTAINERFILE" -t "$TAG" "$CONTEXT" >/dev/null
+  --build-arg "TRAIN_PACKAGES=$TRAIN_PACKAGES" --build-arg "ETCD_PACKAGES=$ETCD_PACKAGES" -f "$CONTAINERFILE" -t "$TAG" "$CONTEXT" >/dev/null
 SIZE=$("${PODMAN[@]}" image inspect "$TAG" --format '{{.Size}}')
 echo "image $TAG: $((SIZE / 1000000)) MB (base $BASE)"

@@ -1,6 +1,7 @@
 """The Kubernetes manifests of deploy/k8s/base: valid against the Kubernetes API schema
-(offline, with the npm package kubernetes-models), consistent with each other, and with a
-cluster config that gcomp itself accepts.
+(offline, with the npm package kubernetes-models), consistent with each other (shards, etcd
+members, the config's addresses, NetworkPolicies), and with a cluster config that gcomp
+itself accepts; the monitoring component likewise.
 
     /usr/bin/python3 -m pytest -q deploy/k8s
 """
@@ -19,12 +20,19 @@ FILES = sorted(glob.glob(os.path.join(BASE, "*.yaml")))
 
 
 def docs():
+    """Base's objects by "Kind/name" (there are two StatefulSets, Services, ...)."""
     out = {}
     for f in FILES:
         for d in yaml.safe_load_all(open(f)):
-            if d:
-                out[d["kind"]] = d
+            if d and d["kind"] != "Kustomization":
+                key = "%s/%s" % (d["kind"], d["metadata"]["name"])
+                assert key not in out, key
+                out[key] = d
     return out
+
+
+def base_config():
+    return yaml.safe_load(docs()["ConfigMap/gcomp-config"]["data"]["cluster.yaml"])
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +42,11 @@ def node_modules():
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
                          "gcomp-k8s-validate")
     os.makedirs(cache, exist_ok=True)
-    if not os.path.isdir(os.path.join(cache, "node_modules", "kubernetes-models")):
+    if not all(os.path.isdir(os.path.join(cache, "node_modules", p)) for p in
+               ("kubernetes-models", "js-yaml", "@kubernetes-models/prometheus-operator")):
         r = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent",
-                            "--prefix", cache, "kubernetes-models@5", "js-yaml@4"],
+                            "--prefix", cache, "kubernetes-models@5", "js-yaml@4",
+                            "@kubernetes-models/prometheus-operator@6"],
                            capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             pytest.skip("npm could not install kubernetes-models: " + r.stderr[-500:])
@@ -53,7 +63,7 @@ def test_every_manifest_is_valid_against_the_kubernetes_schema(node_modules):
     r = validate(node_modules, FILES)
     assert r.returncode == 0, r.stdout + r.stderr
     checked = [l for l in r.stdout.splitlines() if l.startswith("ok ")]
-    assert len(checked) == len(FILES) - 1, r.stdout  # all but the kustomization
+    assert len(checked) == len(docs()), r.stdout  # every object; the kustomization is skipped
 
 
 def test_the_validator_rejects_a_broken_manifest(node_modules, tmp_path):
@@ -73,8 +83,8 @@ def test_kustomization_lists_every_manifest():
 
 def test_shards_agree_with_the_config_and_run_safely():
     d = docs()
-    sts, svc, cm = d["StatefulSet"], d["Service"], d["ConfigMap"]
-    config = yaml.safe_load(cm["data"]["cluster.yaml"])
+    sts, svc = d["StatefulSet/gcomp-shard"], d["Service/gcomp-shard"]
+    config = base_config()
     assert config["shards"]["count"] == sts["spec"]["replicas"]
     assert config["shards"]["address"] == "%s-{index}.%s:7000" % (sts["metadata"]["name"],
                                                                  svc["metadata"]["name"])
@@ -100,8 +110,9 @@ def test_the_config_is_one_gcomp_accepts(tmp_path):
     if not os.access(admin, os.X_OK):
         pytest.skip("bazel build //admin:gcomp_admin first")
     path = tmp_path / "cluster.yaml"
-    path.write_text(docs()["ConfigMap"]["data"]["cluster.yaml"])
-    # Exit 1: parsed and validated, the shards just are not there; 2 would be a bad config.
+    path.write_text(docs()["ConfigMap/gcomp-config"]["data"]["cluster.yaml"])
+    # Exit 1: parsed and validated, the shards (and etcd) just are not there; 2 would be a
+    # bad config.
     r = subprocess.run([admin, "status", "--config", str(path), "--timeout_ms", "200"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r.stdout + r.stderr
@@ -138,12 +149,12 @@ def strategic_merge(base, patch, key=None):
 def render_mtls():
     k = yaml.safe_load(open(os.path.join(MTLS, "kustomization.yaml")))
     assert k["resources"] == ["../../base"]
-    rendered = {kind: d for kind, d in docs().items() if kind != "Kustomization"}
+    rendered = docs()
     for p in k["patches"]:
         patch = yaml.safe_load(open(os.path.join(MTLS, p["path"])))
-        kind = patch["kind"]
-        assert rendered[kind]["metadata"]["name"] == patch["metadata"]["name"], p
-        rendered[kind] = strategic_merge(rendered[kind], patch)
+        key = "%s/%s" % (patch["kind"], patch["metadata"]["name"])
+        assert key in rendered, p
+        rendered[key] = strategic_merge(rendered[key], patch)
     return rendered
 
 
@@ -157,8 +168,8 @@ def test_strategic_merge_merges_lists_by_key():
 
 def test_mtls_overlay_renders_valid_manifests(node_modules, tmp_path):
     files = []
-    for kind, doc in render_mtls().items():
-        f = tmp_path / (kind + ".yaml")
+    for key, doc in render_mtls().items():
+        f = tmp_path / (key.replace("/", "-") + ".yaml")
         f.write_text(yaml.safe_dump(doc))
         files.append(str(f))
     r = validate(node_modules, files)
@@ -168,11 +179,10 @@ def test_mtls_overlay_renders_valid_manifests(node_modules, tmp_path):
 
 def test_mtls_overlay_mounts_what_its_config_reads_and_probes_the_health_port():
     d = render_mtls()
-    config = yaml.safe_load(d["ConfigMap"]["data"]["cluster.yaml"])
-    base = yaml.safe_load(docs()["ConfigMap"]["data"]["cluster.yaml"])
+    config = yaml.safe_load(d["ConfigMap/gcomp-config"]["data"]["cluster.yaml"])
     security = config.pop("security")
-    assert config == base  # the overlay's config is the base's plus its security section
-    pod = d["StatefulSet"]["spec"]["template"]["spec"]
+    assert config == base_config()  # the overlay's config is the base's plus its security
+    pod = d["StatefulSet/gcomp-shard"]["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
@@ -202,7 +212,7 @@ def test_the_mtls_config_is_one_gcomp_accepts(tmp_path):
     pki = tmp_path / "pki"
     subprocess.run([os.path.join(ROOT, "tools", "make_test_certs.sh"), str(pki)], check=True,
                    capture_output=True, timeout=120)
-    text = render_mtls()["ConfigMap"]["data"]["cluster.yaml"]
+    text = render_mtls()["ConfigMap/gcomp-config"]["data"]["cluster.yaml"]
     for mounted, made in (("/etc/gcomp-tls/ca.crt", "ca.pem"), ("/etc/gcomp-tls/tls.crt", "client.pem"),
                           ("/etc/gcomp-tls/tls.key", "client.key"),
                           ("/etc/gcomp-token/token", "token")):
@@ -238,7 +248,7 @@ def test_example_job_manifests_are_valid_and_listed(node_modules):
 def test_example_job_matches_the_config_it_trains_on():
     d, base = example_docs(), docs()
     job, svc = d["Job"], d["Service"]
-    config = yaml.safe_load(base["ConfigMap"]["data"]["cluster.yaml"])
+    config = base_config()
     spec = job["spec"]
     # Every worker at once, one pod per worker index; a failed worker fails the job.
     assert spec["completionMode"] == "Indexed"
@@ -256,6 +266,221 @@ def test_example_job_matches_the_config_it_trains_on():
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["config"]["mountPath"] == "/etc/gcomp"
     config_volume = [v for v in pod["volumes"] if v["name"] == "config"][0]
-    assert config_volume["configMap"]["name"] == base["ConfigMap"]["metadata"]["name"]
+    assert config_volume["configMap"]["name"] == base["ConfigMap/gcomp-config"]["metadata"]["name"]
     assert pod["securityContext"]["runAsNonRoot"] and c["securityContext"]["readOnlyRootFilesystem"]
     assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}
+
+
+# The etcd members, the security defaults and the NetworkPolicies of base.
+def selects(selector, labels):
+    """Whether a label selector (matchLabels / matchExpressions In) selects `labels`."""
+    for k, v in selector.get("matchLabels", {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in selector.get("matchExpressions", []):
+        assert e["operator"] == "In", e  # the only operator used here
+        if labels.get(e["key"]) not in e["values"]:
+            return False
+    return True
+
+
+def test_selects_matches_labels_and_expressions():
+    assert selects({"matchLabels": {"a": "1"}}, {"a": "1", "b": "2"})
+    assert not selects({"matchLabels": {"a": "1"}}, {"a": "2"})
+    assert selects({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]},
+                   {"a": "2"})
+    assert not selects({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1"]}]},
+                       {})
+
+
+def flag(args, name):
+    (value,) = [a.split("=", 1)[1] for a in args if a.startswith("--%s=" % name)]
+    return value
+
+
+def port_of(url):
+    return int(url.rsplit(":", 1)[1])
+
+
+def test_the_config_names_every_etcd_member_by_its_stable_dns_name():
+    d = docs()
+    sts, svc = d["StatefulSet/gcomp-etcd"], d["Service/gcomp-etcd"]
+    config = base_config()
+    n = sts["spec"]["replicas"]
+    assert n >= 3 and n % 2 == 1  # a quorum survives one lost member
+    assert config["replicas"] == 2  # failover, which is what etcd is here for
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    args = c["args"]
+    client_port = port_of(flag(args, "listen-client-urls"))
+    peer_port = port_of(flag(args, "listen-peer-urls"))
+    names = ["%s-%d.%s" % (sts["metadata"]["name"], k, svc["metadata"]["name"]) for k in range(n)]
+    assert config["coordination"]["etcd"] == ["%s:%d" % (h, client_port) for h in names]
+    assert 1000 <= config["coordination"]["lease_ttl_ms"]
+    assert config["coordination"]["request_timeout_ms"] <= config["coordination"]["lease_ttl_ms"] / 3
+    # Member K is named after its pod and advertises the pod's stable name.
+    assert flag(args, "name") == "$(POD_NAME)"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert flag(args, "advertise-client-urls") == "http://$(POD_NAME).%s:%d" % (
+        svc["metadata"]["name"], client_port)
+    assert flag(args, "initial-advertise-peer-urls") == "http://$(POD_NAME).%s:%d" % (
+        svc["metadata"]["name"], peer_port)
+    initial = dict(m.split("=", 1) for m in flag(args, "initial-cluster").split(","))
+    assert initial == {"%s-%d" % (sts["metadata"]["name"], k): "http://%s:%d" % (names[k], peer_port)
+                       for k in range(n)}
+    assert flag(args, "initial-cluster-state") == "new"
+    # docs/DEPLOY.md ("Day 2: etcd") patches this argument by its index.
+    assert args[9] == "--initial-cluster-state=new"
+    # The headless Service publishes members before they are Ready (quorum needs peers).
+    assert sts["spec"]["serviceName"] == svc["metadata"]["name"]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert selects({"matchLabels": svc["spec"]["selector"]}, labels)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert (ports["client"], ports["peer"]) == (client_port, peer_port)
+    assert {p["port"] for p in svc["spec"]["ports"]} >= {client_port, peer_port}
+    # Probes on /health of the metrics listener.
+    metrics_port = port_of(flag(args, "listen-metrics-urls"))
+    assert ports["metrics"] == metrics_port
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/health"
+        assert c[probe]["httpGet"]["port"] in ("metrics", metrics_port)
+    # Each member's data on a volume of its own, under the data directory.
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == claim["metadata"]["name"]]
+    assert flag(args, "data-dir").startswith(mount["mountPath"] + "/")
+    assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
+    k = yaml.safe_load(open(os.path.join(BASE, "kustomization.yaml")))
+    assert c["image"] in {i["name"] for i in k["images"]}
+
+
+def test_the_pod_disruption_budgets_take_one_pod_at_a_time():
+    d = docs()
+    for name in ("gcomp-shard", "gcomp-etcd"):
+        pdb = d["PodDisruptionBudget/" + name]
+        assert pdb["spec"]["maxUnavailable"] == 1
+        assert selects(pdb["spec"]["selector"],
+                       d["StatefulSet/" + name]["spec"]["template"]["metadata"]["labels"])
+
+
+def pod_specs():
+    """Every pod template: base's StatefulSets, the mTLS overlay's and the example Job."""
+    out = {}
+    for source, objs in (("base", docs()), ("mtls", render_mtls())):
+        for key, d in objs.items():
+            if key.startswith("StatefulSet/"):
+                out["%s %s" % (source, key)] = d["spec"]["template"]
+    out["example Job"] = example_docs()["Job"]["spec"]["template"]
+    return out
+
+
+def test_no_pod_mounts_a_service_account_token_and_pods_spread_over_nodes():
+    specs = pod_specs()
+    assert len(specs) == 5, sorted(specs)
+    for where, template in specs.items():
+        pod = template["spec"]
+        assert pod.get("automountServiceAccountToken") is False, where
+        if where.startswith(("base", "mtls")):
+            (spread,) = pod["topologySpreadConstraints"]
+            assert spread["topologyKey"] == "kubernetes.io/hostname", where
+            assert spread["maxSkew"] == 1, where
+            assert selects(spread["labelSelector"], template["metadata"]["labels"]), where
+
+
+def ingress_from(policy, port):
+    """The `from` peers of the rules that admit `port`."""
+    peers = []
+    for rule in policy["spec"]["ingress"]:
+        if port in [p["port"] for p in rule["ports"]]:
+            peers += rule["from"]
+    return peers
+
+
+def admitted(peers, labels, same_namespace=True):
+    return any(selects(p.get("podSelector", {}), labels) and
+               ("namespaceSelector" in p or same_namespace) for p in peers)
+
+
+def test_network_policies_admit_workers_peers_prometheus_and_nothing_else():
+    d = docs()
+    shard_labels = d["StatefulSet/gcomp-shard"]["spec"]["template"]["metadata"]["labels"]
+    etcd_labels = d["StatefulSet/gcomp-etcd"]["spec"]["template"]["metadata"]["labels"]
+    worker_labels = example_docs()["Job"]["spec"]["template"]["metadata"]["labels"]
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    shard_c = d["StatefulSet/gcomp-shard"]["spec"]["template"]["spec"]["containers"][0]
+    shard_ports = {p["name"]: p["containerPort"] for p in shard_c["ports"]}
+    etcd_c = d["StatefulSet/gcomp-etcd"]["spec"]["template"]["spec"]["containers"][0]
+    etcd_ports = {p["name"]: p["containerPort"] for p in etcd_c["ports"]}
+
+    shard = d["NetworkPolicy/gcomp-shard"]
+    assert selects(shard["spec"]["podSelector"], shard_labels)
+    assert shard["spec"]["policyTypes"] == ["Ingress"]
+    grpc = ingress_from(shard, shard_ports["grpc"])
+    assert admitted(grpc, worker_labels) and admitted(grpc, shard_labels)
+    assert not admitted(grpc, {"app.kubernetes.io/name": "other"})
+    assert not admitted(grpc, prometheus)
+    metrics = ingress_from(shard, shard_ports["metrics"])
+    assert admitted(metrics, prometheus, same_namespace=False)
+    assert not admitted(metrics, worker_labels)
+    # Nothing else is open on the shards.
+    assert {p["port"] for r in shard["spec"]["ingress"] for p in r["ports"]} == {
+        shard_ports["grpc"], shard_ports["metrics"]}
+
+    etcd = d["NetworkPolicy/gcomp-etcd"]
+    assert selects(etcd["spec"]["podSelector"], etcd_labels)
+    assert not selects(etcd["spec"]["podSelector"], shard_labels)
+    client = ingress_from(etcd, etcd_ports["client"])
+    assert admitted(client, shard_labels) and not admitted(client, worker_labels)
+    assert not admitted(client, etcd_labels)
+    peer = ingress_from(etcd, etcd_ports["peer"])
+    assert admitted(peer, etcd_labels) and not admitted(peer, shard_labels)
+    assert admitted(ingress_from(etcd, etcd_ports["metrics"]), prometheus, same_namespace=False)
+
+
+# The monitoring component (deploy/k8s/monitoring) and the overlay that adds it to base.
+MONITORING = os.path.join(HERE, "monitoring")
+
+
+def test_monitoring_component_lists_its_objects_and_they_are_valid(node_modules):
+    k = yaml.safe_load(open(os.path.join(MONITORING, "kustomization.yaml")))
+    assert k["kind"] == "Component"
+    files = [os.path.join(MONITORING, f) for f in k["resources"]]
+    kinds = {d["kind"] for f in files for d in yaml.safe_load_all(open(f)) if d}
+    assert kinds == {"Service", "ServiceMonitor", "PrometheusRule"}
+    r = validate(node_modules, files)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok   " + os.path.join(MONITORING, "prometheusrule.yaml") in r.stdout, r.stdout
+    overlay = yaml.safe_load(open(os.path.join(HERE, "overlays", "monitoring",
+                                               "kustomization.yaml")))
+    assert overlay["resources"] == ["../../base"] and overlay["components"] == ["../../monitoring"]
+
+
+def test_the_validator_rejects_a_broken_prometheus_rule(node_modules, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(open(os.path.join(MONITORING, "prometheusrule.yaml")).read()
+                   .replace("for: 5m", "for: 5 minutes"))
+    r = validate(node_modules, [str(bad)])
+    assert r.returncode == 1 and "for must match pattern" in r.stdout, r.stdout
+
+
+def test_kustomize_renders_base_and_every_overlay(node_modules, tmp_path):
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (its built-in kustomize renders offline) is not installed")
+    base = set(docs())
+    monitoring = {"%s/%s" % (d["kind"], d["metadata"]["name"])
+                  for f in ("servicemonitor.yaml", "prometheusrule.yaml")
+                  for d in yaml.safe_load_all(open(os.path.join(MONITORING, f))) if d}
+    for path, want in (("base", base), ("overlays/mtls", base),
+                       ("overlays/monitoring", base | monitoring)):
+        r = subprocess.run([kubectl, "kustomize", os.path.join(HERE, path)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, path + ": " + r.stderr
+        objs = [o for o in yaml.safe_load_all(r.stdout) if o]
+        assert {"%s/%s" % (o["kind"], o["metadata"]["name"]) for o in objs} == want, path
+        assert len(objs) == len(want), path
+        f = tmp_path / (path.replace("/", "-") + ".yaml")
+        f.write_text(r.stdout)
+        v = validate(node_modules, [str(f)])
+        assert v.returncode == 0, path + ": " + v.stdout

@@ -12,15 +12,19 @@ shard pods serve only workers with a certificate and the job token.
 The changes to the manifests: pod DNS names (gcomp-shard-K.gcomp-shard) need a cluster
 DNS, so the test gives the pods fixed addresses on its network and sets the ConfigMap's
 address template to them; and the containers' `ports` (informational in Kubernetes) are
-left out, since podman 4.3 would publish them on the host. Needs what deploy/image/image_test.py needs, plus catatonit.
+left out, since podman 4.3 would publish them on the host. The shards run without etcd
+(`without_etcd`): base's etcd StatefulSet is not played. Needs what
+deploy/image/image_test.py needs, plus catatonit.
 """
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 import yaml
@@ -42,6 +46,15 @@ def manifests():
         for d in yaml.safe_load_all(open(os.path.join(BASE, name))):
             out[d["kind"]] = d
     return out
+
+
+def without_etcd(config):
+    """The config with replicas: 1 and no coordination section: these pods play the shards
+    only (base's etcd members are a StatefulSet of their own, not played here); the
+    failover test sets replicas: 2 itself and runs the shards' peer protocol."""
+    assert config.pop("coordination")["etcd"], "base's config names the etcd members"
+    config["replicas"] = 1
+    return config
 
 
 def shard_pods(replicas, image, sts=None):
@@ -170,7 +183,7 @@ def test_shard_pods_serve_worker_pods_and_a_deleted_shard_is_named(env):
     e, tmp = env
     shards, workers = 3, 2
     m = manifests()
-    config = yaml.safe_load(m["ConfigMap"]["data"]["cluster.yaml"])
+    config = without_etcd(yaml.safe_load(m["ConfigMap"]["data"]["cluster.yaml"]))
     config["workers"] = workers
     config["shards"] = {"count": shards, "address": SUBNET + ".1{index}:7000"}
     config["uplink"] = config["downlink"] = {"mode": "lossless"}
@@ -367,7 +380,7 @@ def assert_same_training(got, want):
 
 
 def base_config(shards, ip_prefix):
-    config = yaml.safe_load(manifests()["ConfigMap"]["data"]["cluster.yaml"])
+    config = without_etcd(yaml.safe_load(manifests()["ConfigMap"]["data"]["cluster.yaml"]))
     assert config["workers"] == 2 and config["uplink"]["mode"] == "near-lossless"
     config["shards"] = {"count": shards, "address": ip_prefix + "{index}:7000"}
     return config
@@ -487,8 +500,8 @@ def test_mtls_overlay_pods_serve_only_workers_with_the_certificate_and_token(env
     os.chmod(other_token / "token", 0o644)
 
     rendered = render_mtls()
-    cm = copy.deepcopy(rendered["ConfigMap"])
-    config = yaml.safe_load(cm["data"]["cluster.yaml"])
+    cm = copy.deepcopy(rendered["ConfigMap/gcomp-config"])
+    config = without_etcd(yaml.safe_load(cm["data"]["cluster.yaml"]))
     config["workers"] = workers
     config["uplink"] = config["downlink"] = {"mode": "lossless"}
     # podman starts the worker pods one after the other, seconds apart on a loaded machine:
@@ -502,7 +515,7 @@ def test_mtls_overlay_pods_serve_only_workers_with_the_certificate_and_token(env
                for k in range(shards)]
     health_port = config["security"]["health_port"]
 
-    pods = shard_pods(shards, TAG, sts=rendered["StatefulSet"])
+    pods = shard_pods(shards, TAG, sts=rendered["StatefulSet/gcomp-shard"])
     for pod in pods:
         pod["spec"]["hostAliases"] = aliases
         for v in pod["spec"]["volumes"]:
@@ -556,3 +569,178 @@ def test_mtls_overlay_pods_serve_only_workers_with_the_certificate_and_token(env
         for path in played[1:]:
             podman(e, "kube", "down", str(path))
         down_shards(e, [shard_yaml], shards)
+
+
+# base's etcd StatefulSet (deploy/k8s/base/etcd-statefulset.yaml): each ordinal as a Pod, as
+# the StatefulSet and the kubelet would run it, and the shards of base's config
+# (replicas: 2, coordination.etcd naming the members) failing over through it.
+ETCD_TAG = "localhost/gcomp-etcd:play-test"
+
+
+@pytest.fixture(scope="module")
+def etcd_image(env):
+    e, _ = env
+    build = subprocess.run([os.path.join(ROOT, "deploy", "image", "build.sh"), "--etcd",
+                            "--tag", ETCD_TAG], cwd=ROOT, env=e, capture_output=True, text=True,
+                           timeout=900)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    print(build.stdout.strip())
+    yield ETCD_TAG
+    podman(e, "image", "rm", "-f", ETCD_TAG)
+
+
+def expand_env_refs(pod):
+    """What the kubelet does and podman 4.3 does not: $(VAR) in args replaced by the
+    container's env, where a fieldRef to metadata.name is the pod's name."""
+    for c in pod["spec"]["containers"]:
+        values = {}
+        for v in c.get("env", []):
+            ref = v.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            assert ref in (None, "metadata.name"), ref
+            values[v["name"]] = pod["metadata"]["name"] if ref else v["value"]
+        c["args"] = [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], a) for a in c["args"]]
+    return pod
+
+
+def etcd_aliases(config, ip_prefix):
+    """hostAliases mapping the config's etcd members (gcomp-etcd-K.gcomp-etcd) to
+    ip_prefix + K: the test's stand-in for cluster DNS."""
+    members = config["coordination"]["etcd"]
+    return [{"ip": "%s%d" % (ip_prefix, k), "hostnames": [m.rsplit(":", 1)[0]]}
+            for k, m in enumerate(members)]
+
+
+def etcd_pods(image, aliases, data_root):
+    """Each ordinal of base's etcd StatefulSet as a Pod. Its volumeClaimTemplate becomes a
+    host directory per member, owned by the pods' uid: podman applies no fsGroup to its
+    volumes, which the kubelet would."""
+    sts = yaml.safe_load(open(os.path.join(BASE, "etcd-statefulset.yaml")))
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    uid = sts["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    pods = []
+    for k in range(sts["spec"]["replicas"]):
+        name = "%s-%d" % (sts["metadata"]["name"], k)
+        spec = copy.deepcopy(sts["spec"]["template"]["spec"])
+        spec["hostAliases"] = aliases
+        for c in spec["containers"]:
+            c["image"] = image
+            c.pop("ports", None)  # as for the shards: podman would publish them on the host
+        data = data_root / name
+        data.mkdir(parents=True)
+        os.chown(data, uid, uid)
+        spec["volumes"] = spec.get("volumes", []) + [
+            {"name": claim["metadata"]["name"], "hostPath": {"path": str(data), "type": "Directory"}}]
+        pods.append(expand_env_refs({"apiVersion": "v1", "kind": "Pod",
+                                     "metadata": {"name": name,
+                                                  "labels": sts["spec"]["template"]["metadata"]["labels"]},
+                                     "spec": spec}))
+    return pods
+
+
+def etcd_healthy(ip):
+    """The readiness probe's question: /health on the member's metrics port."""
+    try:
+        with urllib.request.urlopen("http://%s:2381/health" % ip, timeout=2) as r:
+            return json.loads(r.read()).get("health") == "true"
+    except (OSError, ValueError):
+        return False
+
+
+class StaleRejoin(AssertionError):
+    """A worker's push refused by a rejoined shard that is steps behind the job."""
+
+
+# every_steps 0: no checkpoint is written before the deletion (SIGKILL: no final one
+# either), so the new pod starts empty and catches up from its peers. every_steps 100: the
+# new pod restores a set of a step long past (the workers are hundreds of steps on). That
+# fails in about half of the runs today: the new pod takes its chunk back at the
+# checkpoint's step, and the workers' next push gets FAILED_PRECONDITION "future step 582
+# ... the shard is at step 500". Only that failure is expected (StaleRejoin); any other
+# fails the test, and a pass is welcome.
+@pytest.mark.parametrize("every_steps", [
+    0,
+    pytest.param(100, marks=pytest.mark.xfail(
+        strict=False, raises=StaleRejoin,
+        reason="intermittent: a rejoining shard that restored an old periodic checkpoint "
+               "takes its chunks back at that step")),
+])
+def test_etcd_members_form_a_cluster_and_base_shards_fail_over_through_it(env, etcd_image,
+                                                                          every_steps):
+    """base's etcd StatefulSet played as 3 pods: every member answers /health and the
+    cluster lists the three stable names. 3 shard pods with base's config (replicas: 2, its
+    coordination.etcd unchanged, the names mapped to the members' addresses) serve two
+    gcomp_worker pods; shard pod 1 is deleted mid-run and played again: the shards fail it
+    over through etcd, it rejoins, and every worker result is exact."""
+    e, tmp = env
+    tmp = tmp / ("etcd-%d" % every_steps)
+    tmp.mkdir()
+    etcd_prefix, shard_prefix, worker_prefix = SUBNET + ".13", SUBNET + ".14", SUBNET + ".15"
+    m = manifests()
+    config = yaml.safe_load(m["ConfigMap"]["data"]["cluster.yaml"])
+    assert config["replicas"] == 2 and len(config["coordination"]["etcd"]) == 3
+    config["shards"] = {"count": 3, "address": shard_prefix + "{index}:7000"}
+    config["uplink"] = config["downlink"] = {"mode": "lossless"}
+    config["checkpoint"]["every_steps"] = every_steps
+    aliases = etcd_aliases(config, etcd_prefix)
+    etcd_yaml = tmp / "etcd.yaml"
+    etcd_yaml.write_text(yaml.safe_dump_all(etcd_pods(etcd_image, aliases, tmp / "etcd-data")))
+    cm = copy.deepcopy(m["ConfigMap"])
+    cm["data"]["cluster.yaml"] = yaml.safe_dump(config)
+
+    def shard_yaml(name, ordinals):
+        pods = [p for k, p in enumerate(shard_pods(3, TAG)) if k in ordinals]
+        for pod in pods:
+            pod["spec"]["hostAliases"] = aliases
+            # The etcd names are in /etc/hosts only; see the mTLS test on gRPC's resolver.
+            pod["spec"]["containers"][0]["env"] = [{"name": "GRPC_DNS_RESOLVER", "value": "native"}]
+        path = tmp / name
+        path.write_text(yaml.safe_dump_all([cm] + pods))
+        return path
+
+    data = gradient_dir(tmp / "etcd-data-g")
+    steps = 3000
+    workers_yaml = tmp / "etcd-workers.yaml"
+    workers_yaml.write_text(yaml.safe_dump_all([cm] + worker_pods(2, steps, data)))
+    names = ["gcomp-worker-%d-worker" % w for w in range(2)]
+    shards, replayed = shard_yaml("etcd-shards.yaml", range(3)), []
+    try:
+        play(e, etcd_yaml, ["%s%d" % (etcd_prefix, k) for k in range(3)])
+        deadline = time.time() + 60
+        while not all(etcd_healthy("%s%d" % (etcd_prefix, k)) for k in range(3)):
+            assert time.time() < deadline, "etcd members never all reported healthy"
+            time.sleep(0.5)
+        r = podman(e, "exec", "gcomp-etcd-0-etcd", "etcdctl", "--endpoints=http://localhost:2379",
+                   "member", "list", check=True)
+        assert sorted(l.split(", ")[2] for l in r.stdout.splitlines()) == [
+            "gcomp-etcd-0", "gcomp-etcd-1", "gcomp-etcd-2"], r.stdout
+        play(e, shards, ["%s%d" % (shard_prefix, k) for k in range(3)])
+        for k in range(3):
+            wait_serving("%s%d:7000" % (shard_prefix, k), "shard pod %d" % k)
+        play(e, workers_yaml, ["%s%d" % (worker_prefix, w) for w in range(2)])
+        time.sleep(4)
+        podman(e, "pod", "rm", "-f", "-t", "0", "gcomp-shard-1", check=True)
+        r = podman(e, "ps", "--format", "{{.Names}}")
+        assert all(n in r.stdout.split() for n in names), \
+            "the workers finished before the shard was deleted: raise `steps`"
+        time.sleep(2)
+        replayed.append(shard_yaml("etcd-shard1.yaml", [1]))
+        play(e, replayed[0], [shard_prefix + "1"])
+        wait_exited(e, names, 300)
+        for n in names:
+            result = result_line(e, n)
+            if "future step" in result.get("error", ""):
+                raise StaleRejoin(result["error"])
+            assert result["ok"] and result["steps"] == steps and result["exact"], json.dumps(result)
+        keys = podman(e, "exec", "gcomp-etcd-0-etcd", "etcdctl", "--endpoints=http://localhost:2379",
+                      "get", "--prefix", "/gcomp/%s/" % config["job"], "--keys-only",
+                      check=True).stdout.split()
+        assert {"/gcomp/%s/map" % config["job"], "/gcomp/%s/coordinator" % config["job"]} <= set(keys), keys
+        assert {"/gcomp/%s/members/%d" % (config["job"], k) for k in range(3)} <= set(keys), keys
+    finally:
+        logs = print_tails(shard_logs(e, 3))
+        podman(e, "kube", "down", str(workers_yaml))
+        down_shards(e, [shards] + replayed, 3)
+        podman(e, "kube", "down", str(etcd_yaml))
+    assert any("failover to epoch" in logs[k] for k in (0, 2)), logs
+    assert "rejoining" in logs[1], logs[1][-3000:]
+    assert all("(down: [])" in logs[k] for k in range(3)), logs

@@ -5,7 +5,8 @@
 //                                                  js-yaml are installed)
 //
 // Every document must be a known apiVersion/kind and valid; a Kustomization (not an API
-// object) is skipped. Prints one line per document and exits 1 if any is invalid.
+// object) is skipped, and so is a kustomize Component. Prints one line per document and
+// exits 1 if any is invalid.
 import fs from "node:fs";
 import { createRequire } from "node:module";
 import path from "node:path";
@@ -14,9 +15,22 @@ const require = createRequire(path.join(process.env.NODE_PATH || process.cwd(), 
 const yaml = require("js-yaml");
 const modelsRoot = path.dirname(require.resolve("kubernetes-models/package.json"));
 
+// The Prometheus Operator's kinds (ServiceMonitor, PrometheusRule) come from their own
+// package, @kubernetes-models/prometheus-operator, when it is installed.
+function rootFor(apiVersion) {
+  if (!apiVersion.startsWith("monitoring.coreos.com/")) return modelsRoot;
+  try {
+    return path.dirname(require.resolve("@kubernetes-models/prometheus-operator/package.json"));
+  } catch {
+    return null;
+  }
+}
+
 // "apps/v1" -> "apps/v1", "v1" -> "v1", "policy/v1" -> "policy/v1".
 async function modelFor(apiVersion, kind) {
-  const file = path.join(modelsRoot, apiVersion, `${kind}.js`);
+  const root = rootFor(apiVersion);
+  if (root === null) return null;
+  const file = path.join(root, apiVersion, `${kind}.js`);
   if (!fs.existsSync(file)) return null;
   const mod = await import(file);
   return mod[kind] || mod.default;
@@ -27,7 +41,7 @@ for (const file of process.argv.slice(2)) {
   const docs = yaml.loadAll(fs.readFileSync(file, "utf8")).filter((d) => d != null);
   for (const doc of docs) {
     const where = `${file}: ${doc.kind || "?"} ${doc.metadata?.name || ""}`.trim();
-    if (doc.kind === "Kustomization") {
+    if (doc.kind === "Kustomization" || doc.kind === "Component") {
       console.log(`skip ${where} (not an API object)`);
       continue;
     }
