@@ -216,6 +216,29 @@ std::unique_ptr<worker::Client> OneWorkerAfterAStep(const proto::ClusterConfig& 
   return s.ok() ? *std::move(w) : nullptr;
 }
 
+// A tensor declared without initial values, its owner stopped before any step: the backup
+// takes over a chunk that has no value yet (zeros until its first step) and sends that
+// state to the chunk's new backup. A state without a value was once refused as
+// "incomplete" and the step failed after its retries (UNAVAILABLE "replicating step -1").
+TEST(FailoverErrors, AChunkWithoutValueYetFailsOverAndReplicates) {
+  for (const char* optimizer : {"none", "sgd", "adam"}) {
+    proto::ClusterConfig one = Config(3, 2, optimizer);
+    one.set_workers(1);
+    auto shards = StartShards(one);
+    auto w = worker::Client::Connect(one, worker::ClientOptions());
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Declare("t", codec::DType::kF32, kOneWorkerElements).ok());
+    shards[1].reset();
+    std::vector<float> g(kOneWorkerElements, 1.0f), out(kOneWorkerElements);
+    for (int step = 0; step < 2; ++step) {
+      absl::Status s = (*w)->PushPull("t", step, g.data(), out.data());
+      ASSERT_TRUE(s.ok()) << optimizer << " step " << step << ": " << s;
+    }
+    EXPECT_GT(StatusOf(one.shards(0)).chunks_promoted() + StatusOf(one.shards(2)).chunks_promoted(),
+              0u);
+  }
+}
+
 // Both shards that hold some chunk stop at once: that chunk's next step fails with a status
 // naming both; nothing is silently wrong.
 TEST(FailoverErrors, TwoCopiesDownAtOnceFailNamingBothShards) {
