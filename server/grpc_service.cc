@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/logging.h"
 #include "cluster/credentials.h"
 #include "cluster/grpc_status.h"
 #include "cluster/wire_block.h"
@@ -620,7 +621,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   s->unread_replies_->StartWatchdog();
   s->listener_->Start(std::move(acceptor));
   if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
-    health->SetServingStatus(proto::Aggregation::service_full_name(), true);
+    health->SetServingStatus(proto::Aggregation::service_full_name(), s->service_->Ready().ok());
   }
   s->stream_guard_->Start();
   s->service_->StartRejoinCheck();
@@ -663,17 +664,56 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
     }
     s->health_listener_->Start(std::move(health_acceptor));
     if (grpc::HealthCheckServiceInterface* health = s->health_server_->GetHealthCheckService()) {
-      health->SetServingStatus(proto::Aggregation::service_full_name(), true);
+      health->SetServingStatus(proto::Aggregation::service_full_name(), s->service_->Ready().ok());
     }
   }
+  s->readiness_thread_ = std::thread([p = s.get()] { p->ReadinessLoop(); });
   return s;
 }
 
 ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
 
+void ShardServer::ReadinessLoop() {
+  std::optional<bool> shown;  // what the loop last set (the start set the same rule's answer)
+  std::string why;
+  while (true) {
+    {
+      absl::MutexLock lock(&readiness_mu_);
+      if (readiness_mu_.AwaitWithTimeout(absl::Condition(&readiness_stop_),
+                                         absl::Milliseconds(250))) {
+        return;
+      }
+    }
+    const absl::Status now = service_->Ready();
+    if (shown == now.ok() && (now.ok() || now.message() == why)) continue;
+    const bool ready = now.ok();
+    const bool changed = shown.has_value() ? *shown != ready : !ready;
+    shown = ready;
+    why = std::string(now.message());
+    for (grpc::Server* server : {server_.get(), health_server_.get()}) {
+      if (server == nullptr || server->GetHealthCheckService() == nullptr) continue;
+      server->GetHealthCheckService()->SetServingStatus(proto::Aggregation::service_full_name(),
+                                                        ready);
+    }
+    if (!changed && ready) continue;
+    if (ready) {
+      log::Info("shard {}: ready (health of {} SERVING)", service_->shard(),
+                proto::Aggregation::service_full_name());
+    } else {
+      log::Info("shard {}: not ready (health of {} NOT_SERVING): {}", service_->shard(),
+                proto::Aggregation::service_full_name(), why);
+    }
+  }
+}
+
 void ShardServer::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
+  {
+    absl::MutexLock lock(&readiness_mu_);
+    readiness_stop_ = true;
+  }
+  if (readiness_thread_.joinable()) readiness_thread_.join();
   if (stop_peers_) stop_peers_();
   service_->Shutdown();
   // Probes see NOT_SERVING while calls drain, then no listener at all.

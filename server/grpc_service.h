@@ -5,10 +5,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "cluster/job_token.h"
 #include "cluster/wire_message.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -224,6 +226,12 @@ class ShardServer {
   std::unique_ptr<Listener> health_listener_;
   int health_port_ = 0;
   bool shut_down_ = false;
+  // Readiness: the health status of "gcomp.proto.Aggregation" follows ShardService::Ready
+  // (liveness, the "" service, stays SERVING until Shutdown).
+  void ReadinessLoop();
+  absl::Mutex readiness_mu_;
+  bool readiness_stop_ ABSL_GUARDED_BY(readiness_mu_) = false;
+  std::thread readiness_thread_;
 };
 
 }  // namespace gcomp::server

@@ -256,6 +256,18 @@ absl::Status ShardService::CheckJob(const std::string& job, bool name_ours) cons
                    name_ours ? absl::StrCat(" (shard serves job '", config_.job(), "')") : ""));
 }
 
+absl::Status ShardService::Ready() const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("shutting down");
+    if (rejoining_) return absl::UnavailableError("rejoining the running job");
+    if (phase_ == Phase::kDrained) {
+      return absl::UnavailableError("drained: not in the shard map any more");
+    }
+  }
+  return CheckMayAcknowledge();
+}
+
 absl::Status ShardService::CheckJobAndEpoch(const std::string& job, uint64_t epoch,
                                             absl::Time deadline) const {
   if (absl::Status s = CheckJob(job, /*name_ours=*/true); !s.ok()) return s;

@@ -189,6 +189,11 @@ class ShardService {
   void HoldForRejoinCheck();
   void StartRejoinCheck();
   void ReshardStatus(proto::ReshardStatusResponse* response) const;
+  // Whether this shard serves training calls now (its readiness): OK, or why not: shutting
+  // down, rejoining the running job (restarted, or taken out while alive), drained (a
+  // re-shard removed it, or a failover took it out without etcd), or, with etcd, no lease
+  // it can prove alive.
+  absl::Status Ready() const;
   // From ClusterState: a map committed in etcd by the coordinator, installed here unless
   // this shard has it already (or is rejoining: its coordinator's install carries the
   // declarations it needs); and, on the coordinator, a shard whose lease ended.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "cluster/cluster_config.h"
+#include "proto/grpc_health.grpc.pb.h"
 #include "proto/reshard.grpc.pb.h"
 #include "server/grpc_service.h"
 #include "tests/free_port.h"
@@ -237,6 +239,53 @@ TEST(FailoverErrors, AChunkWithoutValueYetFailsOverAndReplicates) {
     EXPECT_GT(StatusOf(one.shards(0)).chunks_promoted() + StatusOf(one.shards(2)).chunks_promoted(),
               0u);
   }
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& address,
+                                                            const std::string& service) {
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  const grpc::Status s =
+      grpc::health::v1::Health::NewStub(
+          grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))
+          ->Check(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return resp.status();
+}
+
+// Readiness is honest: a shard that does not serve training calls (here one started with
+// `replicas: 2` while its peers do not answer: it cannot tell a fresh job from a running
+// one, so it holds as a restarted shard) answers NOT_SERVING for the Aggregation service,
+// which the readiness probe asks, and SERVING for "" (liveness: the process is fine). Once
+// its peers answer and no job runs, it serves and is ready.
+TEST(Readiness, AShardThatDoesNotServeIsNotReady) {
+  using grpc::health::v1::HealthCheckResponse;
+  const proto::ClusterConfig c = Config(3, 2, "none");
+  std::vector<std::unique_ptr<server::ShardServer>> shards(3);
+  auto one = server::ShardServer::Start(c, {1, 2, {}}, c.shards(1));
+  ASSERT_TRUE(one.ok()) << one.status();
+  shards[1] = *std::move(one);
+  const std::string aggregation = proto::Aggregation::service_full_name();
+  EXPECT_EQ(Health(c.shards(1), ""), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health(c.shards(1), aggregation), HealthCheckResponse::NOT_SERVING);
+  absl::SleepFor(absl::Seconds(1));  // still held: nothing changed
+  EXPECT_EQ(Health(c.shards(1), aggregation), HealthCheckResponse::NOT_SERVING);
+  for (uint32_t k : {0u, 2u}) {
+    auto s = server::ShardServer::Start(c, {k, 2, {}}, c.shards(k));
+    ASSERT_TRUE(s.ok()) << s.status();
+    shards[k] = *std::move(s);
+  }
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < end && Health(c.shards(1), aggregation) != HealthCheckResponse::SERVING) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(Health(c.shards(1), aggregation), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health(c.shards(0), aggregation), HealthCheckResponse::SERVING);
+  // At shutdown every service reads NOT_SERVING (gRPC's own rule) until the port closes.
+  shards[1]->Shutdown(absl::Seconds(1));
 }
 
 // Both shards that hold some chunk stop at once: that chunk's next step fails with a status

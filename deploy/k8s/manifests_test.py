@@ -96,6 +96,9 @@ def test_shards_agree_with_the_config_and_run_safely():
     assert "--shard_from_hostname" in args and "--listen=0.0.0.0:7000" in args
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == 7000
+    # Readiness: whether the shard serves training calls; liveness: the process only.
+    assert c["readinessProbe"]["grpc"]["service"] == "gcomp.proto.Aggregation"
+    assert "service" not in c["livenessProbe"]["grpc"]
     grace_ms = int([a for a in args if a.startswith("--shutdown_grace_ms=")][0].split("=")[1])
     assert pod["terminationGracePeriodSeconds"] >= grace_ms / 1000 + 30
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 10001
@@ -197,6 +200,7 @@ def test_mtls_overlay_mounts_what_its_config_reads_and_probes_the_health_port():
     port = security["health_port"]
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == port
+    assert c["readinessProbe"]["grpc"]["service"] == "gcomp.proto.Aggregation"  # kept by the patch
     assert port in [p["containerPort"] for p in c["ports"]]
     # The rest of the base's pod is kept: config and checkpoint mounts, non-root.
     assert {"config", "checkpoints"} <= set(mounts)
