@@ -16,6 +16,7 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BASE = os.path.join(HERE, "base")
+MONITORING = os.path.join(HERE, "monitoring")
 FILES = sorted(glob.glob(os.path.join(BASE, "*.yaml")))
 
 
@@ -66,12 +67,22 @@ def test_every_manifest_is_valid_against_the_kubernetes_schema(node_modules):
     assert len(checked) == len(docs()), r.stdout  # every object; the kustomization is skipped
 
 
-def test_the_validator_rejects_a_broken_manifest(node_modules, tmp_path):
+# One broken field per schema the validator loads: Kubernetes' own and the Prometheus
+# operator's.
+@pytest.mark.parametrize("path,good,broken,complaint", [
+    (os.path.join(BASE, "statefulset.yaml"), "replicas: 3", "replicas: three",
+     "replicas must be integer"),
+    (os.path.join(MONITORING, "prometheusrule.yaml"), "for: 5m", "for: 5 minutes",
+     "for must match pattern"),
+])
+def test_the_validator_rejects_a_broken_manifest(node_modules, tmp_path, path, good, broken,
+                                                 complaint):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(open(os.path.join(BASE, "statefulset.yaml")).read()
-                   .replace("replicas: 3", "replicas: three"))
+    text = open(path).read()
+    assert good in text
+    bad.write_text(text.replace(good, broken))
     r = validate(node_modules, [str(bad)])
-    assert r.returncode == 1 and "replicas must be integer" in r.stdout, r.stdout
+    assert r.returncode == 1 and complaint in r.stdout, r.stdout
 
 
 def test_kustomization_lists_every_manifest():
@@ -443,7 +454,6 @@ def test_network_policies_admit_workers_peers_prometheus_and_nothing_else():
 
 
 # The monitoring component (deploy/k8s/monitoring) and the overlay that adds it to base.
-MONITORING = os.path.join(HERE, "monitoring")
 
 
 def test_monitoring_component_lists_its_objects_and_they_are_valid(node_modules):
@@ -458,14 +468,6 @@ def test_monitoring_component_lists_its_objects_and_they_are_valid(node_modules)
     overlay = yaml.safe_load(open(os.path.join(HERE, "overlays", "monitoring",
                                                "kustomization.yaml")))
     assert overlay["resources"] == ["../../base"] and overlay["components"] == ["../../monitoring"]
-
-
-def test_the_validator_rejects_a_broken_prometheus_rule(node_modules, tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(open(os.path.join(MONITORING, "prometheusrule.yaml")).read()
-                   .replace("for: 5m", "for: 5 minutes"))
-    r = validate(node_modules, [str(bad)])
-    assert r.returncode == 1 and "for must match pattern" in r.stdout, r.stdout
 
 
 def test_kustomize_renders_base_and_every_overlay(node_modules, tmp_path):
