@@ -448,7 +448,13 @@ def test_the_played_cluster_scales_from_2_to_3_shard_pods_while_the_job_trains(
     added = []
 
     def scale_up():
-        time.sleep(6)
+        # As soon as the workers train (a tensor declared): the job is ~11 s of steps, and
+        # the edit, the new pod's start and the prepare take ~5 s of them. A fixed 6 s wait
+        # once left the switch at the job's last step, and the re-shard never finished.
+        deadline = time.time() + 60
+        while "declared '" not in shard_logs(e, 1)[0]:
+            assert time.time() < deadline, "the workers never declared a tensor"
+            time.sleep(0.2)
         config["shards"]["count"], config["shard_map_epoch"] = 3, 2
         write_config(config_dir, config)
         path, _ = play_shards(e, tmp, "scale-shard2.yaml", config, [2], prefix,
