@@ -208,13 +208,14 @@ absl::Status ShardService::WriteCheckpoint(
   }
   const std::string set_name = CheckpointSetName(final, c.step, c.shards);
   const size_t chunk_count = c.chunks.size();
+  const int64_t step_written = c.step;
   absl::StatusOr<uint64_t> bytes =
       WriteShardCheckpoint(config_.checkpoint().dir(), std::move(c), config_.checkpoint().keep());
   if (!bytes.ok()) return bytes.status();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   log::Info("shard {}: checkpoint {} written: {} chunks, {} bytes in {:.3f} s", shard,
             set_name, chunk_count, *bytes, seconds);
-  metrics_->ObserveCheckpoint(*bytes, seconds);
+  metrics_->ObserveCheckpoint(*bytes, seconds, step_written);
   return absl::OkStatus();
 }
 

@@ -115,6 +115,35 @@ ShardMetrics::ShardMetrics(const std::string& job, uint32_t shard)
                       .Labels(labels)
                       .Register(r)
                       .Add({});
+  checkpoint_step_ = &prometheus::BuildGauge()
+                          .Name("gcomp_shard_checkpoint_last_step")
+                          .Help("The training step of the newest checkpoint this shard wrote "
+                                "(-1: none since it started).")
+                          .Labels(labels)
+                          .Register(r)
+                          .Add({});
+  checkpoint_step_->Set(-1);
+  checkpoint_time_ = &prometheus::BuildGauge()
+                          .Name("gcomp_shard_checkpoint_last_timestamp_seconds")
+                          .Help("Unix time the newest checkpoint this shard wrote was done "
+                                "(0: none since it started).")
+                          .Labels(labels)
+                          .Register(r)
+                          .Add({});
+  checkpoint_every_ = &prometheus::BuildGauge()
+                          .Name("gcomp_shard_checkpoint_every_steps")
+                          .Help("checkpoint.every_steps of the shard's config (0: none).")
+                          .Labels(labels)
+                          .Register(r)
+                          .Add({});
+  newest_step_ = &prometheus::BuildGauge()
+                      .Name("gcomp_shard_completed_step")
+                      .Help("The newest training step any chunk this shard owns completed "
+                            "(-1: none since it started).")
+                      .Labels(labels)
+                      .Register(r)
+                      .Add({});
+  newest_step_->Set(-1);
   checkpoint_bytes_ = &prometheus::BuildCounter()
                            .Name("gcomp_shard_checkpoint_bytes_total")
                            .Help("Bytes of the checkpoint files this shard wrote.")
@@ -284,6 +313,11 @@ void ShardMetrics::ObserveDecode(uint64_t raw_bytes, double seconds) {
 
 void ShardMetrics::ObserveStep(const StepTimings& t, uint64_t raw_bytes_encoded) {
   steps_completed_->Increment();
+  int64_t seen = newest_step_seen_.load(std::memory_order_relaxed);
+  while (t.step > seen &&
+         !newest_step_seen_.compare_exchange_weak(seen, t.step, std::memory_order_relaxed)) {
+  }
+  if (t.step > seen) newest_step_->Set(static_cast<double>(t.step));
   step_seconds_->Observe(absl::ToDoubleSeconds(t.total));
   phase_wait_->Observe(absl::ToDoubleSeconds(t.straggler_wait));
   phase_reduce_->Observe(absl::ToDoubleSeconds(t.reduce));
@@ -294,8 +328,14 @@ void ShardMetrics::ObserveStep(const StepTimings& t, uint64_t raw_bytes_encoded)
 
 void ShardMetrics::CountStepFailed() { steps_failed_->Increment(); }
 
-void ShardMetrics::ObserveCheckpoint(uint64_t bytes, double seconds) {
+void ShardMetrics::SetCheckpointInterval(uint32_t every_steps) {
+  checkpoint_every_->Set(every_steps);
+}
+
+void ShardMetrics::ObserveCheckpoint(uint64_t bytes, double seconds, int64_t step) {
   checkpoints_->Increment();
+  checkpoint_step_->Set(static_cast<double>(step));
+  checkpoint_time_->SetToCurrentTime();
   checkpoint_bytes_->Increment(static_cast<double>(bytes));
   checkpoint_seconds_->Increment(seconds);
 }

@@ -56,8 +56,11 @@ class ShardMetrics {
   // One chunk-step completed (timings from its StepAccumulator) or failed.
   void ObserveStep(const StepTimings& timings, uint64_t raw_bytes_encoded);
   void CountStepFailed();
-  // One checkpoint file written: its bytes and the seconds encoding and writing took.
-  void ObserveCheckpoint(uint64_t bytes, double seconds);
+  // One checkpoint file written: its bytes, the seconds encoding and writing took, and the
+  // step it holds (with the newest completed step, what an alert compares).
+  void ObserveCheckpoint(uint64_t bytes, double seconds, int64_t step);
+  // checkpoint.every_steps of the config (0: no periodic checkpoints).
+  void SetCheckpointInterval(uint32_t every_steps);
   void SetAdmission(const AdmissionUsage& usage, uint64_t budget_bytes);
   void SetTensors(uint64_t tensors, uint64_t chunks_owned, uint64_t shard_map_epoch);
   // Replication: shards down in the map served, whether some chunk has fewer live copies
@@ -111,6 +114,11 @@ class ShardMetrics {
   prometheus::Counter* checkpoints_;
   prometheus::Counter* checkpoint_bytes_;
   prometheus::Counter* checkpoint_seconds_;
+  prometheus::Gauge* checkpoint_step_;
+  prometheus::Gauge* checkpoint_time_;
+  prometheus::Gauge* checkpoint_every_;
+  prometheus::Gauge* newest_step_;
+  std::atomic<int64_t> newest_step_seen_{-1};
   prometheus::Histogram* step_seconds_;
   prometheus::Histogram* phase_wait_;
   prometheus::Histogram* phase_decode_;

@@ -72,6 +72,19 @@ TEST(ShardMetrics, CountersFollowPushesAndSteps) {
   EXPECT_THAT(text, HasSubstr("gcomp_shard_chunks_owned{" + labels + "} 2"));
   EXPECT_THAT(text, HasSubstr("gcomp_shard_map_epoch{" + labels + "} 1"));
   EXPECT_THAT(text, Not(HasSubstr("key=")));  // never a tensor key as a label
+  // What the checkpoint alert compares: the newest step completed here (step 0 above), no
+  // checkpoint written, none configured.
+  EXPECT_THAT(text, HasSubstr("gcomp_shard_completed_step{" + labels + "} 0"));
+  EXPECT_THAT(text, HasSubstr("gcomp_shard_checkpoint_last_step{" + labels + "} -1"));
+  EXPECT_THAT(text, HasSubstr("gcomp_shard_checkpoint_last_timestamp_seconds{" + labels + "} 0"));
+  EXPECT_THAT(text, HasSubstr("gcomp_shard_checkpoint_every_steps{" + labels + "} 0"));
+  shard->metrics()->SetCheckpointInterval(50);
+  shard->metrics()->ObserveCheckpoint(1000, 0.5, 99);
+  const std::string after = shard->metrics()->Text();
+  EXPECT_THAT(after, HasSubstr("gcomp_shard_checkpoint_every_steps{" + labels + "} 50"));
+  EXPECT_THAT(after, HasSubstr("gcomp_shard_checkpoint_last_step{" + labels + "} 99"));
+  EXPECT_THAT(after, Not(HasSubstr("gcomp_shard_checkpoint_last_timestamp_seconds{" + labels +
+                                   "} 0\n")));
 }
 
 TEST(ShardMetrics, CallsInFlightAndRefusals) {

@@ -83,6 +83,7 @@ ShardService::ShardService(proto::ClusterConfig config, const ShardOptions& opti
   for (uint32_t k : config_.joining_shards()) joining_shards_[k] = true;
   for (uint32_t w = 0; w < config_.workers(); ++w) worker_names_[w] = absl::StrCat("worker-", w);
   metrics_->SetTensors(0, 0, config_.shard_map_epoch());
+  metrics_->SetCheckpointInterval(config_.checkpoint().dir().empty() ? 0 : config_.checkpoint().every_steps());
   metrics_->SetAdmission(admission_->usage(), admission_->limits().memory_budget_bytes);
   log::Info("shard {}: memory budget {} bytes{}, at most {} tensors, {} pending steps", shard(),
             admission_->limits().memory_budget_bytes,

@@ -269,7 +269,8 @@ void StepAccumulator::FinishLocked() {
   }
   if (options_.on_step_completed) {
     options_.on_step_completed(StepTimings{encoded - step_started_, last_push - step_started_,
-                                           reduced - last_push, encoded - reduced});
+                                           reduced - last_push, encoded - reduced,
+                                           completed_step_});
   }
   cv_.SignalAll();
 }

@@ -44,6 +44,7 @@ struct StepTimings {
   absl::Duration straggler_wait;  // first push to the last worker's push
   absl::Duration reduce;          // sum, mean and optimizer
   absl::Duration encode;          // encoding the result
+  int64_t step = -1;              // the step completed
 };
 
 // A chunk's state as of its last completed step: what checkpoints record and re-sharding

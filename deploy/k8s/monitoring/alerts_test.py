@@ -68,11 +68,10 @@ def test_every_alert_is_unit_tested_and_has_a_runbook_entry():
 
 
 def test_the_checkpoint_alert_counts_three_of_the_configs_intervals():
-    base = yaml.safe_load(open(os.path.join(HERE, "..", "base", "configmap.yaml")))
-    config = yaml.safe_load(base["data"]["cluster.yaml"])
+    """The interval comes from the shards (their config's every_steps), not a number here."""
     (r,) = [r for r in rules() if r["alert"] == "GcompCheckpointOverdue"]
-    (threshold,) = re.findall(r"gcomp_shard_chunks_owned\) > (\d+)\)", r["expr"])
-    assert int(threshold) == 3 * config["checkpoint"]["every_steps"]
+    assert "> 3 * gcomp_shard_checkpoint_every_steps" in r["expr"], r["expr"]
+    assert "gcomp_shard_checkpoint_every_steps > 0" in r["expr"], r["expr"]
 
 
 def test_promtool_accepts_the_rules_and_their_unit_tests_pass():
@@ -88,7 +87,8 @@ def test_promtool_accepts_the_rules_and_their_unit_tests_pass():
 
 @pytest.mark.parametrize("old,new,alert", [
     ("> 0.9", "> 0.99", "GcompShardMemoryNearBudget"),
-    ("> 1500)", "> 15000)", "GcompCheckpointOverdue"),
+    ("> 3 * gcomp_shard_checkpoint_every_steps", "> 30 * gcomp_shard_checkpoint_every_steps",
+     "GcompCheckpointOverdue"),
     ("for: 30m", "for: 60m", "GcompReshardStuck"),
     ("[10m]", "[1h]", "GcompChunksLost"),
 ])
