@@ -144,6 +144,13 @@ ShardMetrics::ShardMetrics(const std::string& job, uint32_t shard)
                       .Register(r)
                       .Add({});
   newest_step_->Set(-1);
+  reshard_in_progress_ = &prometheus::BuildGauge()
+                              .Name("gcomp_shard_reshard_in_progress")
+                              .Help("1 while a re-shard is under way on this shard (prepared, "
+                                    "committed, or receiving moved chunks), else 0.")
+                              .Labels(labels)
+                              .Register(r)
+                              .Add({});
   checkpoint_bytes_ = &prometheus::BuildCounter()
                            .Name("gcomp_shard_checkpoint_bytes_total")
                            .Help("Bytes of the checkpoint files this shard wrote.")
@@ -327,6 +334,10 @@ void ShardMetrics::ObserveStep(const StepTimings& t, uint64_t raw_bytes_encoded)
 }
 
 void ShardMetrics::CountStepFailed() { steps_failed_->Increment(); }
+
+void ShardMetrics::SetReshardInProgress(bool in_progress) {
+  reshard_in_progress_->Set(in_progress ? 1 : 0);
+}
 
 void ShardMetrics::SetCheckpointInterval(uint32_t every_steps) {
   checkpoint_every_->Set(every_steps);

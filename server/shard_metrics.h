@@ -61,6 +61,8 @@ class ShardMetrics {
   void ObserveCheckpoint(uint64_t bytes, double seconds, int64_t step);
   // checkpoint.every_steps of the config (0: no periodic checkpoints).
   void SetCheckpointInterval(uint32_t every_steps);
+  // Whether a re-shard is under way here (prepared, committed, or receiving moved chunks).
+  void SetReshardInProgress(bool in_progress);
   void SetAdmission(const AdmissionUsage& usage, uint64_t budget_bytes);
   void SetTensors(uint64_t tensors, uint64_t chunks_owned, uint64_t shard_map_epoch);
   // Replication: shards down in the map served, whether some chunk has fewer live copies
@@ -118,6 +120,7 @@ class ShardMetrics {
   prometheus::Gauge* checkpoint_time_;
   prometheus::Gauge* checkpoint_every_;
   prometheus::Gauge* newest_step_;
+  prometheus::Gauge* reshard_in_progress_;
   std::atomic<int64_t> newest_step_seen_{-1};
   prometheus::Histogram* step_seconds_;
   prometheus::Histogram* phase_wait_;

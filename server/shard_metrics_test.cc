@@ -78,6 +78,7 @@ TEST(ShardMetrics, CountersFollowPushesAndSteps) {
   EXPECT_THAT(text, HasSubstr("gcomp_shard_checkpoint_last_step{" + labels + "} -1"));
   EXPECT_THAT(text, HasSubstr("gcomp_shard_checkpoint_last_timestamp_seconds{" + labels + "} 0"));
   EXPECT_THAT(text, HasSubstr("gcomp_shard_checkpoint_every_steps{" + labels + "} 0"));
+  EXPECT_THAT(text, HasSubstr("gcomp_shard_reshard_in_progress{" + labels + "} 0"));
   shard->metrics()->SetCheckpointInterval(50);
   shard->metrics()->ObserveCheckpoint(1000, 0.5, 99);
   const std::string after = shard->metrics()->Text();

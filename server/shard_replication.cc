@@ -810,7 +810,7 @@ absl::Status ShardService::InstallMap(const proto::InstallMapRequest& request) {
     } else if (fenced) {
       // Alive but counted out (it did not answer in time): it must not serve a chunk that
       // a backup has taken over.
-      phase_ = Phase::kDrained;
+      SetPhaseLocked(Phase::kDrained);
       dropped_status = absl::FailedPreconditionError(absl::StrCat(
           "this shard (", self_address_, ") was failed over in epoch ", epoch,
           "; its chunks are served by other shards"));

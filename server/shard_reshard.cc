@@ -36,7 +36,7 @@ void ShardService::ExpirePrepareLocked() const {
   log::Warn("shard {}: no commit of the re-shard to epoch {} within the prepare timeout; "
             "staying on epoch {}",
             shard(), next_config_.shard_map_epoch(), epoch_.load());
-  phase_ = Phase::kServing;
+  SetPhaseLocked(Phase::kServing);
   freeze_after_ = kMaxStep;
   joining_ = false;
 }
@@ -111,7 +111,7 @@ absl::StatusOr<proto::PrepareReshardResponse> ShardService::PrepareReshard(
     next_config_ = next;
     joining_ = true;
     joining_old_shards_ = r.old_shards();
-    phase_ = Phase::kPrepared;
+    SetPhaseLocked(Phase::kPrepared);
     prepare_deadline_ = deadline;
     response.set_highest_step(-1);
     log::Info("shard {}: prepared to join epoch {} from {} old shards", shard(),
@@ -132,7 +132,7 @@ absl::StatusOr<proto::PrepareReshardResponse> ShardService::PrepareReshard(
     }
   }
   next_config_ = next;
-  phase_ = Phase::kPrepared;
+  SetPhaseLocked(Phase::kPrepared);
   prepare_deadline_ = deadline;
   freeze_after_ = std::max(highest, r.at_step() - 1);
   response.set_in_old_map(true);
@@ -166,7 +166,7 @@ absl::Status ShardService::CommitReshard(uint64_t next_epoch, int64_t switch_ste
   }
   if (joining_) {
     joining_ = false;
-    phase_ = Phase::kFilling;
+    SetPhaseLocked(Phase::kFilling);
     fill_expected_ = joining_old_shards_;
     fill_done_.clear();
     transfer_seen_ = false;
@@ -181,7 +181,7 @@ absl::Status ShardService::CommitReshard(uint64_t next_epoch, int64_t switch_ste
                                                    " is not past step ", freeze_after_,
                                                    ", which chunks here may have started"));
   }
-  phase_ = Phase::kCommitted;
+  SetPhaseLocked(Phase::kCommitted);
   switch_step_ = switch_step;
   freeze_after_ = switch_step - 1;
   log::Info("shard {}: re-shard to epoch {} committed at step {}", shard(), next_epoch, switch_step);
@@ -204,7 +204,7 @@ absl::Status ShardService::AbortReshard(uint64_t next_epoch, const std::string& 
       log::Warn("shard {}: re-shard to epoch {} aborted ({}); staying on epoch {}", shard(),
                 next_epoch, log::Clip(reason), epoch_.load());
     }
-    phase_ = Phase::kServing;
+    SetPhaseLocked(Phase::kServing);
     freeze_after_ = kMaxStep;
     joining_ = false;
     return absl::OkStatus();
@@ -353,9 +353,9 @@ void ShardService::RunSwitch() {
     metrics_->SetTensors(tensors_.size(), owned, epoch_.load());
     if (new_index >= 0) {
       shard_index_ = static_cast<uint32_t>(new_index);
-      phase_ = fill_done_.size() >= fill_expected_ ? Phase::kServing : Phase::kFilling;
+      SetPhaseLocked(fill_done_.size() >= fill_expected_ ? Phase::kServing : Phase::kFilling);
     } else {
-      phase_ = Phase::kDrained;
+      SetPhaseLocked(Phase::kDrained);
     }
     down_.assign(next.shards_size(), false);
     joining_shards_.assign(next.shards_size(), false);
@@ -532,7 +532,7 @@ absl::Status ShardService::AcceptTransfer(const proto::TransferRequest& r, absl:
   if (r.last()) {
     fill_done_.insert(r.from_shard());
     if (phase_ == Phase::kFilling && fill_done_.size() >= fill_expected_) {
-      phase_ = Phase::kServing;
+      SetPhaseLocked(Phase::kServing);
       pause_ms_ = absl::ToDoubleMilliseconds(absl::Now() - switched_at_);
       log::Info("shard {}: serving epoch {} ({} chunks received, {:.1f} ms after the switch)",
                 shard(), epoch_.load(), chunks_received_, pause_ms_);

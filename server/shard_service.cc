@@ -257,6 +257,12 @@ absl::Status ShardService::CheckJob(const std::string& job, bool name_ours) cons
                    name_ours ? absl::StrCat(" (shard serves job '", config_.job(), "')") : ""));
 }
 
+void ShardService::SetPhaseLocked(Phase phase) const {
+  phase_ = phase;
+  metrics_->SetReshardInProgress(phase == Phase::kPrepared || phase == Phase::kCommitted ||
+                                 phase == Phase::kFilling);
+}
+
 absl::Status ShardService::Ready() const {
   {
     absl::MutexLock lock(&mu_);

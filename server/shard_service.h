@@ -371,6 +371,9 @@ class ShardService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(failover_mu_);
   // A restarted shard's way back: find the running job, ask to join, catch up, ask again.
   void RejoinLoop();
+  // Every change of phase_, so that the re-shard gauge follows it.
+  // const: an expired Prepare is undone from const checks (phase_ is mutable).
+  void SetPhaseLocked(Phase phase) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Joining, and every chunk this shard backs up holds its owner's state.
   // Asks shard k (at `address`) whether it restarted (rejoining), or caught up when
   // `caught_up`: FailedPrecondition naming what it reports otherwise.

@@ -787,7 +787,14 @@ TEST(ShardServiceReshard, ANewReshardWaitsForTheLastOnesMoves) {
     r.set_old_shards(1);
     return shard->PrepareReshard(r);
   };
+  const auto in_progress = [&] {
+    const std::string text = shard->metrics()->Text();
+    return text.find("gcomp_shard_reshard_in_progress{job=\"j\",shard=\"0\"} 1") !=
+           std::string::npos;
+  };
+  EXPECT_FALSE(in_progress());
   ASSERT_TRUE(prepare({"127.0.0.1:1000", "127.0.0.1:1001"}, 2).ok());
+  EXPECT_TRUE(in_progress());  // what the re-shard-stuck alert watches
   ASSERT_TRUE(shard->CommitReshard(2, 0).ok());
   while (sends.load() == 0) absl::SleepFor(absl::Milliseconds(1));
   absl::StatusOr<proto::PrepareReshardResponse> second = prepare({"127.0.0.1:1000"}, 3);
@@ -804,6 +811,7 @@ TEST(ShardServiceReshard, ANewReshardWaitsForTheLastOnesMoves) {
   }
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_TRUE(shard->CommitReshard(3, 1).ok());
+  EXPECT_TRUE(in_progress());  // committed, its switch step (1) not reached: still under way
 }
 
 // Any peer could have a live shard failed over: a report while that shard refused calls as
