@@ -3,26 +3,19 @@
 #ifndef GCOMP_TESTS_FREE_PORT_H_
 #define GCOMP_TESTS_FREE_PORT_H_
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <cstdlib>
+
+#include "base/loopback_port.h"
 
 namespace gcomp::testing {
 
+// base's FreePort: never the same port twice in one process (the kernel may hand a port
+// that was bound and closed straight back, and a config of several shards once listed one
+// port twice), and below the ephemeral range that outgoing connections take theirs from.
 inline int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    std::abort();  // the test machine has no loopback: nothing below can run
-  }
-  close(fd);
-  return ntohs(a.sin_port);
+  const int port = gcomp::FreePort();
+  if (port <= 0) std::abort();  // no free loopback port: nothing below can run
+  return port;
 }
 
 }  // namespace gcomp::testing
