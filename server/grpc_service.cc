@@ -555,7 +555,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   absl::StatusOr<cluster::ServerSecurity> security = cluster::MakeServerSecurity(config);
   if (!security.ok()) return security.status();
   s->stop_peers_ = [peers = *peers] { peers->Stop(); };
-  s->unread_replies_ = std::make_unique<UnreadReplies>(UnreadRepliesOptionsFor(
+  s->unread_replies_ = std::make_shared<UnreadReplies>(UnreadRepliesOptionsFor(
       config,
       [metrics = s->service_->metrics()](uint64_t n) { metrics->CountUnreadRepliesCancelled(n); }));
   UnreadReplies* unread = s->unread_replies_.get();
@@ -598,7 +598,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   builder.RegisterService(s->reshard_service_.get());
   builder.RegisterService(s->admin_service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> intercept;
-  intercept.push_back(std::make_unique<UnreadRepliesInterceptorFactory>(unread));
+  intercept.push_back(std::make_unique<UnreadRepliesInterceptorFactory>(s->unread_replies_));
   intercept.push_back(std::make_unique<UnparseableRequestInterceptorFactory>(
       std::vector<std::string>{cluster::kPushPullMethod}));
   builder.experimental().SetInterceptorCreators(std::move(intercept));

@@ -200,7 +200,8 @@ class ShardServer {
  private:
   ShardServer() = default;
   // Replies not read in time (declared first: the servers' calls end before it goes).
-  std::unique_ptr<UnreadReplies> unread_replies_;
+  // Shared with every call's interceptor, which gRPC may end after the server is gone.
+  std::shared_ptr<UnreadReplies> unread_replies_;
   std::unique_ptr<ShardService> service_;
   // The cluster's state in etcd (config coordination.etcd), or null. Declared after the
   // service, so it goes first: its callbacks into the service have stopped by then.

@@ -153,8 +153,9 @@ class CallReply final : public UnreadReplies::Reply {
 
 class UnreadRepliesInterceptor final : public grpc::experimental::Interceptor {
  public:
-  UnreadRepliesInterceptor(UnreadReplies* replies, grpc::experimental::ServerRpcInfo* info)
-      : replies_(replies), info_(info) {}
+  UnreadRepliesInterceptor(std::shared_ptr<UnreadReplies> replies,
+                           grpc::experimental::ServerRpcInfo* info)
+      : replies_(std::move(replies)), info_(info) {}
   ~UnreadRepliesInterceptor() override {
     if (id_ != 0) replies_->End(id_);
   }
@@ -173,7 +174,7 @@ class UnreadRepliesInterceptor final : public grpc::experimental::Interceptor {
   }
 
  private:
-  UnreadReplies* const replies_;
+  const std::shared_ptr<UnreadReplies> replies_;
   grpc::experimental::ServerRpcInfo* const info_;
   uint64_t id_ = 0;
 };

@@ -18,11 +18,11 @@
 // results on a fast link is read well within `min_age`, and a client refused once by
 // mistake retries past the first refusal. Thread-safe.
 //
-//   UnreadReplies replies(options);
-//   replies.StartWatchdog();
+//   auto replies = std::make_shared<UnreadReplies>(options);
+//   replies->StartWatchdog();
 //   builder.experimental().SetInterceptorCreators(  // first in the list
-//       {std::make_unique<UnreadRepliesInterceptorFactory>(&replies), ...});
-//   ... in each handler: if (absl::Status s = replies.Admit(context->peer()); !s.ok()) ...
+//       {std::make_unique<UnreadRepliesInterceptorFactory>(replies), ...});
+//   ... in each handler: if (absl::Status s = replies->Admit(context->peer()); !s.ok()) ...
 #ifndef GCOMP_SERVER_UNREAD_REPLIES_H_
 #define GCOMP_SERVER_UNREAD_REPLIES_H_
 
@@ -121,17 +121,19 @@ class UnreadReplies {
 };
 
 // Puts every unary call's reply into an UnreadReplies from the first send of the reply until
-// the call ends. Install it first among the server's interceptors. `replies` is borrowed and
-// must outlive the server.
+// the call ends. Install it first among the server's interceptors. Each interceptor shares
+// `replies`: gRPC may end a call (and its interceptor) on one of its own threads after the
+// server is gone, and TSan once caught that against the UnreadReplies' destruction.
 class UnreadRepliesInterceptorFactory final
     : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  explicit UnreadRepliesInterceptorFactory(UnreadReplies* replies) : replies_(replies) {}
+  explicit UnreadRepliesInterceptorFactory(std::shared_ptr<UnreadReplies> replies)
+      : replies_(std::move(replies)) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override;
 
  private:
-  UnreadReplies* replies_;
+  const std::shared_ptr<UnreadReplies> replies_;
 };
 
 }  // namespace gcomp::server
