@@ -511,7 +511,19 @@ absl::Status ShardService::EnterJob() {
   if (!dir.empty()) {
     if (absl::Status s = CheckCheckpointDirWritable(dir); !s.ok()) return s;
   }
-  // Only a shard that starts a run chooses the set (and has loaded it by then).
+  absl::StatusOr<coord::RunEntry> entry = EnterRunAndRestore();
+  if (!entry.ok()) return entry.status();
+  // A rejoin with single copies: as without etcd, the newest set this shard can restore
+  // (replicated, the state comes back from the other copies).
+  if (entry->kind == coord::RunEntry::Kind::kRejoin && replicas_ < 2 && !dir.empty()) {
+    return RestoreFromCheckpoint();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<coord::RunEntry> ShardService::EnterRunAndRestore() {
+  const std::string& dir = config_.checkpoint().dir();
+  // Only a shard that starts a run chooses the set, and has loaded it by then.
   std::optional<LoadedCheckpoint> chosen;
   CheckedStates checked;
   const auto newest = [&]() -> absl::StatusOr<std::string> {
@@ -536,12 +548,7 @@ absl::Status ShardService::EnterJob() {
     run_generation_ = run.generation();
     run_says_rejoin_ = entry->kind == coord::RunEntry::Kind::kRejoin;
   }
-  if (entry->kind == coord::RunEntry::Kind::kRejoin) {
-    // Replicated: the state comes back from the other copies. Single copies: as without
-    // etcd, the newest set this shard can restore.
-    return replicas_ >= 2 || dir.empty() ? absl::OkStatus() : RestoreFromCheckpoint();
-  }
-  if (run.restore_set().empty()) return absl::OkStatus();
+  if (entry->kind == coord::RunEntry::Kind::kRejoin || run.restore_set().empty()) return entry;
   if (dir.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the job's run restores checkpoint set ", run.restore_set(), " (chosen by ",
@@ -552,7 +559,15 @@ absl::Status ShardService::EnterJob() {
     if (!l.ok()) return l.status();
     chosen = *std::move(l);
   }
-  return RestoreLoaded(*std::move(chosen), std::move(checked));
+  {
+    absl::MutexLock lock(&mu_);
+    restoring_thread_ = std::this_thread::get_id();
+  }
+  absl::Status restored = RestoreLoaded(*std::move(chosen), std::move(checked));
+  absl::MutexLock lock(&mu_);
+  restoring_thread_ = std::thread::id();
+  if (!restored.ok()) return restored;
+  return entry;
 }
 
 bool ShardService::EnterNextRun() {
@@ -561,40 +576,19 @@ bool ShardService::EnterNextRun() {
     absl::MutexLock lock(&mu_);
     if (!run_says_rejoin_) return false;
   }
-  absl::StatusOr<coord::RunEntry> entry =
-      options_.cluster_state->EnterRun([&]() -> absl::StatusOr<std::string> {
-        if (config_.checkpoint().dir().empty()) return std::string();
-        CheckedStates ignored;
-        absl::StatusOr<LoadedCheckpoint> l = LoadForRestore("", &ignored);
-        if (absl::IsNotFound(l.status())) return std::string();
-        if (!l.ok()) return l.status();
-        return CheckpointSetName(l->final, l->step, l->shards);
-      });
-  if (!entry.ok() || entry->kind == coord::RunEntry::Kind::kRejoin) return false;
-  const proto::RunRecord& run = entry->run;
-  log::Warn("shard {}: every shard of the run it rejoined stopped; {} {} (restores {})", shard(),
-            coord::RunEntryKindName(entry->kind), run.generation(),
-            run.restore_set().empty() ? "nothing" : run.restore_set());
-  absl::Status s;
-  if (!run.restore_set().empty()) {
-    {
-      absl::MutexLock lock(&mu_);
-      restoring_thread_ = std::this_thread::get_id();
-    }
-    CheckedStates checked;
-    absl::StatusOr<LoadedCheckpoint> l = LoadForRestore(run.restore_set(), &checked);
-    s = l.ok() ? RestoreLoaded(*std::move(l), std::move(checked)) : l.status();
-  }
+  absl::StatusOr<coord::RunEntry> entry = EnterRunAndRestore();
   absl::MutexLock lock(&mu_);
-  restoring_thread_ = std::thread::id();
-  run_generation_ = run.generation();
-  run_says_rejoin_ = false;
-  if (!s.ok()) {
+  // etcd not answering, or the run still going on: rejoin as before.
+  if (run_says_rejoin_) return false;
+  if (!entry.ok()) {
     // Serving half a set would be worse than not serving: stay out, and say why.
-    log::Error("shard {}: restoring {} for run {}: {}; this shard does not serve", shard(),
-               run.restore_set(), run.generation(), s.ToString());
+    log::Error("shard {}: entering run {} after the one it rejoined stopped: {}; this shard "
+               "does not serve",
+               shard(), run_generation_, entry.status().ToString());
     return true;
   }
+  log::Warn("shard {}: every shard of the run it rejoined stopped; it {} {}", shard(),
+            coord::RunEntryKindName(entry->kind), run_generation_);
   rejoining_ = false;
   return true;
 }

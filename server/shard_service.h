@@ -253,8 +253,11 @@ class ShardService {
   // How this shard enters the job (with coordination.etcd: the run record decides, see
   // coord/job_run.h; without: it restores checkpoint.dir's newest set, if any).
   absl::Status EnterJob();
+  // With etcd: enters the job's run (coord/job_run.h) and, unless it rejoins, restores the
+  // set the run names. Also what EnterNextRun does.
+  absl::StatusOr<coord::RunEntry> EnterRunAndRestore();
   // With etcd, a rejoining shard whose run ended (every serving shard stopped): it enters
-  // the next run instead, restoring its set. True when it did.
+  // the next run instead, restoring its set. True when it did (or failed to restore it).
   bool EnterNextRun();
   // Called by a chunk's accumulator (under its lock) at a checkpoint step boundary.
   void OnSnapshot(const std::string& key, uint32_t chunk, ChunkSnapshot snapshot);
@@ -463,7 +466,7 @@ class ShardService {
   std::vector<bool> down_ ABSL_GUARDED_BY(mu_);     // by shard index, from map_config_
   std::vector<bool> joining_shards_ ABSL_GUARDED_BY(mu_);  // likewise
   bool rejoining_ ABSL_GUARDED_BY(mu_) = false;     // restarted: not serving yet
-  // The thread restoring a set while rejoining_ holds (EnterNextRun): its declarations
+  // The thread restoring a set while rejoining_ holds (EnterRunAndRestore): its declarations
   // pass, everyone else's wait.
   std::thread::id restoring_thread_ ABSL_GUARDED_BY(mu_);
   // With etcd: the run this shard entered or rejoins (coord/job_run.h), and whether it
