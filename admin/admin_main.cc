@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "admin/coordination.h"
 #include "admin/status.h"
+#include "base/build_info.h"
 #include "base/json.h"
 #include "server/checkpoint.h"
 #include "base/log_flags.h"
@@ -188,6 +189,7 @@ std::string Usage() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(Usage());
+  gcomp::InstallVersionFlag("gcomp_admin");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   absl::Status logging = gcomp::InitLoggingFromFlags("gcomp_admin", "warn");
   if (!logging.ok()) {

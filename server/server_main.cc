@@ -22,6 +22,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/build_info.h"
+#include "base/build_info_metric.h"
 #include "base/files.h"
 #include "base/log_flags.h"
 #include "base/logging.h"
@@ -157,6 +159,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gcomp_server --config FILE --shard K [--set field=value,...] [--decode_threads N]\n"
       "Serves shard K of the cluster in FILE (docs/SERVICE.md); --helpfull lists every flag.");
+  gcomp::InstallVersionFlag("gcomp_server");
   absl::ParseCommandLine(argc, argv);
   int shard = absl::GetFlag(FLAGS_shard);
   if (shard < -1) {  // -1, the default, means "not given"
@@ -247,11 +250,12 @@ int main(int argc, char** argv) {
   }
   gcomp::log::Info(
       "shard {} of {} listening on {} (port {}), job '{}', {} workers, epoch {}, at most {} "
-      "connections",
+      "connections; {}",
       shard, config->shards_size(), listen, (*server)->port(), config->job(), config->workers(),
-      config->shard_map_epoch(), max_connections);
+      config->shard_map_epoch(), max_connections, gcomp::VersionLine("gcomp_server"));
   std::unique_ptr<gcomp::MetricsExposer> metrics;
   if (absl::GetFlag(FLAGS_metrics_address) != "none") {
+    gcomp::RegisterBuildInfo(*(*server)->service()->metrics()->registry());
     absl::StatusOr<std::unique_ptr<gcomp::MetricsExposer>> exposer = gcomp::MetricsExposer::Start(
         absl::GetFlag(FLAGS_metrics_address), (*server)->service()->metrics()->registry());
     if (!exposer.ok()) {

@@ -26,7 +26,7 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
 
 ShardMetrics::ShardMetrics(const std::string& job, uint32_t shard)
     : registry_(std::make_shared<prometheus::Registry>()) {
-  const std::map<std::string, std::string> labels = {{"job", job},
+  const std::map<std::string, std::string> labels = {{"gcomp_job", job},
                                                      {"shard", absl::StrCat(shard)}};
   prometheus::Registry& r = *registry_;
   auto& raw = prometheus::BuildCounter()

@@ -1,7 +1,8 @@
 // The shard's Prometheus metrics (docs/OPERATIONS.md lists every series). Counters and
 // histograms are updated on the hot path with atomic adds; gauges are set when what they
-// show changes. Every series carries the const labels job and shard, so label
-// cardinality stays bounded (never a tensor key). Thread-safe.
+// show changes. Every series carries the const labels gcomp_job (the config's job; not
+// "job", which is Prometheus's own target label) and shard, so label cardinality stays
+// bounded (never a tensor key). Thread-safe.
 #ifndef GCOMP_SERVER_SHARD_METRICS_H_
 #define GCOMP_SERVER_SHARD_METRICS_H_
 

@@ -51,7 +51,7 @@ TEST(ShardMetrics, CountersFollowPushesAndSteps) {
   shard->metrics()->CountRefusedAddressConnection();
 
   const std::string text = shard->metrics()->Text();
-  const std::string labels = "job=\"j\",shard=\"0\"";
+  const std::string labels = "gcomp_job=\"j\",shard=\"0\"";
   EXPECT_THAT(text, HasSubstr("gcomp_shard_pushes_total{" + labels + ",code=\"OK\"} 2"));
   EXPECT_THAT(text, HasSubstr("gcomp_shard_pushes_total{" + labels + ",code=\"NOT_FOUND\"} 1"));
   EXPECT_THAT(text, HasSubstr("gcomp_shard_duplicate_pushes_total{" + labels + "} 1"));
@@ -93,17 +93,17 @@ TEST(ShardMetrics, CallsInFlightAndRefusals) {
   {
     ShardMetrics::InFlight a = m.Track("PushPull");
     ShardMetrics::InFlight b = m.Track("PushPull");
-    EXPECT_THAT(m.Text(), HasSubstr("gcomp_grpc_calls_in_flight{job=\"j\",shard=\"3\",method=\"PushPull\"} 2"));
+    EXPECT_THAT(m.Text(), HasSubstr("gcomp_grpc_calls_in_flight{gcomp_job=\"j\",shard=\"3\",method=\"PushPull\"} 2"));
   }
-  EXPECT_THAT(m.Text(), HasSubstr("gcomp_grpc_calls_in_flight{job=\"j\",shard=\"3\",method=\"PushPull\"} 0"));
+  EXPECT_THAT(m.Text(), HasSubstr("gcomp_grpc_calls_in_flight{gcomp_job=\"j\",shard=\"3\",method=\"PushPull\"} 0"));
   AdmissionUsage usage;
   usage.refused = 4;
   usage.memory_bytes = 100;
   m.SetAdmission(usage, 1000);
   m.SetAdmission(usage, 1000);  // the same refusals are not counted twice
-  EXPECT_THAT(m.Text(), HasSubstr("gcomp_shard_limit_refusals_total{job=\"j\",shard=\"3\"} 4"));
-  EXPECT_THAT(m.Text(), HasSubstr("gcomp_shard_memory_used_bytes{job=\"j\",shard=\"3\"} 100"));
-  EXPECT_THAT(m.Text(), HasSubstr("gcomp_shard_memory_budget_bytes{job=\"j\",shard=\"3\"} 1000"));
+  EXPECT_THAT(m.Text(), HasSubstr("gcomp_shard_limit_refusals_total{gcomp_job=\"j\",shard=\"3\"} 4"));
+  EXPECT_THAT(m.Text(), HasSubstr("gcomp_shard_memory_used_bytes{gcomp_job=\"j\",shard=\"3\"} 100"));
+  EXPECT_THAT(m.Text(), HasSubstr("gcomp_shard_memory_budget_bytes{gcomp_job=\"j\",shard=\"3\"} 1000"));
 }
 
 }  // namespace

@@ -789,7 +789,7 @@ TEST(ShardServiceReshard, ANewReshardWaitsForTheLastOnesMoves) {
   };
   const auto in_progress = [&] {
     const std::string text = shard->metrics()->Text();
-    return text.find("gcomp_shard_reshard_in_progress{job=\"j\",shard=\"0\"} 1") !=
+    return text.find("gcomp_shard_reshard_in_progress{gcomp_job=\"j\",shard=\"0\"} 1") !=
            std::string::npos;
   };
   EXPECT_FALSE(in_progress());

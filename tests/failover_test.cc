@@ -157,7 +157,7 @@ TEST_P(Failover, AStoppedShardLosesNoAcknowledgedStep) {
   EXPECT_EQ(st.chunks_lost(), 0u);
   // Operators see it in the metrics too.
   const std::string metrics = shards[live]->service()->metrics()->Text();
-  EXPECT_THAT(metrics, HasSubstr("gcomp_shard_replication_degraded{job=\"failover\",shard=\""));
+  EXPECT_THAT(metrics, HasSubstr("gcomp_shard_replication_degraded{gcomp_job=\"failover\",shard=\""));
   EXPECT_THAT(metrics, ::testing::ContainsRegex("gcomp_shard_replication_degraded\\{[^}]*\\} 1"));
   EXPECT_THAT(metrics, ::testing::ContainsRegex("gcomp_shard_down_shards\\{[^}]*\\} 1"));
 }

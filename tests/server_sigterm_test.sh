@@ -28,6 +28,17 @@ worker_pid=$!
 sleep 2
 kill -0 "$worker_pid" 2>/dev/null || { cat "$DIR/worker.json" "$DIR/worker.log"; fail "worker ended before the signal"; }
 
+# The build's identity: --version, and gcomp_build_info on the metrics port.
+release=$(cat VERSION)
+"$SERVER" --version | grep -Eq "^gcomp_server $release \(revision ([0-9a-f]{12}(-dirty)?|unknown)\)$" ||
+  fail "--version printed '$("$SERVER" --version)'"
+metrics_port=$(sed -n 's/.*metrics on .* (port \([0-9]*\)).*/\1/p' "$DIR/server.log")
+[[ -n "$metrics_port" ]] || { cat "$DIR/server.log"; fail "no metrics port in the server log"; }
+/usr/bin/python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$metrics_port/metrics').read().decode())" \
+  > "$DIR/metrics.txt" || fail "could not read /metrics"
+grep -Eq "^gcomp_build_info\{revision=\"[0-9a-z-]+\",version=\"$release\"\} 1$" "$DIR/metrics.txt" ||
+  { grep build_info "$DIR/metrics.txt"; fail "no gcomp_build_info 1 with version $release"; }
+
 start=$(date +%s)
 kill -TERM "$server_pid"
 wait "$server_pid"

@@ -36,7 +36,7 @@ TEST(WorkerMetrics, ServedCountersMatchClientStats) {
   }
   const worker::ClientStats st = (*client)->stats();
   const std::string text = testing::HttpGet((*client)->metrics_port());
-  const std::string labels = "job=\"m\",worker=\"0\"";
+  const std::string labels = "gcomp_job=\"m\",worker=\"0\"";
   EXPECT_THAT(text, HasSubstr(absl::StrCat("gcomp_worker_raw_bytes_total{", labels,
                                            ",direction=\"sent\"} ", st.raw_bytes_sent)));
   EXPECT_THAT(text, HasSubstr(absl::StrCat("gcomp_worker_wire_bytes_total{", labels,

@@ -23,7 +23,7 @@ prometheus::ClientMetric Counter(const std::map<std::string, std::string>& label
 
 ClientMetrics::ClientMetrics(const std::string& job, uint32_t worker,
                              std::function<ClientStats()> stats)
-    : labels_{{"job", job}, {"worker", absl::StrCat(worker)}},
+    : labels_{{"gcomp_job", job}, {"worker", absl::StrCat(worker)}},
       stats_(std::move(stats)),
       registry_(std::make_shared<prometheus::Registry>()) {
   std::vector<double> buckets;

@@ -1,6 +1,6 @@
 // A worker's Prometheus metrics, served on ClientOptions::metrics_address: the client's
 // byte and call counters (read from ClientStats when scraped, so the hot path pays
-// nothing for them) and a histogram of push-pull latencies. Const labels job and worker.
+// nothing for them) and a histogram of push-pull latencies. Const labels gcomp_job and worker.
 // Thread-safe.
 #ifndef GCOMP_WORKER_CLIENT_METRICS_H_
 #define GCOMP_WORKER_CLIENT_METRICS_H_

@@ -36,6 +36,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/build_info.h"
 #include "base/json.h"
 #include "base/large_buffer.h"
 #include "base/log_flags.h"
@@ -105,6 +106,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gcomp_worker --config FILE --worker W --gradients A.npy[,B.npy] --steps N\n"
       "Replays real gradients as worker W of a job; --helpfull lists every flag.");
+  gcomp::InstallVersionFlag("gcomp_worker");
   absl::ParseCommandLine(argc, argv);
   const uint32_t w = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker));
   const absl::Status logging =

@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "base/build_info.h"
 #include "base/thread_pool.h"
 #include "codec/cli/commands.h"
 
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
   }
   std::vector<char*> cargs;
   for (std::string& a : args) cargs.push_back(a.data());
+  gcomp::InstallVersionFlag("gcomp");
   std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(cargs.size()),
                                                          cargs.data());
   if (positional.size() < 2) {

@@ -5,6 +5,7 @@
 # deploy/k8s/base (Containerfile.etcd: Debian's etcd and etcdctl, no gcomp binaries).
 #
 #   deploy/image/build.sh [--train | --etcd] [--tag localhost/gcomp:dev] [--base IMAGE]
+#                         [--source URL]
 #
 # Binaries: `bazel build $BAZEL_FLAGS` (default -c opt) of gcomp_server, gcomp_worker,
 # gcomp and gcomp_admin.
@@ -13,22 +14,28 @@
 # else localhost/gcomp-base:bookworm (gcomp-train-base with --train, gcomp-etcd-base with
 # --etcd), made once with `debootstrap --variant=minbase` from
 # the Debian mirror this machine's apt uses, with the runtime packages included (no
-# registry needed). Environment: PODMAN (default "podman"; e.g. "podman --runtime runc"),
-# and podman's own CONTAINERS_CONF.
+# registry needed). A registry base should be pinned by digest
+# (debian:12-slim@sha256:...): a tag alone warns, since it can name other bytes tomorrow.
+# Labels: org.opencontainers.image.version (//:VERSION), .revision (the git revision, as
+# --version prints it) and .source (--source, default the git remote "origin").
+# Environment: PODMAN (default "podman"; e.g. "podman --runtime runc"), and podman's own
+# CONTAINERS_CONF.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
 TAG=""
 BASE=""
+SOURCE=""
 TRAIN=0
 ETCD=0
 while (($#)); do
   case "$1" in
     --tag) TAG="$2"; shift 2 ;;
     --base) BASE="$2"; shift 2 ;;
+    --source) SOURCE="$2"; shift 2 ;;
     --train) TRAIN=1; shift ;;
     --etcd) ETCD=1; shift ;;
-    *) echo "build.sh: unknown argument '$1' (--train, --etcd, --tag IMAGE, --base IMAGE)" >&2; exit 2 ;;
+    *) echo "build.sh: unknown argument '$1' (--train, --etcd, --tag IMAGE, --base IMAGE, --source URL)" >&2; exit 2 ;;
   esac
 done
 if ((TRAIN && ETCD)); then
@@ -99,6 +106,12 @@ if ((TRAIN)); then
   rm -f "$CONTEXT"/examples/*_test.py
 fi
 
+VERSION=$(tr -d '[:space:]' < VERSION)
+REVISION=$(tools/workspace_status.sh | sed -n 's/^STABLE_GCOMP_REVISION //p')
+SOURCE="${SOURCE:-$(git remote get-url origin 2>/dev/null || echo unknown)}"
+if [[ -n "$BASE" && "$BASE" == */* && "$BASE" != localhost/* && "$BASE" != *@sha256:* ]]; then
+  echo "build.sh: warning: --base $BASE is not pinned by digest (add @sha256:...)" >&2
+fi
 if [[ -z "$BASE" ]]; then
   BASE=$DEFAULT_BASE
   if ! "${PODMAN[@]}" image exists "$BASE"; then
@@ -121,6 +134,7 @@ if [[ -z "$BASE" ]]; then
 fi
 
 "${PODMAN[@]}" build --quiet --build-arg "BASE=$BASE" --build-arg "RUNTIME_PACKAGES=$PACKAGES" \
-  --build-arg "TRAIN_PACKAGES=$TRAIN_PACKAGES" --build-arg "ETCD_PACKAGES=$ETCD_PACKAGES" -f "$CONTAINERFILE" -t "$TAG" "$CONTEXT" >/dev/null
+  --build-arg "TRAIN_PACKAGES=$TRAIN_PACKAGES" --build-arg "ETCD_PACKAGES=$ETCD_PACKAGES" \
+  --build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION" --build-arg "SOURCE=$SOURCE" -f "$CONTAINERFILE" -t "$TAG" "$CONTEXT" >/dev/null
 SIZE=$("${PODMAN[@]}" image inspect "$TAG" --format '{{.Size}}')
 echo "image $TAG: $((SIZE / 1000000)) MB (base $BASE)"

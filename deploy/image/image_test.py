@@ -8,6 +8,7 @@ Needs root, podman, runc and debootstrap (tools/bootstrap.sh installs them) and 
 mirror apt uses; skips with the reason otherwise. The first build makes the base image
 with debootstrap (about a minute); later ones reuse it.
 """
+import json
 import os
 import re
 import shutil
@@ -81,6 +82,21 @@ def test_image_runs_as_non_root_with_every_tool(image):
     assert lines[-1] == "no-toolchain"
     r = run(env, TAG, "gcomp_admin")
     assert r.returncode == 2 and "usage: gcomp_admin" in r.stderr, r.stderr
+
+
+def test_image_and_binaries_name_the_release_and_revision(image):
+    env, _, _ = image
+    release = open(os.path.join(ROOT, "VERSION")).read().strip()
+    labels = json.loads(subprocess.run(
+        ["podman", "--runtime", "runc", "image", "inspect", TAG, "--format", "{{json .Labels}}"],
+        env=env, capture_output=True, text=True, check=True).stdout)
+    assert labels["org.opencontainers.image.version"] == release, labels
+    revision = labels["org.opencontainers.image.revision"]
+    assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?|unknown", revision), labels
+    assert labels["org.opencontainers.image.source"], labels
+    r = run(env, TAG, "gcomp_server", "--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "gcomp_server %s (revision %s)" % (release, revision)
 
 
 def test_a_shard_and_two_workers_train_in_a_read_only_container(image):

@@ -61,6 +61,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/build_info.h"
 #include "base/process_usage.h"
 #include "base/progress.h"
 #include "base/progress_flags.h"
@@ -186,6 +187,7 @@ void RemoveRunFolder(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gcomp::InstallVersionFlag("cluster");
   absl::ParseCommandLine(argc, argv);
   const int S = absl::GetFlag(FLAGS_shards), W = absl::GetFlag(FLAGS_workers);
   const int steps = absl::GetFlag(FLAGS_steps);

@@ -147,7 +147,7 @@ def test_python_client_serves_prometheus_metrics(tmp_path):
         stats = client.stats()
         text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
         client.close()
-    line = 'gcomp_worker_raw_bytes_total{job="%s",worker="0",direction="sent"} %d' % (
+    line = 'gcomp_worker_raw_bytes_total{gcomp_job="%s",worker="0",direction="sent"} %d' % (
         c.config["job"], stats["raw_bytes_sent"])
     assert line in text
     assert stats["raw_bytes_sent"] == n * 4

@@ -17,8 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 import make_dashboard  # noqa: E402
 
-SHARD = {"job", "shard"}
-WORKER = {"job", "worker"}
+SHARD = {"gcomp_job", "shard"}
+WORKER = {"gcomp_job", "worker"}
 # The metrics of docs/OPERATIONS.md: name -> (type, labels).
 METRICS = {
     "gcomp_shard_raw_bytes_total": ("counter", SHARD | {"direction"}),
@@ -70,6 +70,15 @@ def targets(dashboard):
             yield p["title"], t
 
 
+def metric_tokens(expr):
+    """The gcomp_ metric names an expression reads: words outside label matchers, grouping
+    clauses and strings (where gcomp_job is a label, not a metric)."""
+    bare = re.sub(r'"[^"]*"', '""', expr)
+    bare = re.sub(r"\{[^}]*\}", "", bare)
+    bare = re.sub(r"\b(by|on|without|ignoring)\s*\([^)]*\)", "", bare)
+    return [t for t in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", bare) if t.startswith("gcomp_")]
+
+
 def series_name(token):
     """The metric family of a name as queried (histograms as _bucket, _sum or _count)."""
     if token in METRICS:
@@ -91,13 +100,11 @@ def test_every_metric_queried_is_exported_with_the_labels_used(dashboard):
     used = set()
     for title, t in targets(dashboard):
         expr = t["expr"]
-        for token in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", re.sub(r'"[^"]*"', '""', expr)):
-            if token.startswith("gcomp_"):
-                name = series_name(token)
-                assert name is not None, "%s: unknown metric %s in %s" % (title, token, expr)
-                used.add(name)
-        labels_here = set().union(*(METRICS[series_name(m)][1] for m in
-                                    re.findall(r"gcomp_[a-z0-9_]+", expr)))
+        for token in metric_tokens(expr):
+            name = series_name(token)
+            assert name is not None, "%s: unknown metric %s in %s" % (title, token, expr)
+            used.add(name)
+        labels_here = set().union(*(METRICS[series_name(m)][1] for m in metric_tokens(expr)))
         is_histogram = "_bucket" in expr
         for metric, matchers in re.findall(r"(gcomp_[a-z0-9_]+)\{([^}]*)\}", expr):
             allowed = METRICS[series_name(metric)][1] | ({"le"} if metric.endswith("_bucket") else set())
@@ -127,8 +134,8 @@ def test_every_metric_queried_is_exported_with_the_labels_used(dashboard):
 
 
 def test_metric_names_match_the_exporting_sources(dashboard):
-    exprs = " ".join(t["expr"] for _, t in targets(dashboard))
-    for name in sorted({series_name(m) for m in re.findall(r"gcomp_[a-z0-9_]+", exprs)}):
+    names = {series_name(m) for _, t in targets(dashboard) for m in metric_tokens(t["expr"])}
+    for name in sorted(names):
         source = next(path for prefix, path in SOURCES.items() if name.startswith(prefix))
         path = os.path.join(ROOT, source)
         if not os.path.exists(path):
@@ -165,14 +172,19 @@ def load_yaml(name):
         return [d for d in yaml.safe_load_all(f) if d is not None]
 
 
-def test_service_monitor_scrapes_metrics_ports_and_keeps_the_job_label():
+def test_no_series_label_collides_with_a_label_prometheus_sets():
+    for _, labels in METRICS.values():
+        assert not labels & {"job", "instance"}, labels
+
+
+def test_service_monitor_scrapes_metrics_ports_and_keeps_prometheus_labels():
     docs = load_yaml("servicemonitor.yaml")
     services = [d for d in docs if d["kind"] == "Service"]
     (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
-    assert endpoint["honorLabels"] is True
+    assert not endpoint.get("honorLabels"), "a target could then overwrite job and instance"
     selector = monitor["spec"]["selector"]
     for s in services:
         assert any(p["name"] == "metrics" and p["port"] == 9464 for p in s["spec"]["ports"])
@@ -182,10 +194,10 @@ def test_service_monitor_scrapes_metrics_ports_and_keeps_the_job_label():
         assert labels[expr["key"]] in expr["values"]
 
 
-def test_annotation_scrape_config_keeps_annotated_pods_and_the_job_label():
+def test_annotation_scrape_config_keeps_annotated_pods_and_prometheus_labels():
     (doc,) = load_yaml("scrape-annotations.yaml")
     (job,) = doc["scrape_configs"]
-    assert job["honor_labels"] is True
+    assert not job.get("honor_labels")
     assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
     keep = job["relabel_configs"][0]
     assert keep["action"] == "keep"

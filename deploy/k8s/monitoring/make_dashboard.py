@@ -9,7 +9,7 @@ import json
 import os
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
-SEL = 'job=~"$job"'
+SEL = 'gcomp_job=~"$job"'
 RI = "$__rate_interval"
 
 
@@ -185,8 +185,8 @@ def build():
             {"name": "datasource", "label": "Data source", "type": "datasource",
              "query": "prometheus", "current": {}, "hide": 0},
             {"name": "job", "label": "Job", "type": "query", "datasource": DS,
-             "query": {"query": "label_values(gcomp_shard_map_epoch, job)", "refId": "job"},
-             "definition": "label_values(gcomp_shard_map_epoch, job)", "refresh": 2,
+             "query": {"query": "label_values(gcomp_shard_map_epoch, gcomp_job)", "refId": "job"},
+             "definition": "label_values(gcomp_shard_map_epoch, gcomp_job)", "refresh": 2,
              "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0,
              "sort": 1},
         ]},
