@@ -1,7 +1,7 @@
 // gcomp_admin SUBCOMMAND [flags]: operator commands against a running cluster.
 //
 //   gcomp_admin status --config cluster.yaml [--set k=v,...] [--json] [--timeout_ms 3000]
-//   gcomp_admin checkpoint --dir DIR   (or --config with checkpoint.dir)
+//   gcomp_admin checkpoint --dir DIR   (or --config: its checkpoint.dir/JOB)
 //   gcomp_admin reshard --config new.yaml [--at_step N] [--deadline_ms MS]
 //
 // Exit status: 0 success; 1 the command ran and found a problem (e.g. a shard is down);
@@ -31,7 +31,8 @@ ABSL_FLAG(std::vector<std::string>, set, {},
           "Config overrides, comma-separated field=value (e.g. shards=h1:7070,h2:7070).");
 ABSL_FLAG(bool, json, false, "status: one JSON object instead of the table.");
 ABSL_FLAG(int64_t, timeout_ms, 3000, "status: deadline of each shard's answer.");
-ABSL_FLAG(std::string, dir, "", "checkpoint: the checkpoint directory (default: the config's checkpoint.dir).");
+ABSL_FLAG(std::string, dir, "",
+          "checkpoint: a job's checkpoint directory (default: the config's checkpoint.dir/JOB).");
 ABSL_FLAG(int64_t, at_step, 0, "reshard: switch at this step or later (0: as soon as possible).");
 ABSL_FLAG(int64_t, deadline_ms, 60000,
           "reshard: how long added shards may take to come up and each shard to prepare.");
@@ -108,7 +109,7 @@ int Checkpoint(const std::vector<char*>& args) {
                    config.status().ToString().c_str());
       return kExitUsage;
     }
-    dir = config->checkpoint().dir();
+    dir = gcomp::cluster::JobCheckpointDir(*config);
     if (dir.empty()) {
       std::fprintf(stderr, "gcomp_admin checkpoint: the config has no checkpoint.dir\n");
       return kExitUsage;
@@ -161,7 +162,7 @@ struct Subcommand {
 constexpr Subcommand kSubcommands[] = {
     {"status", "one row per shard (up, epoch, chunks, steps, bytes, ratio, memory, last error)",
      Status},
-    {"checkpoint", "the checkpoint sets in --dir (or the config's checkpoint.dir) and what the "
+    {"checkpoint", "the checkpoint sets in --dir (or the config's checkpoint.dir/JOB) and what the "
                    "newest usable one holds; exit 1 if none is usable",
      Checkpoint},
     {"reshard", "move the running job to the shard map in --config (raise shard_map_epoch; start "

@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
   }
   const double write_s = absl::ToDoubleSeconds(absl::Now() - start);
   shards.clear();
-  const std::string set = absl::StrCat(dir, "/final-of-", S);
+  const std::string set = absl::StrCat(gcomp::cluster::JobCheckpointDir(config_for(S)), "/final-of-", S);
   const uint64_t file_bytes = DirBytes(set);
 
   const gcomp::proto::ClusterConfig config2 = config_for(S2);

@@ -14,9 +14,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "base/files.h"
 #include "cluster/config_fields.h"
 #include "cluster/optimizer.h"
@@ -108,6 +110,22 @@ proto::ClusterConfig DefaultClusterConfig() { return config_fields::Defaults(); 
 // Matches shards.count's range; a map this size is already far beyond any deployment, and a
 // bound keeps a config from a network peer (a re-shard's Prepare) cheap to check.
 constexpr uint32_t kMaxReplicas = 8;
+
+std::string JobCheckpointDir(const proto::ClusterConfig& c) {
+  if (c.checkpoint().dir().empty()) return "";
+  // The job may be any UTF-8 text; as one path component, every byte but [A-Za-z0-9_-]
+  // (and '.' after the first) is %XX, so "a/b" or ".." stay one directory of the root.
+  std::string name;
+  for (size_t i = 0; i < c.job().size(); ++i) {
+    const unsigned char b = static_cast<unsigned char>(c.job()[i]);
+    if (absl::ascii_isalnum(b) || b == '_' || b == '-' || (b == '.' && i > 0)) {
+      name.push_back(static_cast<char>(b));
+    } else {
+      absl::StrAppend(&name, absl::StrFormat("%%%02X", b));
+    }
+  }
+  return absl::StrCat(absl::StripSuffix(c.checkpoint().dir(), "/"), "/", name);
+}
 
 absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
   if (c.job().empty()) return FieldError("job", "must not be empty");

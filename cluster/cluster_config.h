@@ -42,6 +42,12 @@ absl::StatusOr<proto::ClusterConfig> LoadClusterConfig(
 
 absl::Status ValidateClusterConfig(const proto::ClusterConfig& config);
 
+// Where the shards of the config's job keep their checkpoint sets: checkpoint.dir/JOB, so
+// jobs that share a volume never restore each other's state; bytes of the job other than
+// letters, digits, '_', '-' and a '.' after the first are written %XX (space: %20). Empty
+// without checkpoint.dir.
+std::string JobCheckpointDir(const proto::ClusterConfig& config);
+
 // Copies of each chunk's state the config asks for (`replicas`, 0 read as 1).
 inline uint32_t Replicas(const proto::ClusterConfig& config) {
   return config.replicas() == 0 ? 1 : config.replicas();

@@ -86,6 +86,22 @@ TEST(ClusterConfig, LimitsAndSecurityParseAndRoundTrip) {
   EXPECT_EQ(again->SerializeAsString(), c->SerializeAsString());
 }
 
+TEST(ClusterConfig, CheckpointsLiveInADirectoryOfTheJob) {
+  absl::StatusOr<proto::ClusterConfig> c =
+      ParseClusterConfig("job: run-7.b_2\ncheckpoint: {dir: /ckpt/}\n", {"shards=h:1"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(JobCheckpointDir(*c), "/ckpt/run-7.b_2");
+  // Any other byte is escaped: a job name never leaves its one directory of the root.
+  for (const auto& [job, dir] : std::vector<std::pair<std::string, std::string>>{
+           {"..", "/ckpt/%2E."}, {"a/../b", "/ckpt/a%2F..%2Fb"}, {"tab-free job", "/ckpt/tab-free%20job"},
+           {"tr\xc3\xa4ning", "/ckpt/tr%C3%A4ning"}, {"50%", "/ckpt/50%25"}}) {
+    c->set_job(job);
+    EXPECT_EQ(JobCheckpointDir(*c), dir) << job;
+  }
+  c->mutable_checkpoint()->set_dir("");
+  EXPECT_EQ(JobCheckpointDir(*c), "");
+}
+
 TEST(ClusterConfig, MissingFileIsNotFound) {
   EXPECT_EQ(LoadClusterConfig("/nonexistent/cluster.yaml").status().code(),
             absl::StatusCode::kNotFound);

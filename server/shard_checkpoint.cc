@@ -210,7 +210,7 @@ absl::Status ShardService::WriteCheckpoint(
   const size_t chunk_count = c.chunks.size();
   const int64_t step_written = c.step;
   absl::StatusOr<uint64_t> bytes =
-      WriteShardCheckpoint(config_.checkpoint().dir(), std::move(c), config_.checkpoint().keep());
+      WriteShardCheckpoint(checkpoint_dir_, std::move(c), config_.checkpoint().keep());
   if (!bytes.ok()) return bytes.status();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   log::Info("shard {}: checkpoint {} written: {} chunks, {} bytes in {:.3f} s", shard,
@@ -250,7 +250,7 @@ absl::Status ShardService::WriteFinalCheckpoint() {
 
 absl::StatusOr<LoadedCheckpoint> ShardService::LoadForRestore(const std::string& only_set,
                                                                CheckedStates* checked_out) {
-  const std::string& dir = config_.checkpoint().dir();
+  const std::string& dir = checkpoint_dir_;
   // Every chunk state is decoded and checked before anything is declared: a set whose states
   // cannot be restored (damage behind valid checksums, a forged file) is skipped for an older
   // one, as a damaged set is, instead of stopping the shard for good. All of them, not only
@@ -325,14 +325,31 @@ absl::StatusOr<LoadedCheckpoint> ShardService::LoadForRestore(const std::string&
       "choose anew"));
 }
 
+absl::Status ShardService::RefuseSetsOutsideTheJobDir() const {
+  if (checkpoint_dir_.empty() || !ListCheckpointSets(checkpoint_dir_).empty()) {
+    return absl::OkStatus();
+  }
+  // Sets written before checkpoints moved into a directory per job: starting empty would
+  // silently drop this job's state, so the shard asks for the move instead.
+  const std::string& root = config_.checkpoint().dir();
+  if (ListCheckpointSets(root).empty()) return absl::OkStatus();
+  absl::StatusOr<LoadedCheckpoint> old = LoadLatestCheckpoint(root);
+  if (!old.ok() || old->job != config_.job()) return absl::OkStatus();  // not this job's
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint sets of job '", config_.job(), "' are in ", root,
+      ", where shards before per-job directories wrote them; this shard restores from ",
+      checkpoint_dir_, ". Move them there with every shard stopped: mkdir -p ", checkpoint_dir_,
+      " && mv ", root, "/step-* ", root, "/final-* ", checkpoint_dir_, "/"));
+}
+
 absl::Status ShardService::RestoreFromCheckpoint() {
   // Checked now rather than at the first checkpoint, which would fail only in the log while
   // training went on without any.
-  if (absl::Status st = CheckCheckpointDirWritable(config_.checkpoint().dir()); !st.ok()) return st;
+  if (absl::Status st = CheckCheckpointDirWritable(checkpoint_dir_); !st.ok()) return st;
   CheckedStates checked;
   absl::StatusOr<LoadedCheckpoint> loaded = LoadForRestore("", &checked);
   if (absl::IsNotFound(loaded.status())) {
-    log::Info("shard {}: no checkpoint in {}; starting empty", shard(), config_.checkpoint().dir());
+    log::Info("shard {}: no checkpoint in {}; starting empty", shard(), checkpoint_dir_);
     return absl::OkStatus();
   }
   if (!loaded.ok()) return loaded.status();

@@ -50,6 +50,9 @@ proto::ClusterConfig Config(int shards, const std::string& dir, int every_steps,
   return *c;
 }
 
+// The sets of job "j" (Config's) under checkpoint root `dir`.
+std::string JobDir(const std::string& dir) { return dir + "/j"; }
+
 float Gradient(uint32_t worker, int64_t step, size_t i) {
   return std::sin(0.1f * static_cast<float>(i) + 0.7f * static_cast<float>(step)) *
          static_cast<float>(worker + 1) * 1e-2f;
@@ -235,7 +238,7 @@ TEST_P(ShardCheckpoint, PeriodicCheckpointWithShardsThatOwnNoChunkResumesBitIden
     for (int64_t s = 0; s < 8; ++s) job.Step(s);
     for (int k = 0; k < 16; ++k) job.shard(k)->FlushCheckpoints();
   }
-  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir);
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(JobDir(dir));
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->step, 5);
   EXPECT_TRUE(loaded->skipped.empty()) << loaded->skipped[0];
@@ -258,7 +261,7 @@ TEST_P(ShardCheckpoint, PeriodicCheckpointsGoOnPastATensorThatIsNeverPushed) {
     for (int k = 0; k < 2; ++k) job.shard(k)->FlushCheckpoints();
   }
   std::vector<int64_t> steps;
-  for (const CheckpointSetSummary& set : ListCheckpointSets(dir)) {
+  for (const CheckpointSetSummary& set : ListCheckpointSets(JobDir(dir))) {
     EXPECT_TRUE(set.problem.empty()) << set.path << ": " << set.problem;
     steps.push_back(set.step);
   }
@@ -280,9 +283,9 @@ TEST_P(ShardCheckpoint, ASetIsSkippedWhenATensorWasDeclaredAfterItsBoundary) {
   for (int64_t s = 4; s < 9; ++s) job.Step(s);
   for (int k = 0; k < 2; ++k) job.shard(k)->FlushCheckpoints();
   std::vector<int64_t> steps;
-  for (const CheckpointSetSummary& set : ListCheckpointSets(dir)) steps.push_back(set.step);
+  for (const CheckpointSetSummary& set : ListCheckpointSets(JobDir(dir))) steps.push_back(set.step);
   EXPECT_EQ(steps, std::vector<int64_t>{5});
-  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir);
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(JobDir(dir));
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->step, 5);
 }
@@ -330,11 +333,37 @@ TEST(ShardCheckpointErrors, MismatchedCheckpointIsRefusedNamingTheProblem) {
       << other_chunks.status();
   Job other_optimizer(Config(2, dir, 0, "momentum"));
   ASSERT_TRUE(other_optimizer.status().ok());  // the checkpoint's optimizer wins for its tensors
+  // A set of another job, put into this job's directory by hand, is refused by name.
+  const std::string other_dir = dir + "/other";
+  ASSERT_EQ(std::rename(JobDir(dir).c_str(), other_dir.c_str()), 0);
   proto::ClusterConfig c = Config(2, dir, 0);
   c.set_job("other");
   absl::StatusOr<std::unique_ptr<ShardService>> s = ShardService::Create(c, ShardOptions{});
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.status().message().find("job 'j'"), std::string::npos) << s.status();
+}
+
+// Jobs that share a checkpoint volume keep their sets apart: a new job starts empty and
+// never touches the last one's sets (it used to find them and refuse to start).
+TEST(ShardCheckpointErrors, ANewJobOnTheSameVolumeStartsEmpty) {
+  const std::string dir = TempDir();
+  {
+    Job job(Config(1, dir, 0));
+    job.Declare();
+    job.Step(0);
+    ASSERT_TRUE(job.shard(0)->WriteFinalCheckpoint().ok());
+  }
+  proto::ClusterConfig c = Config(1, dir, 0);
+  c.set_job("next");
+  absl::StatusOr<std::unique_ptr<ShardService>> next = ShardService::Create(c, ShardOptions{});
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ((*next)->restored_step(), -1);
+  ASSERT_TRUE((*next)->WriteFinalCheckpoint().ok());
+  EXPECT_EQ(ListCheckpointSets(dir + "/next").size(), 1u);
+  absl::StatusOr<LoadedCheckpoint> first = LoadLatestCheckpoint(JobDir(dir));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->job, "j");
+  EXPECT_EQ(first->step, 0);
 }
 
 TEST(ShardCheckpointErrors, ADirectoryThatCannotHoldCheckpointsRefusesToStart) {
@@ -370,7 +399,7 @@ std::string FinalCheckpointOfOneStep(int shards) {
 
 TEST(ShardCheckpointErrors, DamagedOnlyCheckpointRefusesToStart) {
   const std::string dir = FinalCheckpointOfOneStep(1);
-  const std::string manifest = absl::StrCat(dir, "/final-of-1/shard-0-of-1.manifest");
+  const std::string manifest = absl::StrCat(JobDir(dir), "/final-of-1/shard-0-of-1.manifest");
   ASSERT_TRUE(WriteFileAtomically(manifest, "not a manifest\n").ok());
   Job job(Config(1, dir, 0));
   EXPECT_EQ(job.status().code(), absl::StatusCode::kDataLoss);
@@ -382,7 +411,7 @@ TEST(ShardCheckpointErrors, AFirstCheckpointThatNoShardFinishedIsPassedOver) {
   // manifest: nothing was committed, so the restart starts empty (it refused to start,
   // and kept refusing, until someone removed the set by hand).
   const std::string dir = FinalCheckpointOfOneStep(1);
-  const std::string manifest = absl::StrCat(dir, "/final-of-1/shard-0-of-1.manifest");
+  const std::string manifest = absl::StrCat(JobDir(dir), "/final-of-1/shard-0-of-1.manifest");
   ASSERT_EQ(std::remove(manifest.c_str()), 0);
   Job job(Config(1, dir, 0));
   ASSERT_TRUE(job.status().ok()) << job.status();
@@ -392,7 +421,7 @@ TEST(ShardCheckpointErrors, AFirstCheckpointThatNoShardFinishedIsPassedOver) {
   EXPECT_EQ(stats.tensors(), 0u);
   // A set that one shard of two committed is damage, not an interrupted start.
   const std::string two = FinalCheckpointOfOneStep(2);
-  ASSERT_EQ(std::remove(absl::StrCat(two, "/final-of-2/shard-1-of-2.manifest").c_str()), 0);
+  ASSERT_EQ(std::remove(absl::StrCat(JobDir(two), "/final-of-2/shard-1-of-2.manifest").c_str()), 0);
   Job damaged(Config(2, two, 0));
   EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
 }
@@ -417,7 +446,7 @@ TEST(ShardCheckpointErrors, AChunkAtTheLastStepRestores) {
 // set is: it used to stop the shard, at every restart, until someone removed it by hand.
 TEST(ShardCheckpointErrors, ASetWhoseStatesCannotBeRestoredIsSkippedForAnOlderOne) {
   const std::string dir = FinalCheckpointOfOneStep(1);
-  absl::StatusOr<LoadedCheckpoint> good = LoadLatestCheckpoint(dir);
+  absl::StatusOr<LoadedCheckpoint> good = LoadLatestCheckpoint(JobDir(dir));
   ASSERT_TRUE(good.ok()) << good.status();
   server::ShardCheckpoint forged;
   forged.job = "j";
@@ -425,12 +454,33 @@ TEST(ShardCheckpointErrors, ASetWhoseStatesCannotBeRestoredIsSkippedForAnOlderOn
   forged.declarations = good->declarations;
   forged.chunks = good->chunks;
   forged.chunks.back().set_current_step(forged.chunks.back().completed_step() + 3);
-  ASSERT_TRUE(WriteShardCheckpoint(dir, std::move(forged), /*keep=*/5).ok());
+  ASSERT_TRUE(WriteShardCheckpoint(JobDir(dir), std::move(forged), /*keep=*/5).ok());
   Job job(Config(1, dir, 0));
   ASSERT_TRUE(job.status().ok()) << job.status();
   EXPECT_EQ(job.shard(0)->restored_step(), 0);
   EXPECT_TRUE(absl::EndsWith(job.shard(0)->restored_from(), "/final-of-1"))
       << job.shard(0)->restored_from();
+}
+
+// Sets of this job left in the root by shards before per-job directories: the shard does
+// not start empty over them; it names the command that moves them, and restores after it.
+TEST(ShardCheckpointErrors, SetsInTheOldLayoutAreNamedWithTheMoveNotDropped) {
+  const std::string dir = FinalCheckpointOfOneStep(1);
+  ASSERT_EQ(std::rename(absl::StrCat(JobDir(dir), "/final-of-1").c_str(),
+                        absl::StrCat(dir, "/final-of-1").c_str()),
+            0);
+  Job refused(Config(1, dir, 0));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find(absl::StrCat("mv ", dir, "/step-* ", dir, "/final-* ",
+                                                         JobDir(dir), "/")),
+            std::string::npos)
+      << refused.status();
+  ASSERT_EQ(std::rename(absl::StrCat(dir, "/final-of-1").c_str(),
+                        absl::StrCat(JobDir(dir), "/final-of-1").c_str()),
+            0);
+  Job job(Config(1, dir, 0));
+  ASSERT_TRUE(job.status().ok()) << job.status();
+  EXPECT_EQ(job.shard(0)->restored_step(), 0);
 }
 
 }  // namespace

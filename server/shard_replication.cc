@@ -504,7 +504,8 @@ bool ShardService::CaughtUpLocked() const {
 }
 
 absl::Status ShardService::EnterJob() {
-  const std::string& dir = config_.checkpoint().dir();
+  const std::string& dir = checkpoint_dir_;
+  if (absl::Status s = RefuseSetsOutsideTheJobDir(); !s.ok()) return s;
   if (options_.cluster_state == nullptr) {
     return dir.empty() ? absl::OkStatus() : RestoreFromCheckpoint();
   }
@@ -522,7 +523,7 @@ absl::Status ShardService::EnterJob() {
 }
 
 absl::StatusOr<coord::RunEntry> ShardService::EnterRunAndRestore() {
-  const std::string& dir = config_.checkpoint().dir();
+  const std::string& dir = checkpoint_dir_;
   // Only a shard that starts a run chooses the set, and has loaded it by then.
   std::optional<LoadedCheckpoint> chosen;
   CheckedStates checked;

@@ -62,6 +62,7 @@ uint64_t ShardService::MemoryBudgetBytes(const proto::LimitsConfig& limits) {
 ShardService::ShardService(proto::ClusterConfig config, const ShardOptions& options)
     : config_(std::move(config)),
       options_(options),
+      checkpoint_dir_(cluster::JobCheckpointDir(config_)),
       self_address_(config_.shards(options.shard)),
       downlink_(cluster::DownlinkCodec(config_)),
       pool_(std::make_unique<ThreadPool>(options.decode_threads)),

@@ -242,9 +242,13 @@ class ShardService {
   ShardService(proto::ClusterConfig config, const ShardOptions& options);
   // Chunk states of a checkpoint set, decoded and checked while it was chosen.
   using CheckedStates = absl::flat_hash_map<std::pair<std::string, uint32_t>, ChunkSnapshot>;
-  // Restores the newest restorable set of checkpoint.dir (none: starts empty).
+  // FailedPrecondition, with the command that moves them, when this job's sets are still
+  // in checkpoint.dir itself (the layout before checkpoint.dir/JOB) and none in its own.
+  absl::Status RefuseSetsOutsideTheJobDir() const;
+  // Restores the newest restorable set of this job's checkpoint directory (none: starts
+  // empty).
   absl::Status RestoreFromCheckpoint();
-  // The newest set of checkpoint.dir that this shard can restore, or with `only_set`, that
+  // The newest set of this job's checkpoint directory that this shard can restore, or with `only_set`, that
   // set (FailedPrecondition naming it when it cannot be restored); its states this shard
   // owns go into *checked.
   absl::StatusOr<LoadedCheckpoint> LoadForRestore(const std::string& only_set,
@@ -418,6 +422,7 @@ class ShardService {
   // which live in map_config_ (config_ keeps the ones the shard started with).
   const proto::ClusterConfig config_;
   const ShardOptions options_;
+  const std::string checkpoint_dir_;  // this job's sets (cluster::JobCheckpointDir); "": none
   const std::string self_address_;  // this process's address in every map
   const cluster::DirectionCodec downlink_;
   std::unique_ptr<ThreadPool> pool_;

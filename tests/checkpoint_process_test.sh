@@ -33,8 +33,8 @@ rc=$?
 cat "$DIR/server.log"
 [[ $rc -eq 0 ]] || fail "server exited $rc after SIGTERM"
 grep -q "checkpoint final-of-1 written: 4 chunks" "$DIR/server.log" || fail "no final checkpoint line"
-[[ -f "$DIR/ckpt/final-of-1/shard-0-of-1.manifest" ]] || fail "no manifest"
-grep -q "^step 2$" "$DIR/ckpt/final-of-1/shard-0-of-1.manifest" || fail "manifest step: $(cat "$DIR/ckpt/final-of-1/shard-0-of-1.manifest")"
+[[ -f "$DIR/ckpt/ckpt/final-of-1/shard-0-of-1.manifest" ]] || fail "no manifest"
+grep -q "^step 2$" "$DIR/ckpt/ckpt/final-of-1/shard-0-of-1.manifest" || fail "manifest step: $(cat "$DIR/ckpt/ckpt/final-of-1/shard-0-of-1.manifest")"
 
 "$ADMIN" checkpoint --config "$DIR/cluster.yaml" > "$DIR/inspect.txt"
 rc=$?
@@ -56,13 +56,13 @@ cat "$DIR/server2.log"
 grep -q "restored 4 chunks of 1 tensors from .*final-of-1 (step 2" "$DIR/server2.log" || fail "no restore line"
 
 # A damaged checkpoint stops the start with DATA_LOSS naming the file.
-for f in "$DIR"/ckpt/final-of-1/*.ckpt; do truncate -s 100 "$f"; done
+for f in "$DIR"/ckpt/ckpt/final-of-1/*.ckpt; do truncate -s 100 "$f"; done
 "$SERVER" --config "$DIR/cluster.yaml" --shard 0 --metrics_address none > /dev/null 2> "$DIR/server3.log"
 rc=$?
 cat "$DIR/server3.log"
 [[ $rc -ne 0 ]] || fail "server started on a damaged checkpoint"
 grep -q "DATA_LOSS.*shard-0-of-1-.*ckpt" "$DIR/server3.log" || fail "error does not name the file"
-"$ADMIN" checkpoint --dir "$DIR/ckpt" > "$DIR/inspect2.txt"
+"$ADMIN" checkpoint --dir "$DIR/ckpt/ckpt" > "$DIR/inspect2.txt"
 rc=$?
 cat "$DIR/inspect2.txt"
 [[ $rc -eq 1 ]] || fail "gcomp_admin checkpoint on a damaged set exited $rc, want 1"
