@@ -10,7 +10,8 @@ transport.
 
 With --cluster-config the script is one worker of a job whose shards already run (a pod of
 a Kubernetes Indexed Job, deploy/k8s/examples/): its index comes from --worker-index (or
-JOB_COMPLETION_INDEX, or RANK), the process group meets at --master (or MASTER_ADDR and
+JOB_COMPLETION_INDEX, or RANK as torchrun and Kubeflow's PyTorchJob set it, with WORLD_SIZE
+checked against the config's workers), the process group meets at --master (or MASTER_ADDR and
 MASTER_PORT), the worker count and codec come from the config, and worker 0 prints the
 job's JSON line.
 """
@@ -200,6 +201,12 @@ def resolve_from_config(args):
     if args.worker_index is None:
         raise ValueError("--cluster-config needs --worker-index (or JOB_COMPLETION_INDEX or "
                          "RANK in the environment)")
+    # torchrun and Kubeflow's PyTorchJob set WORLD_SIZE: a job sized apart from the
+    # config would wait at every step for workers that never come.
+    world = _env_int(("WORLD_SIZE",))
+    if world is not None and world != args.workers:
+        raise ValueError("WORLD_SIZE=%d disagrees with workers: %d in %s (the config sets it)"
+                         % (world, args.workers, args.cluster_config))
     if not 0 <= args.worker_index < args.workers:
         raise ValueError("worker index %d is outside [0, %d): %s has workers: %d"
                          % (args.worker_index, args.workers, args.cluster_config, args.workers))

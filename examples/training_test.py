@@ -201,6 +201,8 @@ def test_cluster_config_workers_train_as_the_launcher_does(digits_runs):
     (["--cluster-config", "CONFIG"], {"JOB_COMPLETION_INDEX": "x"},
      "JOB_COMPLETION_INDEX='x' is not an integer"),
     (["--cluster-config", "MISSING"], {"RANK": "0"}, "MISSING"),
+    (["--cluster-config", "CONFIG", "--master", "h:1"], {"RANK": "1", "WORLD_SIZE": "3"},
+     "WORLD_SIZE=3 disagrees with workers: 2"),
 ])
 def test_cluster_config_flags_are_checked_before_anything_starts(tmp_path, flags, env, expected):
     if not gcomp.have_extension():
@@ -213,7 +215,8 @@ def test_cluster_config_flags_are_checked_before_anything_starts(tmp_path, flags
              else f for f in flags]
     expected = expected.replace("MISSING", str(tmp_path / "nope.yaml"))
     clean = {k: v for k, v in os.environ.items()
-             if k not in ("RANK", "JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT")}
+             if k not in ("RANK", "WORLD_SIZE", "JOB_COMPLETION_INDEX", "MASTER_ADDR",
+                          "MASTER_PORT")}
     out = subprocess.run([sys.executable, os.path.join(HERE, "train_digits.py")] + flags,
                          capture_output=True, text=True, timeout=120, env=dict(clean, **env))
     assert out.returncode == 2, out.stdout + out.stderr
