@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/files.h"
 #include "base/logging.h"
@@ -33,22 +34,35 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return diff == 0;
 }
 
-absl::StatusOr<std::string> JobToken::ReadToken(const std::string& path) {
+absl::StatusOr<std::vector<std::string>> JobToken::ReadTokens(const std::string& path) {
   absl::StatusOr<std::string> bytes = ReadFile(path);
   if (!bytes.ok()) {
     return absl::NotFoundError(absl::StrCat(Where(path), ": cannot be read"));
   }
-  const std::string token(absl::StripAsciiWhitespace(*bytes));
-  if (token.empty()) {
+  std::vector<std::string> tokens;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(*bytes, '\n')) {
+    ++line_number;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    for (char c : line) {
+      if (c <= 0x20 || c >= 0x7f) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(Where(path), ": line ", line_number,
+                         ": a token may hold only printable ASCII characters without spaces"));
+      }
+    }
+    tokens.emplace_back(line);
+  }
+  if (tokens.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(Where(path), ": the file is empty"));
   }
-  for (char c : token) {
-    if (c <= 0x20 || c >= 0x7f) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          Where(path), ": the token may hold only printable ASCII characters without spaces"));
-    }
+  if (tokens.size() > kMaxTokens) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Where(path), ": ", tokens.size(), " tokens; at most ", kMaxTokens,
+                     " (the one sent, and those accepted during a rotation)"));
   }
-  return token;
+  return tokens;
 }
 
 absl::StatusOr<JobToken::FileVersion> JobToken::Stat(const std::string& path) {
@@ -71,42 +85,46 @@ absl::StatusOr<std::shared_ptr<JobToken>> JobToken::Load(const std::string& path
   if (path.empty()) return absl::InvalidArgumentError("security.token_file: empty path");
   absl::StatusOr<FileVersion> version = Stat(path);
   if (!version.ok()) return version.status();
-  absl::StatusOr<std::string> token = ReadToken(path);
-  if (!token.ok()) return token.status();
+  absl::StatusOr<std::vector<std::string>> tokens = ReadTokens(path);
+  if (!tokens.ok()) return tokens.status();
   std::shared_ptr<JobToken> t(new JobToken(path, recheck));
   absl::MutexLock lock(&t->mu_);
-  t->token_ = *std::move(token);
+  t->tokens_ = *std::move(tokens);
   t->version_ = *version;
   t->checked_ = absl::Now();
   return t;
 }
 
-std::string JobToken::Current() {
+std::vector<std::string> JobToken::Current() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
-  if (now - checked_ < recheck_) return token_;
+  if (now - checked_ < recheck_) return tokens_;
   checked_ = now;
   absl::StatusOr<FileVersion> version = Stat(path_);
-  if (version.ok() && *version == version_) return token_;
-  absl::StatusOr<std::string> token = version.ok() ? ReadToken(path_) : version.status();
-  if (!token.ok()) {
-    if (last_error_ != token.status().message()) {
-      last_error_ = std::string(token.status().message());
-      log::Warn("{}; keeping the token read before", last_error_);
+  if (version.ok() && *version == version_) return tokens_;
+  absl::StatusOr<std::vector<std::string>> tokens =
+      version.ok() ? ReadTokens(path_) : absl::StatusOr<std::vector<std::string>>(version.status());
+  if (!tokens.ok()) {
+    if (last_error_ != tokens.status().message()) {
+      last_error_ = std::string(tokens.status().message());
+      log::Warn("{}; keeping the tokens read before", last_error_);
     }
-    return token_;
+    return tokens_;
   }
   last_error_.clear();
-  if (*token != token_) log::Info("{}: the token changed, using the new one", Where(path_));
-  token_ = *std::move(token);
+  if (*tokens != tokens_) {
+    log::Info("{}: the tokens changed, using the new ones ({} accepted)", Where(path_),
+              tokens->size());
+  }
+  tokens_ = *std::move(tokens);
   version_ = *version;
-  return token_;
+  return tokens_;
 }
 
-std::string JobToken::Header() { return absl::StrCat(kBearer, Current()); }
+std::string JobToken::Header() { return absl::StrCat(kBearer, Current().front()); }
 
 absl::Status JobToken::Check(const std::vector<absl::string_view>& authorization) {
-  const std::string token = Current();
+  const std::vector<std::string> tokens = Current();
   bool bearer = false;
   for (absl::string_view value : authorization) {
     // RFC 6750 lets the scheme name be in any case.
@@ -115,9 +133,11 @@ absl::Status JobToken::Check(const std::vector<absl::string_view>& authorization
       continue;
     }
     bearer = true;
-    if (ConstantTimeEquals(absl::StripAsciiWhitespace(value.substr(kBearer.size())), token)) {
-      return absl::OkStatus();
-    }
+    const absl::string_view sent = absl::StripAsciiWhitespace(value.substr(kBearer.size()));
+    // Every accepted token is compared, so the time does not say which one matched.
+    bool match = false;
+    for (const std::string& token : tokens) match |= ConstantTimeEquals(sent, token);
+    if (match) return absl::OkStatus();
   }
   if (!bearer) {
     return absl::UnauthenticatedError(

@@ -1,6 +1,8 @@
 // The job token of docs/SERVICE.md, "Security": a secret in a file (security.token_file)
 // that workers send on every call as "authorization: Bearer <token>" and shards check on
-// every call but grpc.health.v1.
+// every call but grpc.health.v1. The file holds one token per line, at most kMaxTokens:
+// clients send the first, shards accept any, so a token is rotated without a window in
+// which either side refuses the other (docs/DEPLOY.md, "Rotate the job token").
 //
 //   absl::StatusOr<std::shared_ptr<JobToken>> token = JobToken::Load(path);
 //   ctx.AddMetadata("authorization", (*token)->Header());        // client
@@ -30,18 +32,22 @@ namespace gcomp::cluster {
 
 class JobToken {
  public:
-  // Reads the token at `path`, trimmed of surrounding whitespace. NotFound if the file
-  // cannot be read; FailedPrecondition if it is empty or holds characters that cannot go in
-  // a header (anything but printable ASCII without spaces). Errors name the config field
-  // security.token_file and the path.
+  static constexpr size_t kMaxTokens = 4;
+
+  // Reads the tokens at `path`, one per line, each trimmed of surrounding whitespace (blank
+  // lines skipped). NotFound if the file cannot be read; FailedPrecondition if it holds no
+  // token, more than kMaxTokens, or characters that cannot go in a header (anything but
+  // printable ASCII without spaces; the line is named, never echoed). Errors name the
+  // config field security.token_file and the path.
   static absl::StatusOr<std::shared_ptr<JobToken>> Load(const std::string& path,
                                                         absl::Duration recheck = absl::Seconds(1));
 
-  // The value of the authorization header: "Bearer <token>".
+  // The value of the authorization header: "Bearer <the file's first token>".
   std::string Header();
 
   // Checks the authorization header values of one call: OK when one of them is
-  // "Bearer <token>" (compared in time independent of where it differs); Unauthenticated
+  // "Bearer <any token of the file>" (compared in time independent of where it differs
+  // and of which token matched); Unauthenticated
   // when there is none or none is a Bearer token; PermissionDenied when the token is not
   // this job's.
   absl::Status Check(const std::vector<absl::string_view>& authorization);
@@ -60,15 +66,16 @@ class JobToken {
   };
 
   JobToken(std::string path, absl::Duration recheck) : path_(std::move(path)), recheck_(recheck) {}
-  static absl::StatusOr<std::string> ReadToken(const std::string& path);
+  static absl::StatusOr<std::vector<std::string>> ReadTokens(const std::string& path);
   static absl::StatusOr<FileVersion> Stat(const std::string& path);
-  // The current token, re-read first if the file changed and `recheck` has passed.
-  std::string Current();
+  // The current tokens (never empty), re-read first if the file changed and `recheck` has
+  // passed.
+  std::vector<std::string> Current();
 
   const std::string path_;
   const absl::Duration recheck_;
   absl::Mutex mu_;
-  std::string token_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> tokens_ ABSL_GUARDED_BY(mu_);
   FileVersion version_ ABSL_GUARDED_BY(mu_);
   absl::Time checked_ ABSL_GUARDED_BY(mu_);
   // The last re-read error logged, so a broken file is reported once, not per call.

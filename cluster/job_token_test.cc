@@ -69,6 +69,33 @@ TEST(JobToken, CharactersAHeaderCannotCarryAreRefusedWithoutEchoingThem) {
   }
 }
 
+// A rotation: shards accept the old and the new token while workers move from one to the
+// other; clients send the first line.
+TEST(JobToken, EveryLineIsAcceptedAndTheFirstIsSent) {
+  const std::string path = WriteToken("rotate", "new-token\n\n  old-token  \n");
+  auto token = JobToken::Load(path, absl::Milliseconds(10));
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ((*token)->Header(), "Bearer new-token");
+  EXPECT_TRUE((*token)->Check({"Bearer new-token"}).ok());
+  EXPECT_TRUE((*token)->Check({"Bearer old-token"}).ok());
+  EXPECT_EQ((*token)->Check({"Bearer other"}).code(), absl::StatusCode::kPermissionDenied);
+  // The rotation's last step: the old line goes, and with it the old token's access.
+  ASSERT_TRUE(WriteFileAtomically(path, "new-token\n").ok());
+  absl::SleepFor(absl::Milliseconds(30));
+  EXPECT_EQ((*token)->Check({"Bearer old-token"}).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*token)->Check({"Bearer new-token"}).ok());
+}
+
+TEST(JobToken, TooManyTokensOrABadLineIsRefusedNamingTheLine) {
+  auto many = JobToken::Load(WriteToken("many", "a\nb\nc\nd\ne\n"));
+  EXPECT_EQ(many.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(many.status().message()), HasSubstr("at most 4"));
+  auto bad = JobToken::Load(WriteToken("badline", "good\nsecret word\n"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("line 2"));
+  EXPECT_THAT(std::string(bad.status().message()), Not(HasSubstr("secret")));
+}
+
 TEST(JobToken, DirectoryIsNotFound) {
   auto token = JobToken::Load(TempPath(""));
   EXPECT_EQ(token.status().code(), absl::StatusCode::kNotFound) << token.status();

@@ -2,7 +2,7 @@
 # Real gcomp_server and gcomp_worker processes with mutual TLS and the job token, then in
 # plaintext: the first line the server logs names the security mode, a worker with the
 # right certificate and token runs its steps, one without the token is refused with
-# UNAUTHENTICATED.
+# UNAUTHENTICATED, and a token rotation accepts the old and the new token until it ends.
 set -uo pipefail
 SERVER="$1"
 WORKER="$2"
@@ -52,6 +52,19 @@ grep -q "UNAUTHENTICATED" "$DIR/notoken.worker.json" "$DIR/notoken.worker.log" |
 grep -q "refused Aggregation.RegisterWorker from ipv4:127.0.0.1:" "$DIR/notoken.server.log" ||
   fail "the refusal is not logged with the peer address"
 if grep -q -f "$C/token" "$DIR"/*.log "$DIR"/*.json; then fail "the token appears in a log"; fi
+
+# A token rotation, mid-way: the shard accepts the new token (first line) and the old one,
+# so a worker still sending the old token trains; one with neither is refused.
+{ echo "rotated-$RANDOM$RANDOM"; cat "$C/token"; } > "$DIR/both-tokens"
+SERVER_TLS="security.ca_file=$C/ca.pem,security.cert_file=$C/server.pem,security.key_file=$C/server.key"
+WORKER_TLS="security.ca_file=$C/ca.pem,security.cert_file=$C/client.pem,security.key_file=$C/client.key"
+run_case rotating "$SERVER_TLS,security.token_file=$DIR/both-tokens" "$WORKER_TLS,security.token_file=$C/token"
+[[ $worker_rc -eq 0 ]] || { cat "$DIR/rotating.server.log" "$DIR/rotating.worker.log"; fail "the old token was refused during the rotation"; }
+head -n 1 "$DIR/both-tokens" > "$DIR/new-token"
+run_case rotated "$SERVER_TLS,security.token_file=$DIR/new-token" "$WORKER_TLS,security.token_file=$C/token"
+[[ $worker_rc -ne 0 ]] || fail "the old token was accepted after the rotation"
+grep -q "PERMISSION_DENIED" "$DIR/rotated.worker.json" "$DIR/rotated.worker.log" ||
+  fail "the old token after the rotation did not get PERMISSION_DENIED"
 
 run_case plain "workers=1" "workers=1"
 cat "$DIR/plain.server.log"

@@ -286,6 +286,41 @@ def test_example_job_matches_the_config_it_trains_on():
     assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}
 
 
+def test_mtls_example_job_mounts_what_the_mtls_config_reads(node_modules, tmp_path):
+    here = os.path.join(HERE, "overlays", "train-mtls")
+    k = yaml.safe_load(open(os.path.join(here, "kustomization.yaml")))
+    assert k["resources"] == ["../../examples"]
+    job = example_docs()["Job"]
+    for p in k["patches"]:
+        patch = yaml.safe_load(open(os.path.join(here, p["path"])))
+        assert (patch["kind"], patch["metadata"]["name"]) == (job["kind"], job["metadata"]["name"])
+        job = strategic_merge(job, patch)
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(job))
+    r = validate(node_modules, [str(f)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    secrets = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    # Its own certificate, never the shards' key; the shards' job token.
+    assert {n: s["secretName"] for n, s in secrets.items()} == {"tls": "gcomp-worker-tls",
+                                                               "token": "gcomp-job-token"}
+    security = yaml.safe_load(render_mtls()["ConfigMap/gcomp-config"]["data"]["cluster.yaml"])[
+        "security"]
+    for field, volume, key in (("ca_file", "tls", "ca.crt"), ("cert_file", "tls", "tls.crt"),
+                               ("key_file", "tls", "tls.key"), ("token_file", "token", "token")):
+        assert security[field] == mounts[volume]["mountPath"] + "/" + key, field
+    for name, secret in secrets.items():
+        assert mounts[name]["readOnly"] is True and "subPath" not in mounts[name]
+        assert secret["defaultMode"] == 0o440
+    # The worker (uid 10001) reads the 0440 files through the pod's fsGroup.
+    assert pod["securityContext"]["fsGroup"] == c.get("securityContext", {}).get(
+        "runAsGroup", pod["securityContext"]["runAsGroup"])
+    assert pod["securityContext"]["runAsNonRoot"]  # the base Job's settings are kept
+    assert "config" in mounts and "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}
+
+
 # The etcd members, the security defaults and the NetworkPolicies of base.
 def selects(selector, labels):
     """Whether a label selector (matchLabels / matchExpressions In) selects `labels`."""
@@ -478,8 +513,10 @@ def test_kustomize_renders_base_and_every_overlay(node_modules, tmp_path):
     monitoring = {"%s/%s" % (d["kind"], d["metadata"]["name"])
                   for f in ("servicemonitor.yaml", "prometheusrule.yaml")
                   for d in yaml.safe_load_all(open(os.path.join(MONITORING, f))) if d}
+    examples = {"%s/%s" % (d["kind"], d["metadata"]["name"]) for d in example_docs().values()
+                if d["kind"] != "Kustomization"}
     for path, want in (("base", base), ("overlays/mtls", base),
-                       ("overlays/monitoring", base | monitoring)):
+                       ("overlays/monitoring", base | monitoring), ("overlays/train-mtls", examples)):
         r = subprocess.run([kubectl, "kustomize", os.path.join(HERE, path)],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, path + ": " + r.stderr
