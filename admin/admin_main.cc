@@ -25,6 +25,7 @@
 #include "base/log_flags.h"
 #include "cluster/cluster_config.h"
 #include "cluster/reshard_coordinator.h"
+#include "coord/etcd_store.h"
 
 ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
 ABSL_FLAG(std::vector<std::string>, set, {},
@@ -138,6 +139,25 @@ int Reshard(const std::vector<char*>& args) {
     std::fprintf(stderr, "gcomp_admin reshard: --at_step must be >= 0, --deadline_ms and "
                          "--finish_timeout_ms >= 1\n");
     return kExitUsage;
+  }
+  if (!config->coordination().etcd().empty()) {
+    // With etcd the coordinator drives the re-shard; this only asks and waits.
+    absl::StatusOr<std::unique_ptr<gcomp::coord::EtcdStore>> store =
+        gcomp::coord::EtcdStore::Create(gcomp::coord::EtcdStoreOptionsFrom(config->coordination()));
+    absl::StatusOr<std::string> line =
+        store.ok() ? gcomp::admin::AskForReshard(
+                         store->get(), *config, absl::GetFlag(FLAGS_at_step),
+                         absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms)),
+                         absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms) +
+                                            absl::GetFlag(FLAGS_finish_timeout_ms)))
+                   : absl::StatusOr<std::string>(store.status());
+    if (!line.ok()) {
+      std::fprintf(stderr, "gcomp_admin reshard: %s\n", line.status().ToString().c_str());
+      return kExitProblem;
+    }
+    std::printf("%s\n", line->c_str());
+    std::fflush(stdout);
+    return 0;
   }
   gcomp::cluster::ReshardOptions options;
   options.at_step = absl::GetFlag(FLAGS_at_step);

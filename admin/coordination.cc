@@ -1,15 +1,18 @@
 #include "admin/coordination.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "base/json.h"
 #include "coord/etcd_store.h"
 #include "coord/job_run.h"
 #include "coord/map_record.h"
+#include "coord/reshard_record.h"
 
 namespace gcomp::admin {
 
@@ -50,7 +53,53 @@ absl::StatusOr<CoordinationStatus> CollectCoordination(coord::Store* store, cons
   absl::StatusOr<proto::RunRecord> run = coord::ReadRun(store, job);
   if (!run.ok()) return run.status();
   out.run = *std::move(run);
+  absl::StatusOr<std::optional<coord::VersionedReshard>> reshard = coord::ReadReshard(store, job);
+  if (!reshard.ok()) return reshard.status();
+  if (reshard->has_value()) out.reshard = (*reshard)->record;
   return out;
+}
+
+absl::StatusOr<std::string> AskForReshard(coord::Store* store, const proto::ClusterConfig& next,
+                                          int64_t at_step, absl::Duration deadline,
+                                          absl::Duration wait) {
+  proto::ReshardRecord request;
+  request.set_phase(proto::ReshardRecord::REQUESTED);
+  *request.mutable_next() = next;
+  request.mutable_next()->clear_security();  // paths on this machine mean nothing to a shard
+  request.set_at_step(at_step);
+  request.set_deadline_ms(static_cast<uint32_t>(
+      std::min<int64_t>(absl::ToInt64Milliseconds(deadline), std::numeric_limits<uint32_t>::max())));
+  request.set_requested_by("gcomp_admin");
+  request.set_requested_unix_ms(absl::ToUnixMillis(absl::Now()));
+  absl::StatusOr<coord::VersionedReshard> asked = coord::RequestReshard(store, next.job(), request);
+  if (!asked.ok()) return asked.status();
+  const uint64_t epoch = next.shard_map_epoch();
+  const absl::Time end = absl::Now() + wait;
+  proto::ReshardRecord now = asked->record;
+  while (true) {
+    if (now.next().shard_map_epoch() != epoch) {
+      return absl::AbortedError(absl::StrCat("the job's re-shard record now asks for epoch ",
+                                             now.next().shard_map_epoch(), ", not ", epoch));
+    }
+    if (now.phase() == proto::ReshardRecord::DONE) return now.result_json();
+    if (now.phase() == proto::ReshardRecord::FAILED) {
+      return absl::FailedPreconditionError(absl::StrCat("the coordinator (", now.decided_by(),
+                                                        ") failed the re-shard: ", now.error()));
+    }
+    if (absl::Now() >= end) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the re-shard to epoch ", epoch, " is still ", coord::PhaseName(now.phase()),
+          now.phase() == proto::ReshardRecord::COMMITTED
+              ? absl::StrCat(" (switch at step ", now.switch_step(), ")")
+              : " (does a shard coordinate? gcomp_admin status shows the coordinator)",
+          " after ", absl::FormatDuration(wait), "; the coordinator goes on with it"));
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+    absl::StatusOr<std::optional<coord::VersionedReshard>> read = coord::ReadReshard(store, next.job());
+    if (!read.ok()) return read.status();
+    if (!read->has_value()) return absl::AbortedError("the job's re-shard record is gone from etcd");
+    now = (*read)->record;
+  }
 }
 
 absl::StatusOr<CoordinationStatus> CollectCoordination(const proto::ClusterConfig& config) {
@@ -95,6 +144,18 @@ std::string FormatCoordinationText(const CoordinationStatus& s) {
                     ", restores ", s.run.restore_set().empty() ? "nothing" : s.run.restore_set(),
                     ", entered [", absl::StrJoin(s.run.entered(), ", "), "]\n");
   }
+  if (s.reshard) {
+    const proto::ReshardRecord& r = *s.reshard;
+    absl::StrAppend(&out, "re-shard: to epoch ", r.next().shard_map_epoch(), " (",
+                    r.next().shards_size(), " shards), ", coord::PhaseName(r.phase()));
+    if (r.phase() == proto::ReshardRecord::COMMITTED || r.phase() == proto::ReshardRecord::DONE) {
+      absl::StrAppend(&out, " at step ", r.switch_step());
+    }
+    absl::StrAppend(&out, ", asked for by ", r.requested_by());
+    if (!r.decided_by().empty()) absl::StrAppend(&out, ", decided by ", r.decided_by());
+    if (!r.error().empty()) absl::StrAppend(&out, ": ", r.error());
+    absl::StrAppend(&out, "\n");
+  }
   return out;
 }
 
@@ -118,6 +179,15 @@ std::string FormatCoordinationJson(const CoordinationStatus& s) {
                        JsonQuote(s.run.restore_set()), ",\"entered\":[",
                        absl::StrJoin(s.run.entered(), ","), "]}");
   }
+  std::string reshard = "null";
+  if (s.reshard) {
+    const proto::ReshardRecord& r = *s.reshard;
+    reshard = absl::StrCat("{\"epoch\":", r.next().shard_map_epoch(), ",\"shards\":",
+                           r.next().shards_size(), ",\"phase\":", JsonQuote(coord::PhaseName(r.phase())),
+                           ",\"switch_step\":", r.switch_step(), ",\"requested_by\":",
+                           JsonQuote(r.requested_by()), ",\"decided_by\":", JsonQuote(r.decided_by()),
+                           ",\"error\":", JsonQuote(r.error()), "}");
+  }
   std::vector<std::string> members;
   for (const auto& [k, m] : s.members) {
     members.push_back(absl::StrCat("{\"shard\":", k, ",\"address\":", JsonQuote(m.record.address()),
@@ -127,7 +197,8 @@ std::string FormatCoordinationJson(const CoordinationStatus& s) {
   }
   return absl::StrCat("{\"map\":", map, ",\"revision\":", s.map_revision, ",\"coordinator\":",
                       JsonQuote(s.coordinator), ",\"members\":[", absl::StrJoin(members, ","),
-                      "],\"healthy\":", s.healthy() ? "true" : "false", ",\"run\":", run, "}");
+                      "],\"healthy\":", s.healthy() ? "true" : "false", ",\"run\":", run,
+                      ",\"reshard\":", reshard, "}");
 }
 
 }  // namespace gcomp::admin

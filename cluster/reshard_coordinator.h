@@ -15,6 +15,7 @@
 #define GCOMP_CLUSTER_RESHARD_COORDINATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,11 @@ struct ReshardOptions {
   absl::Duration finish_timeout = absl::Minutes(10);
   // Prepared shards drop the re-shard if no Commit comes within this.
   absl::Duration prepare_timeout = absl::Seconds(30);
+  // Called once every Prepare has answered, with the running map and the switch step,
+  // before any shard is told to switch: where the decision is made durable (with etcd,
+  // the coordinator writes it into the job's re-shard record). An error aborts the
+  // re-shard, and nothing changed.
+  std::function<absl::Status(const proto::ClusterConfig& from, int64_t switch_step)> before_commit;
 };
 
 struct ReshardResult {
@@ -51,6 +57,15 @@ struct ReshardResult {
 
 absl::StatusOr<ReshardResult> RunReshard(const proto::ClusterConfig& next,
                                          const ReshardOptions& options);
+
+// Finishes a re-shard from `from` to `next` whose switch step was decided (and recorded)
+// before, by a coordinator that stopped half-way: every shard that has not switched is
+// committed at `switch_step` (prepared again first if its prepare ran out, which it
+// refuses, naming the step, if it started that step under the old map meanwhile), then
+// waited for as RunReshard does.
+absl::StatusOr<ReshardResult> FinishReshard(const proto::ClusterConfig& from,
+                                            const proto::ClusterConfig& next, int64_t switch_step,
+                                            const ReshardOptions& options);
 
 }  // namespace gcomp::cluster
 

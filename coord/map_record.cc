@@ -12,7 +12,8 @@ JobKeys::JobKeys(const std::string& job)
       map(prefix + "map"),
       members(prefix + "members/"),
       coordinator(prefix + "coordinator"),
-      run(prefix + "run") {}
+      run(prefix + "run"),
+      reshard(prefix + "reshard") {}
 
 std::string JobKeys::Member(uint32_t shard) const { return absl::StrCat(members, shard); }
 

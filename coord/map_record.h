@@ -3,6 +3,7 @@
 //   /gcomp/<job>/members/<k>    MemberRecord of live shard k, bound to its lease
 //   /gcomp/<job>/coordinator    the coordinator's name, bound to its lease (election.h)
 //   /gcomp/<job>/run            RunRecord: the job's current run (job_run.h)
+//   /gcomp/<job>/reshard        ReshardRecord: the latest re-shard (reshard_record.h)
 // The map's mod_revision is the fencing token of a decision: every call that moves state
 // carries the revision it was decided under, and a receiver that knows a newer one refuses.
 #ifndef GCOMP_COORD_MAP_RECORD_H_
@@ -27,6 +28,7 @@ struct JobKeys {
   std::string members;  // prefix of the member keys
   std::string coordinator;
   std::string run;
+  std::string reshard;
   std::string Member(uint32_t shard) const;
 };
 

@@ -371,8 +371,7 @@ absl::StatusOr<bool> ClusterState::Lead() {
   return leadership_.has_value();
 }
 
-absl::Status ClusterState::CommitMap(const proto::ClusterConfig& from,
-                                     const proto::ClusterConfig& next) {
+absl::StatusOr<coord::Leadership> ClusterState::DecidingLeadership() {
   std::optional<coord::Leadership> leading;
   {
     absl::MutexLock l(&mu_);
@@ -392,6 +391,30 @@ absl::Status ClusterState::CommitMap(const proto::ClusterConfig& from,
     return absl::AbortedError(absl::StrCat(name_, " is not the coordinator",
                                            who ? absl::StrCat(" (shard ", *who, " is)") : ""));
   }
+  return *leading;
+}
+
+absl::StatusOr<std::optional<coord::VersionedReshard>> ClusterState::ReadReshard() {
+  return coord::ReadReshard(store_.get(), config_.job());
+}
+
+absl::StatusOr<coord::VersionedReshard> ClusterState::RequestReshard(proto::ReshardRecord request) {
+  request.set_requested_by(name_);
+  return coord::RequestReshard(store_.get(), config_.job(), std::move(request));
+}
+
+absl::StatusOr<coord::VersionedReshard> ClusterState::UpdateReshard(
+    const coord::VersionedReshard& base, proto::ReshardRecord next) {
+  absl::StatusOr<coord::Leadership> leading = DecidingLeadership();
+  if (!leading.ok()) return leading.status();
+  next.set_decided_by(name_);
+  return coord::UpdateReshard(store_.get(), config_.job(), base, std::move(next), *leading);
+}
+
+absl::Status ClusterState::CommitMap(const proto::ClusterConfig& from,
+                                     const proto::ClusterConfig& next) {
+  absl::StatusOr<coord::Leadership> leading = DecidingLeadership();
+  if (!leading.ok()) return leading.status();
   absl::StatusOr<std::optional<coord::VersionedMap>> read = coord::ReadMap(store_.get(), config_.job());
   if (!read.ok()) return read.status();
   if (!read->has_value()) return absl::AbortedError("the job's map record is gone from etcd");

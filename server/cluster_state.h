@@ -29,6 +29,7 @@
 #include "coord/job_run.h"
 #include "coord/lease_keeper.h"
 #include "coord/map_record.h"
+#include "coord/reshard_record.h"
 #include "coord/store.h"
 #include "proto/cluster_config.pb.h"
 #include "proto/coord.pb.h"
@@ -82,6 +83,15 @@ class ClusterState {
   // another coordinator decided first, or this one lost its lease.
   absl::Status CommitMap(const proto::ClusterConfig& from, const proto::ClusterConfig& next)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's re-shard record (coord/reshard_record.h): read it; ask for a re-shard (any
+  // shard, e.g. its config watcher); and the coordinator's write, Aborted unless this shard
+  // leads, still does when the write lands, and the record is still at base.revision.
+  absl::StatusOr<std::optional<coord::VersionedReshard>> ReadReshard() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<coord::VersionedReshard> RequestReshard(proto::ReshardRecord request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<coord::VersionedReshard> UpdateReshard(const coord::VersionedReshard& base,
+                                                        proto::ReshardRecord next)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // How this shard enters the job (coord/job_run.h): the run's start, entering a run being
   // started (both: restore the run's restore_set), or a rejoin. `newest_set` is asked only
   // when this shard starts a run.
@@ -101,6 +111,9 @@ class ClusterState {
   ClusterState(const proto::ClusterConfig& config, ClusterStateOptions options,
                std::shared_ptr<coord::Store> store);
   absl::Status Register() ABSL_LOCKS_EXCLUDED(mu_);
+  // This shard's leadership for a decision: taken now if free; Aborted naming the leader
+  // when another shard leads, or when this shard's lease is not valid.
+  absl::StatusOr<coord::Leadership> DecidingLeadership() ABSL_LOCKS_EXCLUDED(mu_);
   // Reads every key of the job and (re)starts the watch after that revision.
   absl::Status Resync() ABSL_LOCKS_EXCLUDED(mu_);
   void OnEvent(const coord::WatchEvent& e) ABSL_LOCKS_EXCLUDED(mu_);

@@ -193,6 +193,8 @@ class ShardServer {
   // The plaintext health port; 0 when there is none.
   int health_port() const { return health_port_; }
   ShardService* service() { return service_.get(); }
+  // The cluster's state in etcd; null without coordination.etcd.
+  ClusterState* cluster_state() { return cluster_state_.get(); }
   // Ends waits (Unavailable), then stops accepting and drains calls within `grace`.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
   void Wait();

@@ -5,7 +5,8 @@
 //
 // The config file is watched (--config_poll_ms): when it changes to a higher
 // shard_map_epoch (e.g. a Kubernetes ConfigMap edited to add or remove shards), shard 0 of
-// the running map coordinates the live re-shard (docs/SERVICE.md, "Re-sharding").
+// the running map coordinates the live re-shard; with coordination.etcd the file only asks
+// for it in etcd and the elected coordinator drives it (docs/SERVICE.md, "Re-sharding").
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -33,9 +34,11 @@
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
 #include "cluster/reshard_coordinator.h"
+#include "coord/reshard_record.h"
 #include "prometheus/registry.h"
 #include "server/grpc_service.h"
 #include "server/library_logs.h"
+#include "server/reshard_driver.h"
 
 ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
 ABSL_FLAG(int, shard, -1, "This process's shard index into the config's `shards` list.");
@@ -79,8 +82,8 @@ struct WatchState {
 };
 
 void WatchConfig(const std::string& path, const std::vector<std::string>& overrides,
-                 gcomp::server::ShardService* service, absl::Duration poll,
-                 absl::Duration deadline, WatchState* state) {
+                 gcomp::server::ShardService* service, gcomp::server::ClusterState* cluster_state,
+                 absl::Duration poll, absl::Duration deadline, WatchState* state) {
   std::string last_content;
   absl::Time last_attempt = absl::InfinitePast();
   while (true) {
@@ -111,12 +114,35 @@ void WatchConfig(const std::string& path, const std::vector<std::string>& overri
       }
       continue;
     }
-    if (service->shard() != 0) {
+    if (cluster_state == nullptr && service->shard() != 0) {
       if (changed) gcomp::log::Info("config file now has epoch {}; shard 0 coordinates the re-shard", next->shard_map_epoch());
       continue;
     }
     if (!changed && absl::Now() - last_attempt < absl::Minutes(1)) continue;
     last_attempt = absl::Now();
+    if (cluster_state != nullptr) {
+      // With etcd the file only asks; the coordinator drives (server/reshard_driver.h). A
+      // request of the epoch already asked for is the same request; a failed one is asked
+      // for again at most once a minute.
+      gcomp::proto::ReshardRecord request;
+      request.set_phase(gcomp::proto::ReshardRecord::REQUESTED);
+      *request.mutable_next() = *next;
+      request.mutable_next()->clear_security();
+      request.set_deadline_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(deadline)));
+      request.set_requested_unix_ms(absl::ToUnixMillis(absl::Now()));
+      absl::StatusOr<gcomp::coord::VersionedReshard> asked = cluster_state->RequestReshard(request);
+      if (asked.ok()) {
+        if (changed) {
+          gcomp::log::Info("config file {} now has epoch {} ({} shards): re-shard {} in etcd",
+                           path, next->shard_map_epoch(), next->shards_size(),
+                           gcomp::coord::PhaseName(asked->record.phase()));
+        }
+      } else {
+        gcomp::log::Error("config file {} asks for epoch {}, but the re-shard could not be asked "
+                          "for: {}", path, next->shard_map_epoch(), asked.status().ToString());
+      }
+      continue;
+    }
     gcomp::cluster::ReshardOptions options;
     options.deadline = deadline;
     gcomp::log::Info("config file {} now has epoch {} ({} shards): coordinating the re-shard",
@@ -266,11 +292,19 @@ int main(int argc, char** argv) {
     gcomp::log::Info("shard {}: metrics on http://{}/metrics (port {})", shard,
                      absl::GetFlag(FLAGS_metrics_address), metrics->port());
   }
+  // With etcd, whoever coordinates drives the job's re-shards (asked for by the admin or a
+  // shard's config file).
+  std::unique_ptr<gcomp::server::ReshardDriver> reshard_driver;
+  if ((*server)->cluster_state() != nullptr) {
+    reshard_driver = std::make_unique<gcomp::server::ReshardDriver>(
+        (*server)->cluster_state(), *config, gcomp::server::ReshardDriverOptions{});
+  }
   auto* watch = new WatchState();  // leaked on purpose: a detached watcher may still read it
   std::thread watcher;
   if (absl::GetFlag(FLAGS_config_poll_ms) > 0) {
     watcher = std::thread(WatchConfig, absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set),
-                          (*server)->service(), absl::Milliseconds(absl::GetFlag(FLAGS_config_poll_ms)),
+                          (*server)->service(), (*server)->cluster_state(),
+                          absl::Milliseconds(absl::GetFlag(FLAGS_config_poll_ms)),
                           absl::Milliseconds(absl::GetFlag(FLAGS_reshard_deadline_ms)), watch);
   }
   if (absl::GetFlag(FLAGS_exit_with_parent)) {
@@ -286,6 +320,7 @@ int main(int argc, char** argv) {
   }
   int sig = 0;
   sigwait(&signals, &sig);
+  reshard_driver.reset();
   if (watcher.joinable()) {
     bool busy = false;
     {

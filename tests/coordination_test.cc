@@ -7,7 +7,10 @@
 //   - two processes started as one shard: the second refuses to start, naming it;
 //   - etcd unreachable at start: the shard refuses to start, naming the field.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+
+#include <cerrno>
 
 #include <memory>
 #include <string>
@@ -17,10 +20,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "admin/coordination.h"
 #include "cluster/cluster_config.h"
 #include "coord/etcd_process.h"
 #include "coord/etcd_store.h"
 #include "coord/map_record.h"
+#include "coord/reshard_record.h"
 #include "gtest/gtest.h"
 #include "tests/free_port.h"
 #include "tests/shard_processes.h"
@@ -225,6 +230,79 @@ TEST_F(Coordination, AWholeJobRestartedFromCheckpointsServes) {
     ++generation;
   }
   EXPECT_EQ(testing::FirstDifference(reference, got), "");
+}
+
+// A re-shard with etcd: asked for in the job's re-shard record (what gcomp_admin reshard
+// does), driven by the elected coordinator, which writes the switch step into the record
+// before any shard switches and moves the committed map record to the new map at the end.
+// Training goes on through it and ends bit-identical to an undisturbed run.
+TEST_F(Coordination, AReshardAskedForInEtcdIsDrivenByTheCoordinator) {
+  testing::TrainOptions o;
+  o.steps = 12;
+  const testing::TrainResult reference = testing::TrainUndisturbed(Config("reference", {}), o);
+  ASSERT_TRUE(reference.error.ok()) << reference.error;
+  const proto::ClusterConfig config = Config("grow", etcd_->endpoints());
+  ShardProcesses shards(Server(), OutDir(), config);
+  ASSERT_TRUE(shards.StartAll());
+  proto::ClusterConfig grown = config;
+  grown.add_shards(absl::StrCat("127.0.0.1:", testing::FreePort()));
+  grown.set_shard_map_epoch(config.shard_map_epoch() + 1);
+  // The added shard starts with the new config, from a file of its own: the others' file
+  // stays as it is, so only the request asks for the re-shard.
+  const std::string grown_dir = OutDir() + "/grown";
+  ASSERT_EQ(mkdir(grown_dir.c_str(), 0755) == 0 || errno == EEXIST, true);
+  ShardProcesses added(Server(), grown_dir, grown);
+  std::thread asker;
+  absl::StatusOr<std::string> line = absl::UnknownError("not asked");
+  proto::ReshardRecord committed;
+  o.after_step = [&](int step) {
+    if (step != 3) return;
+    added.Start(3);
+    asker = std::thread([&] {
+      line = admin::AskForReshard(store_.get(), grown, /*at_step=*/0, absl::Seconds(30),
+                                  absl::Seconds(120));
+    });
+    // Worker 0 holds the next step until the decision is in the record, so that the switch
+    // lands while the workers still train (the steps after it wait for the switch anyway).
+    const absl::Time end = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < end) {
+      absl::StatusOr<std::optional<coord::VersionedReshard>> r =
+          coord::ReadReshard(store_.get(), "grow");
+      if (r.ok() && r->has_value() && (*r)->record.phase() != proto::ReshardRecord::REQUESTED) {
+        committed = (*r)->record;
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  };
+  const testing::TrainResult got = testing::Train(config, o);
+  if (asker.joinable()) asker.join();
+  ASSERT_TRUE(got.error.ok()) << got.error;
+  EXPECT_EQ(testing::FirstDifference(reference, got), "");
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_NE(line->find("\"to_shards\":4"), std::string::npos) << *line;
+
+  // Decided by the coordinator before the switch: COMMITTED past the steps started then.
+  EXPECT_EQ(committed.phase(), proto::ReshardRecord::COMMITTED) << committed.ShortDebugString();
+  EXPECT_GT(committed.switch_step(), 3);
+  EXPECT_EQ(committed.from().shards_size(), 3);
+  absl::StatusOr<std::optional<coord::VersionedReshard>> done =
+      coord::ReadReshard(store_.get(), "grow");
+  ASSERT_TRUE(done.ok() && done->has_value());
+  EXPECT_EQ((*done)->record.phase(), proto::ReshardRecord::DONE);
+  EXPECT_EQ((*done)->record.switch_step(), committed.switch_step());
+  EXPECT_EQ((*done)->record.result_json(), *line);
+  EXPECT_EQ((*done)->record.decided_by().rfind("shard ", 0), 0u) << (*done)->record.decided_by();
+  // The committed map record is the new map: failover and restarts start from it.
+  absl::StatusOr<std::optional<coord::VersionedMap>> map = coord::ReadMap(store_.get(), "grow");
+  ASSERT_TRUE(map.ok() && map->has_value());
+  EXPECT_EQ((*map)->record.epoch(), grown.shard_map_epoch());
+  EXPECT_EQ((*map)->record.shards_size(), 4);
+  // Asking again for the epoch done is the same request: nothing happens twice.
+  absl::StatusOr<std::string> again =
+      admin::AskForReshard(store_.get(), grown, 0, absl::Seconds(1), absl::Seconds(5));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *line);
 }
 
 TEST_F(Coordination, ASecondProcessStartedAsTheSameShardRefusesToStart) {
