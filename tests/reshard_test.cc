@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -259,6 +260,77 @@ TEST_P(Reshard, TwoToThreeToTwoIsBitIdenticalToFixedShards) {
 INSTANTIATE_TEST_SUITE_P(OptimizersAndReplicas, Reshard,
                          ::testing::Combine(::testing::Values("momentum", "adam"),
                                             ::testing::Values(1, 2)));
+
+// A coordinator that stops right after its decision (prepared every shard, wrote the
+// switch step, sent no Commit): its successor finishes the re-shard from the decision
+// (cluster::FinishReshard, as the etcd coordinator does from the re-shard record). One
+// shard's prepare ran out meanwhile: it is prepared again for the same step, and training
+// ends bit-identical to fixed shards.
+TEST(Reshard, ADecidedReshardIsFinishedByASuccessor) {
+  std::vector<std::vector<std::vector<float>>> fixed;
+  {
+    const proto::ClusterConfig c = Config({absl::StrCat("127.0.0.1:", FreePort()),
+                                           absl::StrCat("127.0.0.1:", FreePort())}, 1, "adam");
+    auto s0 = StartShard(c, 0), s1 = StartShard(c, 1);
+    fixed = Train(c, nullptr);
+  }
+  const std::string a = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string b = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string extra = absl::StrCat("127.0.0.1:", FreePort());
+  const proto::ClusterConfig two = Config({a, b}, 1, "adam");
+  const proto::ClusterConfig three = Config({a, b, extra}, 2, "adam");
+  auto s0 = StartShard(two, 0), s1 = StartShard(two, 1), s2 = StartShard(three, 2);
+  std::atomic<int> reached[kSteps] = {};
+  std::atomic<bool> open[kSteps];
+  for (int step = 0; step < kSteps; ++step) open[step] = step < 4;
+  std::vector<std::vector<std::vector<float>>> moved;
+  uint64_t switches = 0;
+  std::thread trainer([&] { moved = Train(two, &switches, reached, open); });
+  const absl::Time give_up = absl::Now() + absl::Minutes(1);
+  while (reached[3].load() < kWorkers && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  absl::SleepFor(absl::Milliseconds(300));  // step 3 completes; step 4 is held
+
+  // The decision: every shard prepared, the switch past every step started; b's prepare
+  // runs out before anyone commits.
+  int64_t switch_step = 0;
+  for (const auto& [address, timeout_ms] :
+       std::vector<std::pair<std::string, uint32_t>>{{a, 30000}, {b, 200}, {extra, 30000}}) {
+    auto stub = proto::Resharding::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    proto::PrepareReshardRequest prepare;
+    *prepare.mutable_next() = three;
+    prepare.set_prepare_timeout_ms(timeout_ms);
+    prepare.set_old_shards(2);
+    grpc::ClientContext ctx;
+    proto::PrepareReshardResponse resp;
+    ASSERT_TRUE(stub->Prepare(&ctx, prepare, &resp).ok()) << address;
+    if (resp.in_old_map()) switch_step = std::max(switch_step, resp.highest_step() + 1);
+  }
+  EXPECT_EQ(switch_step, 5);  // step 4 counts as started once step 3 has completed
+  absl::SleepFor(absl::Milliseconds(400));
+
+  cluster::ReshardOptions o;
+  o.deadline = absl::Seconds(10);
+  absl::StatusOr<cluster::ReshardResult> finished;
+  std::thread successor([&] { finished = cluster::FinishReshard(two, three, switch_step, o); });
+  for (server::ShardServer* shard : {s0.get(), s1.get()}) {
+    while (absl::Now() < give_up) {
+      proto::ReshardStatusResponse status;
+      shard->service()->ReshardStatus(&status);
+      if (status.state() == "committed" || status.shard_map_epoch() >= 2) break;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  for (int step = 4; step < kSteps; ++step) open[step] = true;
+  successor.join();
+  trainer.join();
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  EXPECT_EQ(finished->switch_step, switch_step);
+  EXPECT_EQ(finished->to_shards, 3u);
+  EXPECT_GT(finished->chunks_moved, 0u);
+  EXPECT_GE(switches, static_cast<uint64_t>(kWorkers));
+  EXPECT_EQ(moved, fixed);
+}
 
 // A tensor pushed only at step 0 (as DDP's buckets before its first-iteration rebuild) must
 // not hold the switch until its patience (rpc_timeout_ms, 2 min here) runs out, with every
