@@ -7,25 +7,35 @@
 // Exit status: 0 success; 1 the command ran and found a problem (e.g. a shard is down);
 // 2 usage or configuration errors (unknown subcommand, bad flag, unreadable config or
 // credentials). Subcommands live in one table below; a new one is a function and a row.
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "admin/coordination.h"
 #include "admin/status.h"
 #include "base/build_info.h"
+#include "base/files.h"
 #include "base/json.h"
 #include "server/checkpoint.h"
 #include "base/log_flags.h"
+#include "base/spawn.h"
 #include "cluster/cluster_config.h"
 #include "cluster/reshard_coordinator.h"
 #include "coord/etcd_store.h"
+#include "coord/map_record.h"
+#include "coord/reshard_record.h"
 
 ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
 ABSL_FLAG(std::vector<std::string>, set, {},
@@ -39,6 +49,11 @@ ABSL_FLAG(int64_t, deadline_ms, 60000,
           "reshard: how long added shards may take to come up and each shard to prepare.");
 ABSL_FLAG(int64_t, finish_timeout_ms, 600000,
           "reshard: how long the switch and the chunk moves may take once committed.");
+ABSL_FLAG(std::string, statefulset, "",
+          "scale: also scale this StatefulSet of the shards with kubectl: up before the move, "
+          "down after the removed shards are drained.");
+ABSL_FLAG(std::string, namespace, "", "scale: the StatefulSet's namespace (kubectl -n).");
+ABSL_FLAG(std::string, kubectl, "kubectl", "scale: the kubectl to run (looked up on PATH).");
 
 namespace {
 
@@ -173,6 +188,114 @@ int Reshard(const std::vector<char*>& args) {
   return 0;
 }
 
+// `kubectl scale statefulset NAME --replicas=N [-n NS]`, its output on this stderr.
+absl::Status ScaleStatefulSet(uint32_t replicas) {
+  std::vector<std::string> cmd = {absl::GetFlag(FLAGS_kubectl), "scale", "statefulset",
+                                  absl::GetFlag(FLAGS_statefulset),
+                                  absl::StrCat("--replicas=", replicas)};
+  if (!absl::GetFlag(FLAGS_namespace).empty()) {
+    cmd.push_back("-n");
+    cmd.push_back(absl::GetFlag(FLAGS_namespace));
+  }
+  const pid_t pid = gcomp::Spawn(cmd, "/dev/stderr", "/dev/stderr");
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::UnavailableError(absl::StrCat("'", absl::StrJoin(cmd, " "), "' failed",
+                                               WIFEXITED(status) ? absl::StrCat(" (exit ", WEXITSTATUS(status), ")") : ""));
+  }
+  return absl::OkStatus();
+}
+
+// One action for a change of the shard count (with coordination.etcd): the new map is the
+// config file's {count, address} template at N, at the epoch after the job's committed one
+// (whatever failovers raised it to), asked for in etcd; the coordinator drives the move and
+// shards a re-shard adds take their map from etcd, so neither the file nor the epoch is
+// edited. With --statefulset, the pods are added before the move and removed after it.
+int Scale(const std::vector<char*>& args) {
+  uint32_t count = 0;
+  if (args.size() != 3 || !absl::SimpleAtoi(args[2], &count) || count < 1 ||
+      count > static_cast<uint32_t>(gcomp::cluster::kMaxShards)) {
+    std::fprintf(stderr, "gcomp_admin scale: give the shard count, 1 to %d: gcomp_admin scale N --config FILE\n",
+                 gcomp::cluster::kMaxShards);
+    return kExitUsage;
+  }
+  absl::StatusOr<gcomp::proto::ClusterConfig> config = LoadConfig();
+  absl::StatusOr<std::string> text =
+      config.ok() ? gcomp::ReadFile(absl::GetFlag(FLAGS_config), gcomp::cluster::kMaxClusterConfigBytes)
+                  : absl::StatusOr<std::string>(config.status());
+  absl::StatusOr<gcomp::proto::ClusterConfig> next =
+      text.ok() ? gcomp::cluster::ScaledClusterConfig(*text, count, absl::GetFlag(FLAGS_set))
+                : absl::StatusOr<gcomp::proto::ClusterConfig>(text.status());
+  if (!next.ok()) {
+    std::fprintf(stderr, "gcomp_admin scale: %s\n", next.status().ToString().c_str());
+    return kExitUsage;
+  }
+  if (next->coordination().etcd().empty()) {
+    std::fprintf(stderr, "gcomp_admin scale: needs coordination.etcd in the config (without it, "
+                         "list the new shards, raise shard_map_epoch and run gcomp_admin reshard)\n");
+    return kExitUsage;
+  }
+  absl::StatusOr<std::unique_ptr<gcomp::coord::EtcdStore>> store =
+      gcomp::coord::EtcdStore::Create(gcomp::coord::EtcdStoreOptionsFrom(next->coordination()));
+  absl::StatusOr<std::optional<gcomp::coord::VersionedMap>> map =
+      store.ok() ? gcomp::coord::ReadMap(store->get(), next->job())
+                 : absl::StatusOr<std::optional<gcomp::coord::VersionedMap>>(store.status());
+  if (!map.ok() || !map->has_value()) {
+    std::fprintf(stderr, "gcomp_admin scale: %s\n",
+                 map.ok() ? "the job has no shard map in etcd yet (are its shards started?)"
+                          : map.status().ToString().c_str());
+    return kExitProblem;
+  }
+  const gcomp::proto::ShardMapRecord& running = (*map)->record;
+  const uint32_t before = static_cast<uint32_t>(running.shards_size());
+  if (std::equal(next->shards().begin(), next->shards().end(), running.shards().begin(),
+                 running.shards().end())) {
+    std::printf("{\"shards\":%u,\"epoch\":%llu,\"unchanged\":true}\n", count,
+                static_cast<unsigned long long>(running.epoch()));
+    return 0;
+  }
+  next->set_shard_map_epoch(running.epoch() + 1);
+  absl::StatusOr<gcomp::coord::VersionedReshard> asked = gcomp::admin::RequestReshardTo(
+      store->get(), *next, absl::GetFlag(FLAGS_at_step),
+      absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms)));
+  if (!asked.ok()) {
+    std::fprintf(stderr, "gcomp_admin scale: %s\n", asked.status().ToString().c_str());
+    return kExitProblem;
+  }
+  const bool kube = !absl::GetFlag(FLAGS_statefulset).empty();
+  if (kube && count > before) {
+    if (absl::Status s = ScaleStatefulSet(count); !s.ok()) {
+      std::fprintf(stderr, "gcomp_admin scale: %s; the re-shard waits for the added shards up to "
+                           "--deadline_ms, then fails and the job runs on with %u shards\n",
+                   s.ToString().c_str(), before);
+      return kExitProblem;
+    }
+  }
+  absl::StatusOr<std::string> line = gcomp::admin::AwaitReshard(
+      store->get(), next->job(), next->shard_map_epoch(),
+      absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms) + absl::GetFlag(FLAGS_finish_timeout_ms)));
+  if (!line.ok()) {
+    std::fprintf(stderr, "gcomp_admin scale: %s\n", line.status().ToString().c_str());
+    if (kube && count > before) {
+      std::fprintf(stderr, "gcomp_admin scale: the added pods stay; scale the StatefulSet back "
+                           "to %u or ask again\n", before);
+    }
+    return kExitProblem;
+  }
+  if (kube && count < before) {
+    // Only now: the removed shards are drained, their chunks live on the others.
+    if (absl::Status s = ScaleStatefulSet(count); !s.ok()) {
+      std::fprintf(stderr, "gcomp_admin scale: the move is done, but %s; the removed shards are "
+                           "drained and may be stopped by hand\n", s.ToString().c_str());
+      std::printf("%s\n", line->c_str());
+      return kExitProblem;
+    }
+  }
+  std::printf("%s\n", line->c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 struct Subcommand {
   const char* name;
   const char* summary;
@@ -188,6 +311,10 @@ constexpr Subcommand kSubcommands[] = {
     {"reshard", "move the running job to the shard map in --config (raise shard_map_epoch; start "
                 "added shards with the new config first); prints what moved as JSON",
      Reshard},
+    {"scale", "N: move the running job to N shards of the config's {count, address} template "
+              "(coordination.etcd; no edit of the file or the epoch; --statefulset adds and "
+              "removes the pods around the move); prints what moved as JSON",
+     Scale},
 };
 
 std::string Usage() {
@@ -200,8 +327,9 @@ std::string Usage() {
                   "--helpfull lists all\n"
                   "checkpoint: --dir DIR\n"
                   "reshard: --at_step N, --deadline_ms MS, --finish_timeout_ms MS\n"
+                  "scale N: the same, and --statefulset NAME [--namespace NS] [--kubectl PATH]\n"
                   "exit: 0 ok, 1 a shard is down (status), no usable checkpoint (checkpoint) or "
-                  "the re-shard failed (reshard), "
+                  "the re-shard failed (reshard, scale), "
                   "2 usage or config error\n");
   return usage;
 }

@@ -59,9 +59,9 @@ absl::StatusOr<CoordinationStatus> CollectCoordination(coord::Store* store, cons
   return out;
 }
 
-absl::StatusOr<std::string> AskForReshard(coord::Store* store, const proto::ClusterConfig& next,
-                                          int64_t at_step, absl::Duration deadline,
-                                          absl::Duration wait) {
+absl::StatusOr<coord::VersionedReshard> RequestReshardTo(coord::Store* store,
+                                                         const proto::ClusterConfig& next,
+                                                         int64_t at_step, absl::Duration deadline) {
   proto::ReshardRecord request;
   request.set_phase(proto::ReshardRecord::REQUESTED);
   *request.mutable_next() = next;
@@ -71,12 +71,17 @@ absl::StatusOr<std::string> AskForReshard(coord::Store* store, const proto::Clus
       std::min<int64_t>(absl::ToInt64Milliseconds(deadline), std::numeric_limits<uint32_t>::max())));
   request.set_requested_by("gcomp_admin");
   request.set_requested_unix_ms(absl::ToUnixMillis(absl::Now()));
-  absl::StatusOr<coord::VersionedReshard> asked = coord::RequestReshard(store, next.job(), request);
-  if (!asked.ok()) return asked.status();
-  const uint64_t epoch = next.shard_map_epoch();
+  return coord::RequestReshard(store, next.job(), request);
+}
+
+absl::StatusOr<std::string> AwaitReshard(coord::Store* store, const std::string& job,
+                                         uint64_t epoch, absl::Duration wait) {
   const absl::Time end = absl::Now() + wait;
-  proto::ReshardRecord now = asked->record;
   while (true) {
+    absl::StatusOr<std::optional<coord::VersionedReshard>> read = coord::ReadReshard(store, job);
+    if (!read.ok()) return read.status();
+    if (!read->has_value()) return absl::AbortedError("the job's re-shard record is gone from etcd");
+    const proto::ReshardRecord& now = (*read)->record;
     if (now.next().shard_map_epoch() != epoch) {
       return absl::AbortedError(absl::StrCat("the job's re-shard record now asks for epoch ",
                                              now.next().shard_map_epoch(), ", not ", epoch));
@@ -95,11 +100,15 @@ absl::StatusOr<std::string> AskForReshard(coord::Store* store, const proto::Clus
           " after ", absl::FormatDuration(wait), "; the coordinator goes on with it"));
     }
     absl::SleepFor(absl::Milliseconds(100));
-    absl::StatusOr<std::optional<coord::VersionedReshard>> read = coord::ReadReshard(store, next.job());
-    if (!read.ok()) return read.status();
-    if (!read->has_value()) return absl::AbortedError("the job's re-shard record is gone from etcd");
-    now = (*read)->record;
   }
+}
+
+absl::StatusOr<std::string> AskForReshard(coord::Store* store, const proto::ClusterConfig& next,
+                                          int64_t at_step, absl::Duration deadline,
+                                          absl::Duration wait) {
+  absl::StatusOr<coord::VersionedReshard> asked = RequestReshardTo(store, next, at_step, deadline);
+  if (!asked.ok()) return asked.status();
+  return AwaitReshard(store, next.job(), next.shard_map_epoch(), wait);
 }
 
 absl::StatusOr<CoordinationStatus> CollectCoordination(const proto::ClusterConfig& config) {

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coord/reshard_record.h"
 #include "coord/store.h"
 #include "proto/cluster_config.pb.h"
 #include "proto/coord.pb.h"
@@ -48,6 +49,13 @@ absl::StatusOr<CoordinationStatus> CollectCoordination(const proto::ClusterConfi
 absl::StatusOr<std::string> AskForReshard(coord::Store* store, const proto::ClusterConfig& next,
                                           int64_t at_step, absl::Duration deadline,
                                           absl::Duration wait);
+// Its two halves: the request (the record as written, or as another asker left it for the
+// same epoch), and the wait for the end of the re-shard to `epoch`.
+absl::StatusOr<coord::VersionedReshard> RequestReshardTo(coord::Store* store,
+                                                         const proto::ClusterConfig& next,
+                                                         int64_t at_step, absl::Duration deadline);
+absl::StatusOr<std::string> AwaitReshard(coord::Store* store, const std::string& job,
+                                         uint64_t epoch, absl::Duration wait);
 
 // Lines under the shard table:
 //   etcd: map epoch 3 (revision 41, written by shard 0), down [1], joining []

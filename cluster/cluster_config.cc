@@ -347,6 +347,25 @@ absl::StatusOr<proto::ClusterConfig> ParseClusterConfig(
   return config;
 }
 
+absl::StatusOr<proto::ClusterConfig> ScaledClusterConfig(absl::string_view text, uint32_t count,
+                                                         const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster config: not YAML/JSON: ", e.what()));
+  }
+  if (!root.IsMap() || !root["shards"].IsMap() || !root["shards"]["address"]) {
+    return FieldError("shards", "scaling needs the form {count: N, address: \"...{index}...\"} "
+                                "(a list of addresses cannot be extended; give the new list to "
+                                "gcomp_admin reshard)");
+  }
+  root["shards"]["count"] = count;
+  YAML::Emitter out;
+  out << root;
+  return ParseClusterConfig(out.c_str(), overrides);
+}
+
 absl::StatusOr<proto::ClusterConfig> LoadClusterConfig(const std::string& path,
                                                        const std::vector<std::string>& overrides) {
   struct stat st;

@@ -42,6 +42,13 @@ absl::StatusOr<proto::ClusterConfig> LoadClusterConfig(
 
 absl::Status ValidateClusterConfig(const proto::ClusterConfig& config);
 
+// The config of YAML `text` (with `overrides`) scaled to `count` shards: the file's
+// `shards: {count: N, address: "...{index}..."}` expanded to `count` addresses, the rest
+// unchanged (what a StatefulSet scaled to `count` pods serves). InvalidArgument naming
+// `shards` when the file lists addresses instead of that form.
+absl::StatusOr<proto::ClusterConfig> ScaledClusterConfig(absl::string_view text, uint32_t count,
+                                                         const std::vector<std::string>& overrides = {});
+
 // Where the shards of the config's job keep their checkpoint sets: checkpoint.dir/JOB, so
 // jobs that share a volume never restore each other's state; bytes of the job other than
 // letters, digits, '_', '-' and a '.' after the first are written %XX (space: %20). Empty

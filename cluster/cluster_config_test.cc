@@ -102,6 +102,25 @@ TEST(ClusterConfig, CheckpointsLiveInADirectoryOfTheJob) {
   EXPECT_EQ(JobCheckpointDir(*c), "");
 }
 
+TEST(ClusterConfig, ScaledConfigExtendsTheAddressTemplate) {
+  const std::string text =
+      "job: scale\nshards: {count: 3, address: \"gcomp-shard-{index}.gcomp-shard:7000\"}\n";
+  absl::StatusOr<proto::ClusterConfig> four = ScaledClusterConfig(text, 4);
+  ASSERT_TRUE(four.ok()) << four.status();
+  ASSERT_EQ(four->shards_size(), 4);
+  EXPECT_EQ(four->shards(3), "gcomp-shard-3.gcomp-shard:7000");
+  EXPECT_EQ(four->job(), "scale");
+  absl::StatusOr<proto::ClusterConfig> two = ScaledClusterConfig(text, 2, {"workers=5"});
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->shards_size(), 2);
+  EXPECT_EQ(two->workers(), 5u);
+  absl::Status listed = ScaledClusterConfig("shards: [a:1, b:2]\n", 3).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(listed)) << listed;
+  EXPECT_NE(listed.message().find("'shards'"), absl::string_view::npos) << listed;
+  EXPECT_FALSE(ScaledClusterConfig(text, 0).ok());
+  EXPECT_FALSE(ScaledClusterConfig(text, 5000).ok());
+}
+
 TEST(ClusterConfig, MissingFileIsNotFound) {
   EXPECT_EQ(LoadClusterConfig("/nonexistent/cluster.yaml").status().code(),
             absl::StatusCode::kNotFound);

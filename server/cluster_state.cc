@@ -51,6 +51,59 @@ ClusterState::ClusterState(const proto::ClusterConfig& config, ClusterStateOptio
                 ? options_.tick
                 : absl::Milliseconds(config.coordination().lease_ttl_ms()) / 3) {}
 
+absl::StatusOr<proto::ClusterConfig> ClusterState::WithJobMap(const proto::ClusterConfig& config,
+                                                             uint32_t shard, coord::Store* store) {
+  if (config.coordination().etcd().empty() && store == nullptr) return config;
+  std::unique_ptr<coord::EtcdStore> own;
+  if (store == nullptr) {
+    absl::StatusOr<std::unique_ptr<coord::EtcdStore>> etcd =
+        coord::EtcdStore::Create(coord::EtcdStoreOptionsFrom(config.coordination()));
+    if (!etcd.ok()) return etcd.status();
+    own = *std::move(etcd);
+    store = own.get();
+  }
+  absl::StatusOr<std::optional<coord::VersionedMap>> map = coord::ReadMap(store, config.job());
+  if (!map.ok()) return map.status();
+  absl::StatusOr<std::optional<coord::VersionedReshard>> reshard =
+      coord::ReadReshard(store, config.job());
+  if (!reshard.ok()) return reshard.status();
+  const bool in_file = shard < static_cast<uint32_t>(config.shards_size());
+  if (!map->has_value()) return config;  // the job's first start: the file's map
+  const proto::ShardMapRecord& committed = (*map)->record;
+  const bool in_committed = shard < static_cast<uint32_t>(committed.shards_size());
+  proto::ClusterConfig out = config;
+  if (reshard->has_value() && !coord::Finished((*reshard)->record)) {
+    const proto::ClusterConfig& next = (*reshard)->record.next();
+    const bool added = shard < static_cast<uint32_t>(next.shards_size()) &&
+                       (!in_committed || committed.shards(shard) != next.shards(shard));
+    if (added && next.shard_map_epoch() > committed.epoch()) {
+      out.mutable_shards()->CopyFrom(next.shards());
+      out.set_shard_map_epoch(next.shard_map_epoch());
+      out.clear_down_shards();
+      out.clear_joining_shards();
+      log::Info("shard {}: the job's re-shard to epoch {} (in etcd) adds this shard: starting "
+                "with its map of {} shards", shard, next.shard_map_epoch(), next.shards_size());
+      return out;
+    }
+  }
+  const bool same = std::equal(config.shards().begin(), config.shards().end(),
+                               committed.shards().begin(), committed.shards().end());
+  if (!same && committed.epoch() > config.shard_map_epoch() && in_committed) {
+    out.mutable_shards()->CopyFrom(committed.shards());
+    log::Info("shard {}: the config file lists {} shards, the job's map in etcd (epoch {}) {}: "
+              "starting with the map in etcd", shard, config.shards_size(), committed.epoch(),
+              committed.shards_size());
+    return out;
+  }
+  if (!in_file) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", shard, " is not in the config file's ", config.shards_size(),
+        " shards, nor in the job's map in etcd (epoch ", committed.epoch(), ", ",
+        committed.shards_size(), " shards), nor added by a re-shard under way"));
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<ClusterState>> ClusterState::Join(
     const proto::ClusterConfig& config, ClusterStateOptions options,
     std::shared_ptr<coord::Store> store) {

@@ -107,6 +107,19 @@ class ClusterState {
   // The record a config's map makes (epoch, shards, replicas, down and joining shards).
   static proto::ShardMapRecord RecordOf(const proto::ClusterConfig& map, const std::string& by);
 
+  // With coordination.etcd the job's shard list in etcd wins over the file's, so that a
+  // scale (gcomp_admin scale) needs no edit of the file that every pod reads:
+  //   - a shard that a re-shard under way adds (its index is in the requested map, not in
+  //     the committed one) starts with the requested map, empty, as an added shard does;
+  //   - a shard started while its file lists other shards than the committed map of a
+  //     higher epoch (a pod restarted after a scale) takes the committed shard list at the
+  //     file's epoch, then installs the committed map as any restarted shard does.
+  // `config` unchanged otherwise (no etcd, no record yet, or the file already agrees);
+  // FailedPrecondition when `shard` is in none of them. `store`: the config's etcd if null.
+  static absl::StatusOr<proto::ClusterConfig> WithJobMap(const proto::ClusterConfig& config,
+                                                         uint32_t shard,
+                                                         coord::Store* store = nullptr);
+
  private:
   ClusterState(const proto::ClusterConfig& config, ClusterStateOptions options,
                std::shared_ptr<coord::Store> store);

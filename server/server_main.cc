@@ -36,6 +36,7 @@
 #include "cluster/reshard_coordinator.h"
 #include "coord/reshard_record.h"
 #include "prometheus/registry.h"
+#include "server/cluster_state.h"
 #include "server/grpc_service.h"
 #include "server/library_logs.h"
 #include "server/reshard_driver.h"
@@ -228,6 +229,16 @@ int main(int argc, char** argv) {
   if (!config.ok()) {
     gcomp::log::Error("{}", config.status().ToString());
     return 2;
+  }
+  if (!config->coordination().etcd().empty()) {
+    // The job's map in etcd may list other shards than the file (gcomp_admin scale).
+    absl::StatusOr<gcomp::proto::ClusterConfig> in_etcd =
+        gcomp::server::ClusterState::WithJobMap(*config, static_cast<uint32_t>(shard));
+    if (!in_etcd.ok()) {
+      gcomp::log::Error("coordination.etcd: {}", in_etcd.status().ToString());
+      return absl::IsFailedPrecondition(in_etcd.status()) ? 2 : 1;
+    }
+    config = *std::move(in_etcd);
   }
   if (shard >= config->shards_size()) {
     gcomp::log::Error("--shard {} out of range: the config lists {} shards", shard,

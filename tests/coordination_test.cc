@@ -12,6 +12,8 @@
 
 #include <cerrno>
 
+#include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -50,23 +52,36 @@ int CountOf(const std::string& text, const std::string& what) {
   return n;
 }
 
+std::string Admin() {
+  return std::string(getenv("TEST_SRCDIR")) + "/gcomp_ps/admin/gcomp_admin";
+}
+
 std::string Server() {
   return std::string(getenv("TEST_SRCDIR")) + "/gcomp_ps/server/gcomp_server";
 }
 
-proto::ClusterConfig Config(const std::string& job, const std::vector<std::string>& etcd) {
-  std::vector<std::string> addresses;
-  for (int k = 0; k < 3; ++k) addresses.push_back(absl::StrCat("127.0.0.1:", testing::FreePort()));
+// The fields of every test's config but its shards (`--set` form).
+std::vector<std::string> Fields(const std::vector<std::string>& etcd) {
   std::vector<std::string> set = {
       "workers=3", "uplink.mode=lossless", "downlink.mode=lossless", "chunk_bytes=2048",
       "optimizer.name=adam", "step_timeout_ms=4000",
       // Shorter than a pause of 3 lease TTLs, so that workers do wait it out.
-      "rpc_timeout_ms=5000", "shards=" + absl::StrJoin(addresses, ","), "replicas=2"};
+      "rpc_timeout_ms=5000", "replicas=2"};
   if (!etcd.empty()) {
     set.push_back("coordination.etcd=" + absl::StrJoin(etcd, ","));
     set.push_back(absl::StrCat("coordination.lease_ttl_ms=", kLeaseTtlMs));
     set.push_back("coordination.request_timeout_ms=500");
   }
+  return set;
+}
+
+proto::ClusterConfig Config(const std::string& job, const std::vector<std::string>& etcd,
+                            std::vector<std::string> addresses = {}) {
+  if (addresses.empty()) {
+    for (int k = 0; k < 3; ++k) addresses.push_back(absl::StrCat("127.0.0.1:", testing::FreePort()));
+  }
+  std::vector<std::string> set = Fields(etcd);
+  set.push_back("shards=" + absl::StrJoin(addresses, ","));
   absl::StatusOr<proto::ClusterConfig> c = cluster::ParseClusterConfig("job: " + job + "\n", set);
   EXPECT_TRUE(c.ok()) << c.status();
   return *c;
@@ -304,6 +319,129 @@ TEST_F(Coordination, AReshardAskedForInEtcdIsDrivenByTheCoordinator) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(*again, *line);
 }
+// `fields` (Fields()' form) as a config file, with `shards` as given (YAML).
+std::string YamlOf(const std::string& job, const std::vector<std::string>& fields,
+                   const std::string& shards) {
+  std::string out = absl::StrCat("job: ", job, "\nshards: ", shards, "\n");
+  std::map<std::string, std::vector<std::string>> nested;
+  for (const std::string& f : fields) {
+    const size_t eq = f.find('='), dot = f.find('.');
+    const std::string key = f.substr(0, eq), value = absl::StrCat("\"", f.substr(eq + 1), "\"");
+    if (dot < eq) {
+      nested[key.substr(0, dot)].push_back(absl::StrCat(key.substr(dot + 1), ": ", value));
+    } else {
+      absl::StrAppend(&out, key, ": ", value, "\n");
+    }
+  }
+  for (const auto& [section, entries] : nested) {
+    absl::StrAppend(&out, section, ": {", absl::StrJoin(entries, ", "), "}\n");
+  }
+  return out;
+}
+
+// Runs `command`; its exit status and standard output.
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  FILE* p = popen(command.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (p != nullptr && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  const int status = p != nullptr ? pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Scaling in one step: `gcomp_admin scale 4` against a config file of the
+// {count, address} form. Nobody edits the file the shards read or raises an epoch: the
+// added shard starts from the unchanged file (count 3) and takes its map from the request
+// in etcd; the re-shard is driven by the coordinator; training goes on bit-identical.
+// Afterwards a shard killed and restarted from that same unchanged file takes the
+// committed map from etcd and rejoins, and training goes on, still bit-identical.
+TEST_F(Coordination, ScalingIsOneCommandAndTheUnchangedFileStillServes) {
+  testing::TrainOptions all;
+  all.steps = 14;
+  const testing::TrainResult reference = testing::TrainUndisturbed(Config("reference", {}), all);
+  ASSERT_TRUE(reference.error.ok()) << reference.error;
+  const int port = testing::FreePort();
+  std::vector<std::string> addresses;
+  for (int k = 0; k < 4; ++k) addresses.push_back(absl::StrCat("127.0.", k, ".1:", port));
+  const std::vector<std::string> three(addresses.begin(), addresses.begin() + 3);
+  const proto::ClusterConfig config = Config("scale", etcd_->endpoints(), three);
+  ShardProcesses shards(Server(), OutDir(), config);
+  ASSERT_TRUE(shards.StartAll());
+  const std::string admin_yaml = OutDir() + "/scale-admin.yaml";
+  std::ofstream(admin_yaml) << YamlOf("scale", Fields(etcd_->endpoints()),
+                                      absl::StrCat("{count: 3, address: \"127.0.{index}.1:", port, "\"}"));
+  // The fourth shard's process, started from the file of three shards.
+  proto::ClusterConfig four = config;
+  four.add_shards(addresses[3]);
+  const std::string pod_dir = OutDir() + "/scale-pod3";
+  ASSERT_EQ(mkdir(pod_dir.c_str(), 0755) == 0 || errno == EEXIST, true);
+  ShardProcesses pod3(Server(), pod_dir, four);
+  pod3.WriteConfigFile(config);
+
+  // kubectl as a script that notes its arguments (no Kubernetes here); the test starts the
+  // pod itself.
+  const std::string kubectl = OutDir() + "/scale-kubectl.sh";
+  const std::string kubectl_calls = OutDir() + "/scale-kubectl.calls";
+  std::ofstream(kubectl) << "#!/bin/sh\necho \"$*\" >> " << kubectl_calls << "\n";
+  ASSERT_EQ(chmod(kubectl.c_str(), 0755), 0);
+  std::thread admin;
+  std::pair<int, std::string> scaled = {-1, ""};
+  testing::TrainOptions first = all;
+  first.steps = 10;
+  first.after_step = [&](int step) {
+    if (step != 3) return;
+    admin = std::thread([&] {
+      scaled = RunCommand(absl::StrCat(Admin(), " scale 4 --config ", admin_yaml,
+                                       " --deadline_ms 30000 --statefulset gcomp-shard --namespace ml",
+                                       " --kubectl ", kubectl, " 2>", OutDir(), "/scale-admin.log"));
+    });
+    // As `kubectl scale` would, once the request is in: the pod of shard 3 comes up.
+    const absl::Time end = absl::Now() + absl::Seconds(60);
+    bool asked = false;
+    while (absl::Now() < end) {
+      absl::StatusOr<std::optional<coord::VersionedReshard>> r =
+          coord::ReadReshard(store_.get(), "scale");
+      if (r.ok() && r->has_value()) {
+        if (!asked) pod3.Start(3);
+        asked = true;
+        if ((*r)->record.phase() != proto::ReshardRecord::REQUESTED) return;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  };
+  testing::TrainResult got = testing::Train(config, first);
+  if (admin.joinable()) admin.join();
+  ASSERT_TRUE(got.error.ok()) << got.error;
+  EXPECT_EQ(scaled.first, 0) << scaled.second << Slurp(OutDir() + "/scale-admin.log");
+  EXPECT_NE(scaled.second.find("\"to_shards\":4"), std::string::npos) << scaled.second;
+  EXPECT_NE(scaled.second.find("\"to_epoch\":2"), std::string::npos) << scaled.second;
+  // The StatefulSet grew once, after the request was in etcd (the pod finds it there).
+  EXPECT_EQ(Slurp(kubectl_calls), "scale statefulset gcomp-shard --replicas=4 -n ml\n");
+  EXPECT_NE(Slurp(pod3.log(3)).find("adds this shard: starting with its map of 4 shards"),
+            std::string::npos)
+      << Slurp(pod3.log(3));
+  absl::StatusOr<std::optional<coord::VersionedMap>> map = coord::ReadMap(store_.get(), "scale");
+  ASSERT_TRUE(map.ok() && map->has_value());
+  EXPECT_EQ((*map)->record.shards_size(), 4);
+  // Asking for the count the job has is no re-shard.
+  const std::pair<int, std::string> same =
+      RunCommand(absl::StrCat(Admin(), " scale 4 --config ", admin_yaml, " 2>/dev/null"));
+  EXPECT_EQ(same.first, 0);
+  EXPECT_NE(same.second.find("\"unchanged\":true"), std::string::npos) << same.second;
+
+  // Shard 3 dies and comes back from the same unchanged file: it takes the committed map,
+  // is failed over and taken back, and the job trains on.
+  pod3.Kill(3);
+  pod3.Start(3);
+  testing::TrainOptions rest = all;
+  rest.first_step = 10;
+  const testing::TrainResult after = testing::Train(config, rest);
+  ASSERT_TRUE(after.error.ok()) << after.error;
+  EXPECT_EQ(testing::FirstDifference(reference, after), "");
+  EXPECT_NE(Slurp(pod3.log(3)).find("starting with the map in etcd"), std::string::npos)
+      << Slurp(pod3.log(3));
+}
+
 
 TEST_F(Coordination, ASecondProcessStartedAsTheSameShardRefusesToStart) {
   ShardProcesses shards(Server(), OutDir(), Config("twice", etcd_->endpoints()));

@@ -73,6 +73,11 @@ class ShardProcesses {
   }
 
   const proto::ClusterConfig& config() const { return config_; }
+  // Rewrites the file the shards read (started from now on, and watched by the running
+  // ones) with `file`, e.g. an older map than config() (a ConfigMap left unedited).
+  void WriteConfigFile(const proto::ClusterConfig& file) {
+    std::ofstream(config_path_) << cluster::ClusterConfigToYaml(file);
+  }
   pid_t pid(int k) const { return pids_[k]; }
   // Shard k's current log (one file per start).
   const std::string& log(int k) const { return logs_[k]; }
