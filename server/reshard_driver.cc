@@ -70,13 +70,21 @@ bool ReshardDriver::Shared::Step() {
   {
     absl::MutexLock lock(&mu);
     if (stopped) return false;
-    if (!state->Leading()) return true;
+    const auto pending = [this](bool p) {
+      if (options.on_pending) options.on_pending(p);
+    };
+    if (!state->Leading()) {
+      pending(false);
+      return true;
+    }
     absl::StatusOr<std::optional<coord::VersionedReshard>> read = state->ReadReshard();
     if (!read.ok()) {
       log::Warn("re-shard record: {}", read.status().ToString());
       return true;
     }
-    if (!read->has_value() || coord::Finished((*read)->record)) return true;
+    const bool unfinished = read->has_value() && !coord::Finished((*read)->record);
+    pending(unfinished);
+    if (!unfinished) return true;
     base = **read;
   }
   const proto::ReshardRecord& asked = base->record;
@@ -137,6 +145,7 @@ void ReshardDriver::Shared::Record(coord::VersionedReshard base, const proto::Cl
   }
   absl::Status s = state->UpdateReshard(base, end).status();
   if (!s.ok()) log::Warn("re-shard record not updated: {}", s.ToString());
+  if (s.ok() && options.on_pending) options.on_pending(false);
 }
 
 }  // namespace gcomp::server

@@ -13,6 +13,7 @@
 #ifndef GCOMP_SERVER_RESHARD_DRIVER_H_
 #define GCOMP_SERVER_RESHARD_DRIVER_H_
 
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -27,6 +28,9 @@ struct ReshardDriverOptions {
   absl::Duration poll = absl::Milliseconds(500);
   // Once committed, how long the switch and the moves may take.
   absl::Duration finish_timeout = absl::Minutes(10);
+  // Told at every look whether this shard leads and the record holds an unfinished
+  // re-shard (for the metric gcomp_shard_reshard_requested).
+  std::function<void(bool)> on_pending;
 };
 
 class ReshardDriver {

@@ -307,8 +307,12 @@ int main(int argc, char** argv) {
   // shard's config file).
   std::unique_ptr<gcomp::server::ReshardDriver> reshard_driver;
   if ((*server)->cluster_state() != nullptr) {
-    reshard_driver = std::make_unique<gcomp::server::ReshardDriver>(
-        (*server)->cluster_state(), *config, gcomp::server::ReshardDriverOptions{});
+    gcomp::server::ReshardDriverOptions options;
+    options.on_pending = [metrics = (*server)->service()->metrics()](bool pending) {
+      metrics->SetReshardRequested(pending);
+    };
+    reshard_driver = std::make_unique<gcomp::server::ReshardDriver>((*server)->cluster_state(),
+                                                                    *config, options);
   }
   auto* watch = new WatchState();  // leaked on purpose: a detached watcher may still read it
   std::thread watcher;

@@ -151,6 +151,13 @@ ShardMetrics::ShardMetrics(const std::string& job, uint32_t shard)
                               .Labels(labels)
                               .Register(r)
                               .Add({});
+  reshard_requested_ = &prometheus::BuildGauge()
+                            .Name("gcomp_shard_reshard_requested")
+                            .Help("1 while this shard coordinates and the job's re-shard record "
+                                  "in etcd is asked for or committed and not finished, else 0.")
+                            .Labels(labels)
+                            .Register(r)
+                            .Add({});
   checkpoint_bytes_ = &prometheus::BuildCounter()
                            .Name("gcomp_shard_checkpoint_bytes_total")
                            .Help("Bytes of the checkpoint files this shard wrote.")
@@ -334,6 +341,10 @@ void ShardMetrics::ObserveStep(const StepTimings& t, uint64_t raw_bytes_encoded)
 }
 
 void ShardMetrics::CountStepFailed() { steps_failed_->Increment(); }
+
+void ShardMetrics::SetReshardRequested(bool requested) {
+  reshard_requested_->Set(requested ? 1 : 0);
+}
 
 void ShardMetrics::SetReshardInProgress(bool in_progress) {
   reshard_in_progress_->Set(in_progress ? 1 : 0);

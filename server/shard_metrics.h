@@ -64,6 +64,9 @@ class ShardMetrics {
   void SetCheckpointInterval(uint32_t every_steps);
   // Whether a re-shard is under way here (prepared, committed, or receiving moved chunks).
   void SetReshardInProgress(bool in_progress);
+  // Whether this shard, coordinating, sees an unfinished re-shard in etcd's record (asked
+  // for, or committed): also before any shard is prepared (an added pod never started).
+  void SetReshardRequested(bool requested);
   void SetAdmission(const AdmissionUsage& usage, uint64_t budget_bytes);
   void SetTensors(uint64_t tensors, uint64_t chunks_owned, uint64_t shard_map_epoch);
   // Replication: shards down in the map served, whether some chunk has fewer live copies
@@ -122,6 +125,7 @@ class ShardMetrics {
   prometheus::Gauge* checkpoint_every_;
   prometheus::Gauge* newest_step_;
   prometheus::Gauge* reshard_in_progress_;
+  prometheus::Gauge* reshard_requested_;
   std::atomic<int64_t> newest_step_seen_{-1};
   prometheus::Histogram* step_seconds_;
   prometheus::Histogram* phase_wait_;

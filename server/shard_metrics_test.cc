@@ -104,6 +104,9 @@ TEST(ShardMetrics, CallsInFlightAndRefusals) {
   EXPECT_THAT(m.Text(), HasSubstr("gcomp_shard_limit_refusals_total{gcomp_job=\"j\",shard=\"3\"} 4"));
   EXPECT_THAT(m.Text(), HasSubstr("gcomp_shard_memory_used_bytes{gcomp_job=\"j\",shard=\"3\"} 100"));
   EXPECT_THAT(m.Text(), HasSubstr("gcomp_shard_memory_budget_bytes{gcomp_job=\"j\",shard=\"3\"} 1000"));
+  EXPECT_THAT(m.Text(), HasSubstr("gcomp_shard_reshard_requested{gcomp_job=\"j\",shard=\"3\"} 0"));
+  m.SetReshardRequested(true);
+  EXPECT_THAT(m.Text(), HasSubstr("gcomp_shard_reshard_requested{gcomp_job=\"j\",shard=\"3\"} 1"));
 }
 
 }  // namespace

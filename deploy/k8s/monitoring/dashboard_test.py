@@ -187,7 +187,9 @@ def test_service_monitor_scrapes_metrics_ports_and_keeps_prometheus_labels():
     assert not endpoint.get("honorLabels"), "a target could then overwrite job and instance"
     selector = monitor["spec"]["selector"]
     for s in services:
-        assert any(p["name"] == "metrics" and p["port"] == 9464 for p in s["spec"]["ports"])
+        # gcomp's processes on 9464; etcd's members on their metrics port, 2381.
+        port = 2381 if s["metadata"]["name"] == "gcomp-etcd-metrics" else 9464
+        assert any(p["name"] == "metrics" and p["port"] == port for p in s["spec"]["ports"])
         labels = s["metadata"]["labels"]
         assert all(labels.get(k) == v for k, v in selector["matchLabels"].items())
         (expr,) = selector["matchExpressions"]
