@@ -105,11 +105,17 @@ def test_shards_agree_with_the_config_and_run_safely():
     (c,) = pod["containers"]
     args = c["args"]
     assert "--shard_from_hostname" in args and "--listen=0.0.0.0:7000" in args
-    for probe in ("readinessProbe", "livenessProbe"):
+    for probe in ("readinessProbe", "startupProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == 7000
     # Readiness: whether the shard serves training calls; liveness: the process only.
     assert c["readinessProbe"]["grpc"]["service"] == "gcomp.proto.Aggregation"
     assert "service" not in c["livenessProbe"]["grpc"]
+    # A shard listens only after its restore: the startup probe lets that take 30 minutes
+    # before liveness counts (liveness alone restarted a long restore after 90 s).
+    startup = c["startupProbe"]
+    assert "service" not in startup["grpc"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 30 * 60
+    assert "initialDelaySeconds" not in c["livenessProbe"]
     grace_ms = int([a for a in args if a.startswith("--shutdown_grace_ms=")][0].split("=")[1])
     assert pod["terminationGracePeriodSeconds"] >= grace_ms / 1000 + 30
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 10001
@@ -209,7 +215,7 @@ def test_mtls_overlay_mounts_what_its_config_reads_and_probes_the_health_port():
                                ("token_file", "token", "token")):
         assert security[field] == mounts[volume]["mountPath"] + "/" + key, field
     port = security["health_port"]
-    for probe in ("readinessProbe", "livenessProbe"):
+    for probe in ("readinessProbe", "startupProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == port
     assert c["readinessProbe"]["grpc"]["service"] == "gcomp.proto.Aggregation"  # kept by the patch
     assert port in [p["containerPort"] for p in c["ports"]]
