@@ -9,8 +9,11 @@
 #include <dirent.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,10 +38,38 @@ ABSL_FLAG(int, shards, 2, "Shards that write the checkpoint.");
 ABSL_FLAG(int, restore_shards, 3, "Shards that restore it.");
 ABSL_FLAG(std::string, optimizer, "adam", "none|sgd|momentum|adam");
 ABSL_FLAG(std::string, dir, "", "Checkpoint directory (default: a new folder under /tmp).");
+ABSL_FLAG(std::string, child, "",
+          "Internal: 'restore' restores shard 0 of --restore_shards from --dir and exits; "
+          "'load_all' loads the whole newest set into memory (what a restore held before it "
+          "streamed) and exits. The parent reads the child's peak RSS.");
 
 namespace {
 
 using gcomp::server::ShardService;
+
+// This process's peak RSS (VmHWM: of its own address space, unlike getrusage's
+// ru_maxrss, which keeps the forking parent's), in bytes.
+uint64_t OwnPeakRss() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// Runs this program as `--child MODE` on `dir`; the child's peak RSS (bytes), 0 when it
+// failed. The child prints it as its last line.
+uint64_t ChildPeakRss(const std::string& mode, const std::string& dir, int shards) {
+  const std::string cmd = absl::StrCat("/proc/", getpid(), "/exe --child=", mode, " --dir='", dir,
+                                       "' --restore_shards=", shards);
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return 0;
+  char buf[256];
+  uint64_t rss = 0;
+  while (fgets(buf, sizeof(buf), p) != nullptr) rss = std::strtoull(buf, nullptr, 10);
+  return pclose(p) == 0 ? rss : 0;
+}
 
 uint64_t DirBytes(const std::string& dir) {
   uint64_t total = 0;
@@ -68,6 +99,33 @@ int main(int argc, char** argv) {
   gcomp::TuneMallocForLargeBuffers();  // as gcomp_server does
   absl::ParseCommandLine(argc, argv);
   (void)gcomp::InitLogging("checkpoint_bench", "warn", "text");
+  std::string dir = absl::GetFlag(FLAGS_dir);
+  if (dir.empty()) {
+    std::string tmpl = "/tmp/gcomp-ckpt-bench.XXXXXX";
+    dir = mkdtemp(tmpl.data());
+  }
+  auto config_for = [&](int shards) {
+    std::string list;
+    for (int i = 0; i < shards; ++i) list += absl::StrCat(i ? "," : "", "127.0.0.1:", 1000 + i);
+    return *gcomp::cluster::ParseClusterConfig(
+        "job: bench\n", {"workers=1", "uplink.mode=lossless", "downlink.mode=lossless",
+                         "optimizer.name=" + absl::GetFlag(FLAGS_optimizer),
+                         "limits.memory_budget_bytes=0", "checkpoint.dir=" + dir, "shards=" + list});
+  };
+  const int S = absl::GetFlag(FLAGS_shards);
+  const int S2 = absl::GetFlag(FLAGS_restore_shards);
+  if (absl::GetFlag(FLAGS_child) == "restore") {
+    auto s = ShardService::Create(config_for(S2), gcomp::server::ShardOptions{0, 4, {}});
+    if (!s.ok()) std::fprintf(stderr, "%s\n", s.status().ToString().c_str());
+    std::printf("%llu\n", static_cast<unsigned long long>(OwnPeakRss()));
+    return s.ok() ? 0 : 1;
+  }
+  if (absl::GetFlag(FLAGS_child) == "load_all") {
+    auto c = gcomp::server::LoadLatestCheckpoint(gcomp::cluster::JobCheckpointDir(config_for(S2)));
+    if (!c.ok()) std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+    std::printf("%llu\n", static_cast<unsigned long long>(OwnPeakRss()));
+    return c.ok() ? 0 : 1;
+  }
   std::vector<std::string> files = absl::StrSplit(absl::GetFlag(FLAGS_gradients), ',', absl::SkipEmpty());
   if (files.empty()) {
     const char* dir = std::getenv("GCOMP_GRADIENTS_DIR");
@@ -93,21 +151,6 @@ int main(int argc, char** argv) {
     }
     grads.push_back(std::move(a->data));
   }
-  std::string dir = absl::GetFlag(FLAGS_dir);
-  if (dir.empty()) {
-    std::string tmpl = "/tmp/gcomp-ckpt-bench.XXXXXX";
-    dir = mkdtemp(tmpl.data());
-  }
-  auto config_for = [&](int shards) {
-    std::string list;
-    for (int i = 0; i < shards; ++i) list += absl::StrCat(i ? "," : "", "127.0.0.1:", 1000 + i);
-    return *gcomp::cluster::ParseClusterConfig(
-        "job: bench\n", {"workers=1", "uplink.mode=lossless", "downlink.mode=lossless",
-                         "optimizer.name=" + absl::GetFlag(FLAGS_optimizer),
-                         "limits.memory_budget_bytes=0", "checkpoint.dir=" + dir, "shards=" + list});
-  };
-  const int S = absl::GetFlag(FLAGS_shards);
-  const int S2 = absl::GetFlag(FLAGS_restore_shards);
   const gcomp::proto::ClusterConfig config = config_for(S);
   std::vector<std::unique_ptr<ShardService>> shards;
   for (int k = 0; k < S; ++k) {
@@ -185,6 +228,10 @@ int main(int argc, char** argv) {
   }
   const double restore_s = absl::ToDoubleSeconds(absl::Now() - start);
   restored.clear();
+  // One restoring shard in a process of its own, as a pod restores: its peak RSS, beside a
+  // process that only loads the whole set as the restore did before it streamed.
+  const uint64_t restore_rss = ChildPeakRss("restore", dir, S2);
+  const uint64_t load_all_rss = ChildPeakRss("load_all", dir, S2);
 
   const std::string copy = dir + "/cp-copy";
   const double cp_s = TimeShell(absl::StrCat("cp -r '", set, "' '", copy, "'"));
@@ -200,13 +247,17 @@ int main(int argc, char** argv) {
   std::printf("%-44s %10.3f %10.3f\n", absl::StrCat("restore into ", S2, " shards (file bytes)").c_str(),
               restore_s, file_bytes / gb / restore_s);
   std::printf("%-44s %10.3f %10.3f\n", "cp -r of the same files", cp_s, file_bytes / gb / cp_s);
+  std::printf("peak RSS of one shard restoring (1 of %d): %.1f MB; of a process loading the whole "
+              "set: %.1f MB (set files %.1f MB)\n",
+              S2, restore_rss / 1e6, load_all_rss / 1e6, file_bytes / 1e6);
   std::printf("%-44s %10.3f %10.3f\n", "cp -r + sync of the same files", cp_sync_s, file_bytes / gb / cp_sync_s);
   std::printf(
       "{\"tensors\": %zu, \"elements\": %llu, \"optimizer\": \"%s\", \"shards\": %d, \"restore_shards\": %d, "
       "\"state_bytes\": %llu, \"file_bytes\": %llu, \"write_s\": %.4f, \"restore_s\": %.4f, \"cp_s\": %.4f, "
-      "\"cp_sync_s\": %.4f}\n",
+      "\"cp_sync_s\": %.4f, \"restore_one_peak_rss_bytes\": %llu, \"load_all_peak_rss_bytes\": %llu}\n",
       grads.size() * absl::GetFlag(FLAGS_copies), static_cast<unsigned long long>(elements),
       absl::GetFlag(FLAGS_optimizer).c_str(), S, S2, static_cast<unsigned long long>(state_bytes),
-      static_cast<unsigned long long>(file_bytes), write_s, restore_s, cp_s, cp_sync_s);
+      static_cast<unsigned long long>(file_bytes), write_s, restore_s, cp_s, cp_sync_s,
+      static_cast<unsigned long long>(restore_rss), static_cast<unsigned long long>(load_all_rss));
   return 0;
 }

@@ -344,7 +344,12 @@ absl::Status CheckDeclaration(const proto::TensorDeclaration& d, const std::stri
   return absl::OkStatus();
 }
 
-absl::Status LoadSet(const SetInfo& s, LoadedCheckpoint* out) {
+// The layout of a declared tensor's chunks.
+cluster::ChunkLayout LayoutOf(const proto::TensorDeclaration& d) {
+  return cluster::ChunkLayout(d.elements(), d.dtype() == proto::DTYPE_F32 ? 4 : 2, d.chunk_bytes());
+}
+
+absl::Status LoadSet(const SetInfo& s, const LoadOptions& options, LoadedCheckpoint* out) {
   out->path = s.path;
   out->job = s.manifests[0].job;
   out->final = s.final;
@@ -353,6 +358,26 @@ absl::Status LoadSet(const SetInfo& s, LoadedCheckpoint* out) {
   out->shard_map_epoch = s.manifests[0].epoch;
   absl::flat_hash_map<std::string, proto::TensorDeclaration> decls;
   absl::flat_hash_set<std::pair<std::string, uint32_t>> seen;
+  absl::flat_hash_map<std::string, uint64_t> counts;
+  // A chunk whose declaration is in a later file (none of today's writers does that): held
+  // until every file was read.
+  std::vector<proto::ChunkState> undeclared;
+  // Checks a chunk against its declaration and keeps it if asked to.
+  auto take = [&](const proto::TensorDeclaration& d, proto::ChunkState&& c) -> absl::Status {
+    const cluster::ChunkLayout layout = LayoutOf(d);
+    if (c.chunk() >= layout.num_chunks || c.elements() != layout.size(c.chunk())) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", s.path, ": chunk ", c.chunk(), " of '",
+                                              c.key(), "' does not fit its declaration"));
+    }
+    ++counts[c.key()];
+    if (options.keep) {
+      absl::StatusOr<bool> keep = options.keep(d, &c);
+      if (!keep.ok()) return keep.status();
+      if (!*keep) return absl::OkStatus();
+    }
+    out->chunks.push_back(std::move(c));
+    return absl::OkStatus();
+  };
   for (const Manifest& m : s.manifests) {
     const std::string path = absl::StrCat(s.path, "/", m.file);
     // Read no more than the manifest says it holds (a sparse file of terabytes, a device).
@@ -371,9 +396,7 @@ absl::Status LoadSet(const SetInfo& s, LoadedCheckpoint* out) {
                                               ": checksum does not match its manifest"));
     }
     out->bytes += bytes->size();
-    absl::StatusOr<std::vector<proto::CheckpointRecord>> records = ParseCheckpointFile(*bytes, path);
-    if (!records.ok()) return records.status();
-    for (proto::CheckpointRecord& r : *records) {
+    absl::Status read = ForEachCheckpointRecord(*bytes, path, [&](proto::CheckpointRecord& r) {
       if (r.has_declaration()) {
         const proto::TensorDeclaration& d = r.declaration();
         if (d.job() != out->job) {
@@ -385,24 +408,45 @@ absl::Status LoadSet(const SetInfo& s, LoadedCheckpoint* out) {
           return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": declaration of '",
                                                   d.key(), "' differs from another shard's"));
         }
-      } else if (r.has_chunk()) {
-        const proto::ChunkState& c = r.chunk();
-        if (c.job() != out->job) {
-          return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": chunk of '", c.key(),
-                                                  "' belongs to job '", c.job(), "'"));
-        }
-        if (!seen.insert({c.key(), c.chunk()}).second) {
-          return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": '", c.key(),
-                                                  "' chunk ", c.chunk(), " appears twice"));
-        }
-        out->chunks.push_back(std::move(*r.mutable_chunk()));
+        return absl::OkStatus();
       }
-    }
+      proto::ChunkState& c = *r.mutable_chunk();
+      if (c.job() != out->job) {
+        return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": chunk of '", c.key(),
+                                                "' belongs to job '", c.job(), "'"));
+      }
+      if (!seen.insert({c.key(), c.chunk()}).second) {
+        return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": '", c.key(),
+                                                "' chunk ", c.chunk(), " appears twice"));
+      }
+      auto d = decls.find(c.key());
+      if (d == decls.end()) {
+        undeclared.push_back(std::move(c));
+        return absl::OkStatus();
+      }
+      return take(d->second, std::move(c));
+    });
+    if (!read.ok()) return read;
   }
-  for (auto& [key, d] : decls) out->declarations.push_back(std::move(d));
+  for (proto::ChunkState& c : undeclared) {
+    auto d = decls.find(c.key());
+    if (d == decls.end()) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", s.path, ": chunk ", c.chunk(), " of '",
+                                              c.key(), "' has no declaration"));
+    }
+    if (absl::Status st = take(d->second, std::move(c)); !st.ok()) return st;
+  }
+  for (auto& [key, d] : decls) {
+    const uint64_t chunks = LayoutOf(d).num_chunks;
+    if (counts[key] != chunks) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", s.path, ": '", key, "' has ",
+                                              counts[key], " of its ", chunks, " chunks"));
+    }
+    out->declarations.push_back(std::move(d));
+  }
   std::sort(out->declarations.begin(), out->declarations.end(),
             [](const auto& a, const auto& b) { return a.key() < b.key(); });
-  return CheckCheckpointCoverage(*out);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -433,8 +477,9 @@ std::string SerializeCheckpointFile(const std::vector<proto::CheckpointRecord>& 
   return out;
 }
 
-absl::StatusOr<std::vector<proto::CheckpointRecord>> ParseCheckpointFile(absl::string_view bytes,
-                                                                         const std::string& name) {
+absl::Status ForEachCheckpointRecord(
+    absl::string_view bytes, const std::string& name,
+    const std::function<absl::Status(proto::CheckpointRecord&)>& visit) {
   auto bad = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", name, ": ", why));
   };
@@ -448,7 +493,7 @@ absl::StatusOr<std::vector<proto::CheckpointRecord>> ParseCheckpointFile(absl::s
   if (std::memcmp(t, kTrailer, sizeof(kTrailer)) != 0) return bad("truncated (no trailer)");
   const uint64_t count = GetU64(t + 8);
   if (XXH64(bytes.data(), body_end, 0) != GetU64(t + 16)) return bad("file checksum mismatch");
-  std::vector<proto::CheckpointRecord> records;
+  uint64_t seen = 0;
   size_t pos = sizeof(kMagic);
   while (pos < body_end) {
     if (body_end - pos < 4) return bad(absl::StrCat("record at byte ", pos, " truncated"));
@@ -459,23 +504,37 @@ absl::StatusOr<std::vector<proto::CheckpointRecord>> ParseCheckpointFile(absl::s
     }
     absl::string_view payload = bytes.substr(pos, len);
     if (XXH64(payload.data(), payload.size(), 0) != GetU64(bytes.data() + pos + len)) {
-      return bad(absl::StrCat("record ", records.size(), " checksum mismatch"));
+      return bad(absl::StrCat("record ", seen, " checksum mismatch"));
     }
     proto::CheckpointRecord r;
     if (!r.ParseFromArray(payload.data(), static_cast<int>(payload.size())) ||
         r.record_case() == proto::CheckpointRecord::RECORD_NOT_SET) {
-      return bad(absl::StrCat("record ", records.size(), " does not parse"));
+      return bad(absl::StrCat("record ", seen, " does not parse"));
     }
     if (r.has_declaration()) {
       absl::Status s = CheckDeclaration(r.declaration(), name);
       if (!s.ok()) return s;
     }
-    records.push_back(std::move(r));
+    ++seen;
     pos += len + 8;
+    if (seen > count) break;  // the trailer's count is wrong: said below, before any visit
+    if (absl::Status s = visit(r); !s.ok()) return s;
   }
-  if (records.size() != count) {
-    return bad(absl::StrCat("trailer counts ", count, " records, found ", records.size()));
+  if (seen != count) {
+    return bad(absl::StrCat("trailer counts ", count, " records, found ", seen,
+                            seen > count ? " or more" : ""));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<proto::CheckpointRecord>> ParseCheckpointFile(absl::string_view bytes,
+                                                                         const std::string& name) {
+  std::vector<proto::CheckpointRecord> records;
+  absl::Status s = ForEachCheckpointRecord(bytes, name, [&](proto::CheckpointRecord& r) {
+    records.push_back(std::move(r));
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
   return records;
 }
 
@@ -493,37 +552,6 @@ absl::Status CheckCheckpointDirWritable(const std::string& dir) {
   }
   ::close(fd);
   ::unlink(probe.c_str());
-  return absl::OkStatus();
-}
-
-absl::Status CheckCheckpointCoverage(const LoadedCheckpoint& c) {
-  absl::flat_hash_map<std::string, const proto::TensorDeclaration*> decls;
-  absl::flat_hash_map<std::string, uint64_t> counts;
-  for (const proto::TensorDeclaration& d : c.declarations) decls[d.key()] = &d;
-  for (const proto::ChunkState& s : c.chunks) {
-    auto it = decls.find(s.key());
-    if (it == decls.end()) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", c.path, ": chunk ", s.chunk(), " of '",
-                                              s.key(), "' has no declaration"));
-    }
-    const proto::TensorDeclaration& d = *it->second;
-    const size_t element_bytes = d.dtype() == proto::DTYPE_F32 ? 4 : 2;
-    cluster::ChunkLayout layout(d.elements(), element_bytes, d.chunk_bytes());
-    if (s.chunk() >= layout.num_chunks || s.elements() != layout.size(s.chunk())) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", c.path, ": chunk ", s.chunk(), " of '",
-                                              s.key(), "' does not fit its declaration"));
-    }
-    ++counts[s.key()];
-  }
-  for (const proto::TensorDeclaration& d : c.declarations) {
-    const size_t element_bytes = d.dtype() == proto::DTYPE_F32 ? 4 : 2;
-    cluster::ChunkLayout layout(d.elements(), element_bytes, d.chunk_bytes());
-    if (counts[d.key()] != layout.num_chunks) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", c.path, ": '", d.key(), "' has ",
-                                              counts[d.key()], " of its ", layout.num_chunks,
-                                              " chunks"));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -673,6 +701,13 @@ std::pair<std::string, bool> DescribeCheckpoints(const std::string& dir) {
 
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(
     const std::string& dir, const std::function<absl::Status(const LoadedCheckpoint&)>& accept) {
+  LoadOptions options;
+  options.accept = accept;
+  return LoadLatestCheckpoint(dir, options);
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir,
+                                                      const LoadOptions& options) {
   if (absl::Status st = CheckDirListable(dir); !st.ok()) return st;
   std::vector<SetInfo> sets = ListSets(dir);
   if (sets.empty()) return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir));
@@ -687,9 +722,10 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(
       log::Warn("checkpoint: skipping set {}: {}", s.path, s.problem);
       continue;
     }
+    if (options.begin_set) options.begin_set();
     LoadedCheckpoint loaded;
-    absl::Status st = LoadSet(s, &loaded);
-    if (st.ok() && accept) st = accept(loaded);
+    absl::Status st = LoadSet(s, options, &loaded);
+    if (st.ok() && options.accept) st = options.accept(loaded);
     if (!st.ok()) {
       skipped.push_back(std::string(st.message()));
       log::Warn("checkpoint: skipping set {}: {}", s.path, std::string(st.message()));

@@ -50,6 +50,12 @@ absl::StatusOr<uint64_t> WriteShardCheckpoint(const std::string& dir, ShardCheck
 // truncation, a record checksum, an unparsable record, a bad trailer). Never crashes.
 absl::StatusOr<std::vector<proto::CheckpointRecord>> ParseCheckpointFile(absl::string_view bytes,
                                                                          const std::string& name);
+// The same, one record at a time: `visit` sees each record as it is read (and may take it
+// apart); its first error stops the reading and is returned. A file found damaged further
+// on returns DataLoss after the records before were visited.
+absl::Status ForEachCheckpointRecord(
+    absl::string_view bytes, const std::string& name,
+    const std::function<absl::Status(proto::CheckpointRecord&)>& visit);
 // The bytes of a data file holding `records` (the inverse of ParseCheckpointFile).
 std::string SerializeCheckpointFile(const std::vector<proto::CheckpointRecord>& records);
 
@@ -63,7 +69,8 @@ struct LoadedCheckpoint {
   uint64_t shard_map_epoch = 0;
   uint64_t bytes = 0;  // data file bytes read
   std::vector<proto::TensorDeclaration> declarations;  // one per key
-  std::vector<proto::ChunkState> chunks;               // exactly one per (key, chunk)
+  // One per (key, chunk) of the set, or, with LoadOptions::keep, those it kept.
+  std::vector<proto::ChunkState> chunks;
   // Newer sets passed over, each with the file and the problem.
   std::vector<std::string> skipped;
 };
@@ -78,6 +85,24 @@ struct LoadedCheckpoint {
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(
     const std::string& dir,
     const std::function<absl::Status(const LoadedCheckpoint&)>& accept = nullptr);
+
+// How a restoring shard reads a set: every record is still read and checked (the files'
+// checksums, every chunk present exactly once and fitting its declaration, declarations
+// agreeing), one file at a time, but only the chunk states it keeps stay in memory, instead
+// of the whole set (every shard's files) at once.
+struct LoadOptions {
+  // As LoadLatestCheckpoint's `accept`, after the set was read.
+  std::function<absl::Status(const LoadedCheckpoint&)> accept;
+  // Called for each chunk record with its tensor's declaration: whether to keep it in
+  // LoadedCheckpoint::chunks (it may take the record apart first, e.g. drop arrays it has
+  // decoded elsewhere); an error skips the set like damage. Unset: keep all.
+  std::function<absl::StatusOr<bool>(const proto::TensorDeclaration&, proto::ChunkState*)> keep;
+  // Called before each set is read, so that what `keep` gathered from a set passed over
+  // can be dropped.
+  std::function<void()> begin_set;
+};
+absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir,
+                                                      const LoadOptions& options);
 
 // Creates `dir` if needed and checks that this process can write checkpoints into it:
 // FailedPrecondition or PermissionDenied naming the directory and the reason.
@@ -104,10 +129,6 @@ std::string StalledCheckpointShards(const std::string& dir, uint32_t shards);
 // and the range of their completed steps, with StalledCheckpointShards' warning for the
 // newest periodic sets. Second: whether a usable set exists.
 std::pair<std::string, bool> DescribeCheckpoints(const std::string& dir);
-
-// Checks a set's internal consistency: every declaration's chunks (under its chunk_bytes)
-// present exactly once and no chunk without a declaration. DataLoss naming the set.
-absl::Status CheckCheckpointCoverage(const LoadedCheckpoint& c);
 
 }  // namespace gcomp::server
 

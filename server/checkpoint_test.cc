@@ -113,6 +113,60 @@ TEST(Checkpoint, LoadsTheNewestCompleteSetMergedOverShards) {
   for (const proto::ChunkState& s : c->chunks) EXPECT_EQ(s.optimizer_steps(), 1100 + s.chunk());
 }
 
+// A restoring shard reads every record but keeps only the chunks it asks for; the checks
+// of the whole set still hold for the chunks it drops.
+TEST(Checkpoint, KeepHoldsOnlyTheChunksAskedForAndStillChecksTheRest) {
+  const std::string dir = TempDir();
+  WriteSet(dir, 2, 5);
+  WriteSet(dir, 2, 11);
+  int sets_begun = 0, chunks_seen = 0;
+  LoadOptions o;
+  o.begin_set = [&] { ++sets_begun; };
+  o.keep = [&](const proto::TensorDeclaration& d, proto::ChunkState* c) -> absl::StatusOr<bool> {
+    EXPECT_EQ(d.key(), c->key());
+    ++chunks_seen;
+    return c->chunk() % 3 == 0;
+  };
+  absl::StatusOr<LoadedCheckpoint> c = LoadLatestCheckpoint(dir, o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->step, 11);
+  EXPECT_EQ(sets_begun, 1);
+  EXPECT_EQ(chunks_seen, 10);
+  ASSERT_EQ(c->chunks.size(), 4u);  // chunks 0, 3, 6, 9
+  for (const proto::ChunkState& s : c->chunks) EXPECT_EQ(s.chunk() % 3, 0u);
+  EXPECT_EQ(c->declarations.size(), 1u);
+
+  // The newest set misses a chunk that nobody keeps: still damage, and the older set is
+  // read in its place (begun anew).
+  const std::string dir2 = TempDir();
+  WriteSet(dir2, 2, 5);
+  ShardCheckpoint missing = Shard(1, 2, 11);
+  missing.chunks.pop_back();  // chunk 9
+  ASSERT_TRUE(WriteShardCheckpoint(dir2, Shard(0, 2, 11), 10).ok());
+  ASSERT_TRUE(WriteShardCheckpoint(dir2, missing, 10).ok());
+  sets_begun = 0;
+  o.keep = [](const proto::TensorDeclaration&, proto::ChunkState*) -> absl::StatusOr<bool> {
+    return false;
+  };
+  c = LoadLatestCheckpoint(dir2, o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->step, 5);
+  EXPECT_EQ(sets_begun, 2);
+  EXPECT_TRUE(c->chunks.empty());
+  ASSERT_EQ(c->skipped.size(), 1u);
+  EXPECT_NE(c->skipped[0].find("has 9 of its 10 chunks"), std::string::npos) << c->skipped[0];
+
+  // An error from `keep` skips the set like damage.
+  o.keep = [](const proto::TensorDeclaration&, proto::ChunkState* c) -> absl::StatusOr<bool> {
+    if (c->optimizer_steps() >= 1100) return absl::DataLossError("state cannot be restored");
+    return true;
+  };
+  c = LoadLatestCheckpoint(dir, o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->step, 5);
+  EXPECT_EQ(c->chunks.size(), 10u);
+}
+
 TEST(Checkpoint, EmptyDirectoryIsNotFound) {
   EXPECT_EQ(LoadLatestCheckpoint(TempDir()).status().code(), absl::StatusCode::kNotFound);
 }

@@ -267,49 +267,67 @@ absl::StatusOr<LoadedCheckpoint> ShardService::LoadForRestore(const std::string&
     self = shard_index_.load();
   }
   CheckedStates& checked = *checked_out;
-  const auto restorable = [&](const LoadedCheckpoint& c) -> absl::Status {
+  struct Declared {  // what each chunk of a declared tensor is checked against
+    std::string declaration;  // serialized: a set tried next may declare the key otherwise
+    cluster::ChunkLayout layout;
+    codec::DType dtype;
+    cluster::OptimizerOptions optimizer;
+    std::vector<uint32_t> live;
+  };
+  absl::flat_hash_map<std::string, Declared> tensors;
+  LoadOptions options;
+  options.begin_set = [&] {
     checked.clear();
-    if (!only_set.empty() && CheckpointSetName(c.final, c.step, c.shards) != only_set) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("not the set this run restores (", only_set, ")"));
-    }
-    struct Declared {  // what each chunk of a declared tensor is checked against
-      cluster::ChunkLayout layout;
-      codec::DType dtype;
-      cluster::OptimizerOptions optimizer;
-      std::vector<uint32_t> live;
-    };
-    absl::flat_hash_map<std::string, Declared> tensors;
-    for (const proto::TensorDeclaration& d : c.declarations) {
+    tensors.clear();
+  };
+  // Every chunk of the set is decoded and checked; only those this shard owns or backs up
+  // under its map stay in memory (the owned ones decoded, for RestoreLoaded).
+  options.keep = [&](const proto::TensorDeclaration& d,
+                     proto::ChunkState* record) -> absl::StatusOr<bool> {
+    const proto::ChunkState& st = *record;
+    auto it = tensors.find(d.key());
+    if (it == tensors.end() || it->second.declaration != d.SerializeAsString()) {
       absl::StatusOr<codec::DType> dtype = cluster::FromProto(d.dtype());
       if (!dtype.ok()) return dtype.status();
       absl::StatusOr<cluster::OptimizerOptions> opt = OptimizerFrom(d.optimizer());
       if (!opt.ok()) return opt.status();
       const cluster::ChunkLayout layout(d.elements(), codec::DTypeBytes(*dtype), d.chunk_bytes());
-      tensors.emplace(d.key(),
-                      Declared{layout, *dtype, *opt,
-                               map.LiveReplicas(d.key(), layout, replicas_, down, joining)});
+      it = tensors
+               .insert_or_assign(d.key(),
+                                 Declared{d.SerializeAsString(), layout, *dtype, *opt,
+                                          map.LiveReplicas(d.key(), layout, replicas_, down, joining)})
+               .first;
     }
-    for (const proto::ChunkState& st : c.chunks) {
-      auto it = tensors.find(st.key());
-      if (it == tensors.end() || st.chunk() >= it->second.layout.num_chunks) {
-        return absl::DataLossError(
-            absl::StrCat("chunk ", st.chunk(), " of '", st.key(), "' has no declaration"));
-      }
-      const Declared& t = it->second;
-      const size_t n = t.layout.size(st.chunk());
-      absl::StatusOr<ChunkSnapshot> snap = ChunkStateFromProto(st, n, t.dtype);
-      if (!snap.ok()) return snap.status();
-      absl::Status s = StepAccumulator::CheckSnapshot(
-          *snap, t.optimizer, n, absl::StrCat("key '", st.key(), "' chunk ", st.chunk()));
-      if (!s.ok()) return s;
-      if (t.live[size_t{st.chunk()} * replicas_] == self) {
-        checked[{st.key(), st.chunk()}] = *std::move(snap);
-      }
+    const Declared& t = it->second;
+    const size_t n = t.layout.size(st.chunk());
+    absl::StatusOr<ChunkSnapshot> snap = ChunkStateFromProto(st, n, t.dtype);
+    if (!snap.ok()) return snap.status();
+    absl::Status s = StepAccumulator::CheckSnapshot(
+        *snap, t.optimizer, n, absl::StrCat("key '", st.key(), "' chunk ", st.chunk()));
+    if (!s.ok()) return s;
+    const size_t first = size_t{st.chunk()} * replicas_;
+    if (t.live[first] == self) {
+      checked[{st.key(), st.chunk()}] = *std::move(snap);
+      // Decoded: RestoreLoaded needs only which chunk it is.
+      record->clear_value();
+      record->clear_first_moment();
+      record->clear_second_moment();
+      record->clear_cached_result();
+      return true;
+    }
+    for (uint32_t r = 1; r < replicas_; ++r) {
+      if (t.live[first + r] == self) return true;  // a backup copy (RestoreLoaded)
+    }
+    return false;
+  };
+  options.accept = [&](const LoadedCheckpoint& c) -> absl::Status {
+    if (!only_set.empty() && CheckpointSetName(c.final, c.step, c.shards) != only_set) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("not the set this run restores (", only_set, ")"));
     }
     return absl::OkStatus();
   };
-  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir, restorable);
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadLatestCheckpoint(dir, options);
   if (only_set.empty() || (loaded.ok() && CheckpointSetName(loaded->final, loaded->step, loaded->shards) == only_set)) return loaded;
   // The run names the set every shard restores: no other will do.
   std::string why = loaded.ok() ? "" : std::string(loaded.status().message());
