@@ -447,7 +447,8 @@ def run_row(args, net, hosts, system, shards, workers, tmp):
         if system in GCOMP_MODES:
             mode, rel_bits, abs_log2, _ = GCOMP_MODES[system]
             addresses = ["%s:%d" % (hosts[workers + k][1], 7000) for k in range(shards)]
-            config = cluster.cluster_config(addresses, workers, mode, rel_bits, abs_log2)
+            config = cluster.cluster_config(addresses, workers, mode, rel_bits, abs_log2,
+                                            **args.config_fields)
             spec["cluster_config"] = os.path.join(row_dir, "cluster.json")
             with open(spec["cluster_config"], "w") as f:
                 json.dump(config, f)
@@ -677,6 +678,9 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, help="global batch (default per model)")
     p.add_argument("--lr", type=float, help="learning rate (default per model)")
     p.add_argument("--mlp-width", type=int, default=4096, help="wide-mlp's hidden width")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
+                   help="a cluster config field for the gcomp rows (docs/SERVICE.md), e.g. "
+                        "--set max_inflight_chunks=16 --set chunk_bytes=524288; repeatable")
     p.add_argument("--row-timeout-s", type=float, default=600)
     p.add_argument("--out-dir", default="train-bench-out")
     p.add_argument("--role", choices=("launcher", "worker"), default="launcher",
@@ -692,6 +696,16 @@ def parse_args(argv=None):
         args.shard_list = [int(s) for s in args.shards.split(",")]
     except ValueError as e:
         p.error("--rates/--workers/--shards: %s" % e)
+    args.config_fields = {}
+    for item in args.set:
+        field, sep, value = item.partition("=")
+        if not sep or not field:
+            p.error("--set %r is not FIELD=VALUE" % item)
+        try:
+            args.config_fields[field] = json.loads(value)
+        except ValueError:
+            p.error("--set %s: %r is not a JSON value (a number, \"text\", {...})"
+                    % (field, value))
     args.system_list = [s.strip() for s in args.systems.split(",")]
     for s in args.system_list:
         if s not in SYSTEMS:
@@ -755,6 +769,7 @@ def launcher_main(args):
                                             "delay_ms": args.delay_ms, "repeat": repeat,
                                             "steps": args.steps, "batch": args.batch,
                                             "lr": args.lr, "seed": args.seed,
+                                            "config_set": args.config_fields,
                                             "row_seconds": round(time.time() - t0, 1)})
                                 records.append(rec)
                                 with open(jsonl, "a") as f:
