@@ -502,7 +502,9 @@ def run_row(args, net, hosts, system, shards, workers, tmp):
         procs.stop()
     record = {"system": system, "shards": shards if system in GCOMP_MODES else 0,
               "workers": workers}
-    errors = [o["error"] for o in outs if "error" in o]
+    # A process that died (gloo aborts) first: the others then only saw their peer go.
+    errors = sorted((o["error"] for o in outs if "error" in o),
+                    key=lambda e: " exited " not in e)
     if errors:
         record["error"] = errors[0][:300]
         return record
