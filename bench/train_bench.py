@@ -186,8 +186,8 @@ class EmulatedNetwork:
         rate = "%dbit" % int(self.rate_bps)
         # A burst of at least one GSO segment (64 KiB) and 4 ms of the rate; 200 ms queue.
         burst = max(128 << 10, int(self.rate_bps / 8 * 0.004))
-        _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-              "rate", rate, "burst", str(burst), "latency", "200ms"])
+        _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:",
+              "tbf", "rate", rate, "burst", str(burst), "latency", "200ms"])
         if self.delay_ms:
             # netem's delay goes under tbf; where the kernel lacks netem this fails and says so.
             r = _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "parent",
@@ -758,8 +758,11 @@ def launcher_main(args):
         for rate_name, rate in args.rate_list:
             net = EmulatedNetwork(rate, args.delay_ms)
             try:
-                hosts = [net.add_host() for _ in range(max(args.worker_list)
-                                                          + max(args.shard_list))]
+                try:
+                    hosts = [net.add_host() for _ in range(max(args.worker_list)
+                                                              + max(args.shard_list))]
+                except RuntimeError as e:
+                    raise SystemExit("error: %s" % e)
                 for workers in args.worker_list:
                     for repeat in range(args.repeats):
                         for system in args.system_list:
