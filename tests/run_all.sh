@@ -72,10 +72,10 @@ if ! bazel build //python:_gcomp.so //server:gcomp_server; then
   echo "bazel build of the Python extension or gcomp_server failed" >> "$REPORT_DIR/xml/python/unbuilt.txt"
 fi
 if compgen -G "python/**/*_test.py" >/dev/null || compgen -G "python/tests/*.py" >/dev/null \
-   || compgen -G "examples/*_test.py" >/dev/null; then
+   || compgen -G "examples/*_test.py" >/dev/null || compgen -G "bench/*_test.py" >/dev/null; then
   PYTHONPATH="$ROOT/python:$ROOT/bazel-bin/python:${PYTHONPATH:-}" \
     /usr/bin/python3 -m pytest -q -p no:cacheprovider --junitxml="$REPORT_DIR/xml/pytest.xml" \
-    python examples deploy/k8s deploy/image sdk 2>&1
+    python examples bench deploy/k8s deploy/image sdk 2>&1
   rc=$?
   if [[ $rc -ne 0 && $rc -ne 5 ]]; then status=1; fi
 fi
