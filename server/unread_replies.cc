@@ -1,6 +1,7 @@
 #include "server/unread_replies.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -157,17 +158,22 @@ class UnreadRepliesInterceptor final : public grpc::experimental::Interceptor {
                            grpc::experimental::ServerRpcInfo* info)
       : replies_(std::move(replies)), info_(info) {}
   ~UnreadRepliesInterceptor() override {
-    if (id_ != 0) replies_->End(id_);
+    if (const uint64_t id = id_.load(std::memory_order_acquire); id != 0) replies_->End(id);
   }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (id_ == 0 &&
-        (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA) ||
-         methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE) ||
-         methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS))) {
+    // The send hooks run on the thread that answers (with the callback API, the shard's
+    // pool); the others on gRPC's own threads: only the send hooks touch id_, which is
+    // atomic for the destructor, which may run on either.
+    const bool sending =
+        methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA) ||
+        methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE) ||
+        methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS);
+    if (sending && id_.load(std::memory_order_acquire) == 0) {
       grpc::ServerContextBase* context = info_->server_context();
       if (context != nullptr && context->c_call() != nullptr) {
-        id_ = replies_->Begin(context->peer(), std::make_shared<CallReply>(context->c_call()));
+        id_.store(replies_->Begin(context->peer(), std::make_shared<CallReply>(context->c_call())),
+                  std::memory_order_release);
       }
     }
     methods->Proceed();
@@ -176,7 +182,7 @@ class UnreadRepliesInterceptor final : public grpc::experimental::Interceptor {
  private:
   const std::shared_ptr<UnreadReplies> replies_;
   grpc::experimental::ServerRpcInfo* const info_;
-  uint64_t id_ = 0;
+  std::atomic<uint64_t> id_{0};
 };
 
 }  // namespace
