@@ -162,9 +162,9 @@ class UnreadRepliesInterceptor final : public grpc::experimental::Interceptor {
   }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    // The send hooks run on the thread that answers (with the callback API, the shard's
-    // pool); the others on gRPC's own threads: only the send hooks touch id_, which is
-    // atomic for the destructor, which may run on either.
+    // The send hooks run on the thread that answers, the others may run on gRPC's own
+    // threads: only the send hooks set id_, atomic for the destructor, which may run on
+    // either.
     const bool sending =
         methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA) ||
         methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE) ||
