@@ -175,7 +175,7 @@ std::string DescribeSecurity(const proto::ClusterConfig& config) {
   return out;
 }
 
-absl::Status AuthorizeCall(JobToken* token, const grpc::ServerContext& context,
+absl::Status AuthorizeCall(JobToken* token, const grpc::ServerContextBase& context,
                            absl::string_view method) {
   if (token == nullptr) return absl::OkStatus();
   std::vector<absl::string_view> values;

@@ -68,7 +68,7 @@ std::string DescribeSecurity(const proto::ClusterConfig& config);
 
 // Checks one incoming call's token (OK when `token` is null) and logs a refusal with the
 // peer address and `method`, never the token. Statuses as JobToken::Check.
-absl::Status AuthorizeCall(JobToken* token, const grpc::ServerContext& context,
+absl::Status AuthorizeCall(JobToken* token, const grpc::ServerContextBase& context,
                            absl::string_view method);
 
 }  // namespace gcomp::cluster

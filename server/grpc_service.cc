@@ -17,6 +17,7 @@
 #include "cluster/grpc_status.h"
 #include "cluster/wire_block.h"
 #include "grpcpp/impl/codegen/method_handler.h"
+#include "grpcpp/impl/codegen/server_callback_handlers.h"
 #include "grpcpp/impl/codegen/rpc_service_method.h"
 #include "grpcpp/resource_quota.h"
 #include "server/unparseable_request.h"
@@ -26,7 +27,7 @@ namespace gcomp::server {
 using cluster::ToGrpc;
 namespace {
 
-absl::Time DeadlineOf(const grpc::ServerContext* context) {
+absl::Time DeadlineOf(const grpc::ServerContextBase* context) {
   const auto d = context->deadline();
   if (d == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(d);
@@ -35,7 +36,7 @@ absl::Time DeadlineOf(const grpc::ServerContext* context) {
 // The checks come first in every method, before a call takes any resource: an address
 // refused for replies it left unread, then the job token.
 grpc::Status Authorize(const std::shared_ptr<cluster::JobToken>& token, UnreadReplies* unread,
-                       const grpc::ServerContext* context, absl::string_view method) {
+                       const grpc::ServerContextBase* context, absl::string_view method) {
   if (unread != nullptr) {
     if (absl::Status s = unread->Admit(context->peer()); !s.ok()) return ToGrpc(s);
   }
@@ -69,7 +70,12 @@ void AggregationGrpcService::RegisterMethods() {
   // generated stub call these (tests/service_test.cc).
   AddUnary("/gcomp.proto.Aggregation/RegisterWorker", &AggregationGrpcService::RegisterWorker);
   AddUnary("/gcomp.proto.Aggregation/DeclareTensor", &AggregationGrpcService::DeclareTensor);
-  AddUnary(cluster::kPushPullMethod, &AggregationGrpcService::PushPull);
+  AddMethod(new grpc::internal::RpcServiceMethod(cluster::kPushPullMethod,
+                                                 grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
+  MarkMethodCallback(
+      2, new grpc::internal::CallbackUnaryHandler<PushPullRequest, cluster::WireMessage>(
+             [this](grpc::CallbackServerContext* context, const PushPullRequest* request,
+                    cluster::WireMessage* response) { return PushPull(context, request, response); }));
   AddUnary("/gcomp.proto.Aggregation/Pull", &AggregationGrpcService::Pull);
   AddUnary("/gcomp.proto.Aggregation/Stats", &AggregationGrpcService::Stats);
 }
@@ -96,29 +102,15 @@ grpc::Status AggregationGrpcService::DeclareTensor(grpc::ServerContext* context,
   return ToGrpc(shard_->DeclareTensor(*request, response, DeadlineOf(context)));
 }
 
-grpc::Status AggregationGrpcService::PushPull(grpc::ServerContext* context,
-                                              const cluster::WireMessage* request,
-                                              cluster::WireMessage* response) {
-  ShardMetrics::InFlight in_flight = shard_->metrics()->Track("PushPull");
-  if (grpc::Status s = Authorize(token_, unread_, context, "Aggregation.PushPull"); !s.ok())
-    return s;
-  absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
-  if (!slot.ok()) return ToGrpc(slot.status());
-  // Ids out of range are refused by the shard before any wait.
-  std::optional<CallLimiter::Slot> worker_slot;
-  const uint32_t worker = request->header().address().worker();
-  if (worker < shard_->config().workers()) {
-    absl::StatusOr<CallLimiter::Slot> s = worker_limiter_.Acquire(absl::StrCat("worker ", worker));
-    if (!s.ok()) return ToGrpc(s.status());
-    worker_slot.emplace(*std::move(s));
-  }
-  std::shared_ptr<const proto::CompressedBlock> reply;
-  absl::Status s = shard_->PushPull(request->header(), request->data(), DeadlineOf(context), &reply);
-  if (!s.ok()) return ToGrpc(s);
-  // The reply's fields with this worker's id; the payload is the shared result itself.
+namespace {
+
+// The reply's fields with this worker's id; the payload is the shared result itself.
+absl::Status ShareReply(const proto::CompressedBlock& request,
+                        std::shared_ptr<const proto::CompressedBlock> reply,
+                        cluster::WireMessage* response) {
   proto::CompressedBlock header;
   header.mutable_address()->CopyFrom(reply->address());
-  header.mutable_address()->set_worker(request->header().address().worker());
+  header.mutable_address()->set_worker(request.address().worker());
   header.set_dtype(reply->dtype());
   header.set_elements(reply->elements());
   header.set_codec(reply->codec());
@@ -127,14 +119,62 @@ grpc::Status AggregationGrpcService::PushPull(grpc::ServerContext* context,
   header.set_checksum(reply->checksum());
   header.set_checksum_kind(reply->checksum_kind());
   // A push checked by XXH64 may come from a worker that reads nothing else.
-  if (request->header().checksum_kind() == proto::CHECKSUM_XXH64) {
+  if (request.checksum_kind() == proto::CHECKSUM_XXH64) {
     const absl::string_view data = reply->data();
     if (absl::Status c = cluster::UseXxh64(&header, cluster::WirePieces(&data, 1)); !c.ok()) {
-      return ToGrpc(c);
+      return c;
     }
   }
   *response = cluster::WireMessage::Share(std::move(header), std::move(reply));
-  return grpc::Status::OK;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* AggregationGrpcService::PushPull(grpc::CallbackServerContext* context,
+                                                           const PushPullRequest* call,
+                                                           cluster::WireMessage* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  ShardMetrics::InFlight in_flight = shard_->metrics()->Track("PushPull");
+  grpc::Status s = Authorize(token_, unread_, context, "Aggregation.PushPull");
+  if (s.ok()) s = call->parsed;
+  if (!s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
+  const cluster::WireMessage* request = &call->message;
+  absl::StatusOr<CallLimiter::Slot> slot = limiter_.Acquire(context->peer());
+  if (!slot.ok()) {
+    reactor->Finish(ToGrpc(slot.status()));
+    return reactor;
+  }
+  // Ids out of range are refused by the shard before any wait.
+  std::optional<CallLimiter::Slot> worker_slot;
+  const uint32_t worker = request->header().address().worker();
+  if (worker < shard_->config().workers()) {
+    absl::StatusOr<CallLimiter::Slot> w = worker_limiter_.Acquire(absl::StrCat("worker ", worker));
+    if (!w.ok()) {
+      reactor->Finish(ToGrpc(w.status()));
+      return reactor;
+    }
+    worker_slot.emplace(*std::move(w));
+  }
+  struct Held {  // released before the answer goes out, as a returning handler's were
+    ShardMetrics::InFlight in_flight;
+    CallLimiter::Slot slot;
+    std::optional<CallLimiter::Slot> worker_slot;
+  };
+  auto held = std::make_unique<Held>(
+      Held{std::move(in_flight), *std::move(slot), std::move(worker_slot)});
+  shard_->PushPullAsync(
+      request->header(), request->data(), DeadlineOf(context),
+      [reactor, request, response, held = std::move(held)](
+          absl::Status s, std::shared_ptr<const proto::CompressedBlock> reply) mutable {
+        if (s.ok()) s = ShareReply(request->header(), std::move(reply), response);
+        held.reset();
+        reactor->Finish(ToGrpc(s));
+      });
+  return reactor;
 }
 
 grpc::Status AggregationGrpcService::Pull(grpc::ServerContext* context,
@@ -604,15 +644,6 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   builder.experimental().SetInterceptorCreators(std::move(intercept));
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes()));
-  // PushPull handlers block until the step's last push: every step takes up to W x
-  // max_inflight_chunks threads at once. gRPC's sync server lets all but MAX_POLLERS (2 by
-  // default) exit once idle and starts new ones on the next step, a thread churn per step
-  // that costs CPU and lets the resident size creep. Keeping that many threads parked
-  // (idle pollers wake once a second) ends it.
-  builder.SetSyncServerOption(
-      grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
-      static_cast<int>(std::min<uint64_t>(
-          256, uint64_t{config.workers()} * std::max<uint32_t>(1, config.max_inflight_chunks()) + 4)));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr) {
     return absl::UnavailableError(

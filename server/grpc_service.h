@@ -27,6 +27,35 @@
 
 namespace gcomp::server {
 
+// PushPull's request. gRPC 1.51's callback API answers a request that does not parse
+// UNIMPLEMENTED with no message; the parse's own status (INVALID_ARGUMENT naming what is
+// wrong) is kept here for the handler to answer instead.
+struct PushPullRequest {
+  cluster::WireMessage message;
+  grpc::Status parsed;
+};
+
+}  // namespace gcomp::server
+
+namespace grpc {
+template <>
+class SerializationTraits<gcomp::server::PushPullRequest> {
+ public:
+  static Status Serialize(const gcomp::server::PushPullRequest& request, ByteBuffer* out,
+                          bool* own_buffer) {
+    return SerializationTraits<gcomp::cluster::WireMessage>::Serialize(request.message, out,
+                                                                       own_buffer);
+  }
+  static Status Deserialize(ByteBuffer* in, gcomp::server::PushPullRequest* request) {
+    request->parsed =
+        SerializationTraits<gcomp::cluster::WireMessage>::Deserialize(in, &request->message);
+    return Status::OK;
+  }
+};
+}  // namespace grpc
+
+namespace gcomp::server {
+
 // The PushPull calls one worker id may have in flight on a shard: an even share of the
 // request threads (TransportLimitsFor's max_threads) less 64 kept for other calls, at
 // least twice max_inflight_chunks.
@@ -57,8 +86,10 @@ class AggregationGrpcService final : public grpc::Service {
                               proto::RegisterWorkerResponse* response);
   grpc::Status DeclareTensor(grpc::ServerContext* context, const proto::DeclareTensorRequest* request,
                              proto::DeclareTensorResponse* response);
-  grpc::Status PushPull(grpc::ServerContext* context, const cluster::WireMessage* request,
-                        cluster::WireMessage* response);
+  // On gRPC's callback API: a push waiting for the rest of its step holds no thread; the
+  // step's end answers it from the shard's pool.
+  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
+                                     const PushPullRequest* call, cluster::WireMessage* response);
   grpc::Status Pull(grpc::ServerContext* context, const proto::PullRequest* request,
                     proto::CompressedBlock* response);
   grpc::Status Stats(grpc::ServerContext* context, const proto::StatsRequest* request,
@@ -69,9 +100,8 @@ class AggregationGrpcService final : public grpc::Service {
   const std::shared_ptr<cluster::JobToken> token_;  // null: calls are not checked
   UnreadReplies* const unread_;                     // null: no address is refused
   CallLimiter limiter_;  // every call but Stats holds a slot while it runs
-  // PushPull calls per worker id, whatever connections they come on: a push waits for
-  // its step on a request thread, and one client claiming a worker id must not take the
-  // threads the other workers' pushes need.
+  // PushPull calls per worker id, whatever connections they come on: one client claiming
+  // a worker id must not hold the calls (and their request bytes) the other workers need.
   CallLimiter worker_limiter_;
 
   void RegisterMethods();

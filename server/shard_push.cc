@@ -68,7 +68,59 @@ absl::Status ShardService::PushPull(const proto::CompressedBlock& request, absl:
 absl::Status ShardService::PushPull(const proto::CompressedBlock& request,
                                     cluster::WirePieces data, absl::Time deadline,
                                     std::shared_ptr<const proto::CompressedBlock>* reply) {
-  absl::Status s = PushPullImpl(request, data, deadline, reply);
+  absl::Status status;
+  absl::Notification done;
+  PushPullAsync(request, data, deadline,
+                [&](absl::Status s, std::shared_ptr<const proto::CompressedBlock> r) {
+                  status = std::move(s);
+                  *reply = std::move(r);
+                  done.Notify();
+                });
+  done.WaitForNotification();
+  return status;
+}
+
+bool ShardService::MayWaitForMap(uint64_t epoch) const {
+  absl::MutexLock lock(&mu_);
+  return phase_ != Phase::kServing || epoch > epoch_.load();
+}
+
+void ShardService::PushPullAsync(const proto::CompressedBlock& request, cluster::WirePieces data,
+                                 absl::Time deadline, PushDone done) {
+  // Accounting, then the answer from a pool thread: whoever ends the wait (the step's last
+  // pusher, a sweep, a cancel under another lock) only schedules it.
+  ReplyDone finish = [this, &request, done = std::move(done)](
+                         absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> r) mutable {
+    auto answer = std::make_shared<PushDone>(std::move(done));
+    auto result = std::make_shared<decltype(r)>(std::move(r));
+    pool_->Schedule([this, &request, answer, result] {
+      const absl::Status s = result->status();
+      CountPushOutcome(request, s);
+      std::move (*answer)(s, s.ok() ? **result : nullptr);
+    });
+  };
+  auto run = std::make_shared<std::function<void()>>();
+  auto shared_finish = std::make_shared<ReplyDone>(std::move(finish));
+  *run = [this, &request, data, deadline, shared_finish] {
+    PushPullImpl(request, data, deadline, std::move(*shared_finish));
+  };
+  if (!MayWaitForMap(request.address().shard_map_epoch())) {
+    pool_->Schedule([run] { (*run)(); });
+    return;
+  }
+  {
+    absl::MutexLock lock(&map_waits_mu_);
+    ++map_waits_;
+  }
+  std::thread([this, run]() mutable {
+    (*run)();
+    run.reset();
+    absl::MutexLock lock(&map_waits_mu_);
+    --map_waits_;
+  }).detach();
+}
+
+void ShardService::CountPushOutcome(const proto::CompressedBlock& request, const absl::Status& s) {
   metrics_->CountPush(s.code());
   metrics_->SetAdmission(admission_->usage(), admission_->limits().memory_budget_bytes);
   if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded &&
@@ -89,12 +141,17 @@ absl::Status ShardService::PushPull(const proto::CompressedBlock& request,
                 s.ToString());
     }
   }
-  return s;
 }
 
-absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request,
-                                        cluster::WirePieces data, absl::Time deadline,
-                                        std::shared_ptr<const proto::CompressedBlock>* reply) {
+void ShardService::PushPullImpl(const proto::CompressedBlock& request, cluster::WirePieces data,
+                                absl::Time deadline, ReplyDone done) {
+  absl::Status s = PushPullStart(request, data, deadline, &done);
+  if (!s.ok()) std::move(done)(s);
+}
+
+absl::Status ShardService::PushPullStart(const proto::CompressedBlock& request,
+                                         cluster::WirePieces data, absl::Time deadline,
+                                         ReplyDone* done) {
   const proto::BlockAddress& a = request.address();
   absl::StatusOr<Tensor*> found = FindTensor(a.job(), a.shard_map_epoch(), a.key(), deadline);
   if (!found.ok()) return found.status();
@@ -140,28 +197,22 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request,
   if (!duplicate.ok()) return duplicate.status();
   std::vector<float> contribution;
   if (!*duplicate) {
-    absl::Status decoded;
-    absl::Notification done;
     absl::StatusOr<std::vector<float>> buffer = acc->TakeBuffer();
     if (!buffer.ok()) return buffer.status();
     contribution = *std::move(buffer);
-    absl::Duration decode_time;
-    pool_->Schedule([&] {
-      // A GComp payload that arrived in pieces is joined here first; kept per thread, so
-      // the copy costs no allocation once warm.
-      thread_local std::string scratch;
-      const absl::Time start = absl::Now();
-      if (t->dtype == codec::DType::kF32) {
-        decoded = cluster::DecodeWireBlock(request, data, t->dtype, n, contribution.data(), &scratch);
-      } else {
-        std::vector<uint16_t> narrow(n);
-        decoded = cluster::DecodeWireBlock(request, data, t->dtype, n, narrow.data(), &scratch);
-        if (decoded.ok()) codec::ToF32(t->dtype, narrow.data(), n, contribution.data());
-      }
-      decode_time = absl::Now() - start;
-      done.Notify();
-    });
-    done.WaitForNotification();
+    // On a pool thread already. A GComp payload that arrived in pieces is joined here
+    // first; kept per thread, so the copy costs no allocation once warm.
+    thread_local std::string scratch;
+    const absl::Time start = absl::Now();
+    absl::Status decoded;
+    if (t->dtype == codec::DType::kF32) {
+      decoded = cluster::DecodeWireBlock(request, data, t->dtype, n, contribution.data(), &scratch);
+    } else {
+      std::vector<uint16_t> narrow(n);
+      decoded = cluster::DecodeWireBlock(request, data, t->dtype, n, narrow.data(), &scratch);
+      if (decoded.ok()) codec::ToF32(t->dtype, narrow.data(), n, contribution.data());
+    }
+    const absl::Duration decode_time = absl::Now() - start;
     metrics_->ObserveDecode(n * codec::DTypeBytes(t->dtype), absl::ToDoubleSeconds(decode_time));
     if (!decoded.ok()) {
       acc->GiveBack(std::move(contribution));
@@ -178,20 +229,25 @@ absl::Status ShardService::PushPullImpl(const proto::CompressedBlock& request,
   const uint64_t session = a.session();
   StepAccumulator::CallCheck check;
   if (session != 0) check = [this, worker, session] { return CheckSession(worker, session); };
-  absl::StatusOr<StepAccumulator::Outcome> outcome =
-      acc->Push(worker, a.step(), std::move(contribution), deadline, check);
-  if (!outcome.ok()) return outcome.status();
-  if (outcome->duplicate) {
-    ++duplicate_pushes_;
-    metrics_->CountDuplicate();
-  }
-  // The step may have waited long: a shard fenced meanwhile answers nothing (its chunks
-  // may already be served elsewhere; the result waits in the backups, replicated first).
-  if (absl::Status s = CheckMayAcknowledge(); !s.ok()) return s;
-  *reply = outcome->reply;
-  bytes_out_ += (*reply)->data().size();
-  metrics_->AddOut(n * codec::DTypeBytes(t->dtype), (*reply)->data().size());
-  raw_bytes_out_ += n * codec::DTypeBytes(t->dtype);
+  const size_t raw = n * codec::DTypeBytes(t->dtype);
+  acc->PushAsync(
+      worker, a.step(), std::move(contribution), deadline, std::move(check),
+      [this, raw, done = std::move(*done)](
+          absl::StatusOr<StepAccumulator::Outcome> outcome) mutable {
+        if (!outcome.ok()) return std::move(done)(outcome.status());
+        if (outcome->duplicate) {
+          ++duplicate_pushes_;
+          metrics_->CountDuplicate();
+        }
+        // The step may have waited long: a shard fenced meanwhile answers nothing (its
+        // chunks may already be served elsewhere; the result waits in the backups,
+        // replicated first).
+        if (absl::Status s = CheckMayAcknowledge(); !s.ok()) return std::move(done)(s);
+        bytes_out_ += outcome->reply->data().size();
+        metrics_->AddOut(raw, outcome->reply->data().size());
+        raw_bytes_out_ += raw;
+        std::move(done)(std::move(outcome->reply));
+      });
   return absl::OkStatus();
 }
 

@@ -109,16 +109,35 @@ ShardService::~ShardService() {
     expiry_stop_ = true;
   }
   if (expiry_thread_.joinable()) expiry_thread_.join();
+  {
+    absl::MutexLock lock(&map_waits_mu_);
+    map_waits_mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &map_waits_));
+  }
+  // Accumulators answer their waits as they go; those answers run on the pool.
+  {
+    absl::MutexLock lock(&mu_);
+    tensors_.clear();
+  }
+  pool_.reset();
 }
 
 void ShardService::ExpiryLoop() {
-  for (;;) {
+  // Waiting pushes hold no thread: their deadlines, step timeouts and call checks are
+  // looked at here, every 10 ms (a call past its deadline still holds its limiter slots,
+  // and its client may retry at once).
+  for (int tick = 0;; ++tick) {
     {
       absl::MutexLock lock(&expiry_mu_);
-      if (expiry_mu_.AwaitWithTimeout(absl::Condition(&expiry_stop_), absl::Seconds(1))) return;
+      if (expiry_mu_.AwaitWithTimeout(absl::Condition(&expiry_stop_), absl::Milliseconds(10))) {
+        return;
+      }
+    }
+    for (const std::shared_ptr<StepAccumulator>& acc : Accumulators()) {
+      if (acc->has_waiters()) acc->Sweep();
     }
     const uint64_t limit = admission_->limits().max_pending_steps;
-    if (2 * admission_->usage().pending_steps >= limit) ExpireTimedOutSteps();
+    if (tick % 100 == 0 && 2 * admission_->usage().pending_steps >= limit) ExpireTimedOutSteps();
   }
 }
 

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -137,6 +138,12 @@ class ShardService {
   // worker id).
   absl::Status PushPull(const proto::CompressedBlock& header, cluster::WirePieces data,
                         absl::Time deadline, std::shared_ptr<const proto::CompressedBlock>* reply);
+  // The same without a thread waiting for the step: `done` gets the status and reply
+  // once, on a pool thread. `header` and `data` must stay valid until then.
+  using PushDone = absl::AnyInvocable<void(absl::Status,
+                                           std::shared_ptr<const proto::CompressedBlock>) &&>;
+  void PushPullAsync(const proto::CompressedBlock& header, cluster::WirePieces data,
+                     absl::Time deadline, PushDone done);
   absl::Status Pull(const proto::PullRequest& request, proto::CompressedBlock* response,
                     absl::Time deadline = absl::Now() + absl::Seconds(10));
   void Stats(proto::StatsResponse* response) const;
@@ -395,9 +402,18 @@ class ShardService {
   // lost chunk, FailedPrecondition naming the owner when another shard owns it.
   absl::StatusOr<std::shared_ptr<StepAccumulator>> OwnedChunk(const Tensor& t,
                                                               uint32_t chunk) const;
-  absl::Status PushPullImpl(const proto::CompressedBlock& request, cluster::WirePieces data,
-                            absl::Time deadline,
-                            std::shared_ptr<const proto::CompressedBlock>* reply);
+  using ReplyDone =
+      absl::AnyInvocable<void(absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>>) &&>;
+  void PushPullImpl(const proto::CompressedBlock& request, cluster::WirePieces data,
+                    absl::Time deadline, ReplyDone done);
+  // PushPullImpl's checks and decode: an error, or OK with *done handed to the chunk.
+  absl::Status PushPullStart(const proto::CompressedBlock& request, cluster::WirePieces data,
+                             absl::Time deadline, ReplyDone* done);
+  void CountPushOutcome(const proto::CompressedBlock& request, const absl::Status& s);
+  // Whether a call of `epoch` may wait for a map (a re-shard or failover under way): such a
+  // push runs on a thread of its own, so that the pool stays free for the pushes that
+  // complete the steps the switch waits for.
+  bool MayWaitForMap(uint64_t epoch) const;
   std::string WorkerName(uint32_t worker) const;
   // The request's own checks that need no shard state (key length, job, epoch).
   absl::Status CheckKey(const std::string& key) const;
@@ -502,6 +518,9 @@ class ShardService {
   absl::Mutex expiry_mu_;
   bool expiry_stop_ ABSL_GUARDED_BY(expiry_mu_) = false;
   std::thread expiry_thread_;
+  // Pushes on threads of their own (MayWaitForMap); the destructor waits for them.
+  absl::Mutex map_waits_mu_;
+  int map_waits_ ABSL_GUARDED_BY(map_waits_mu_) = 0;
   std::string restored_from_;
   int64_t restored_step_ = -1;
 

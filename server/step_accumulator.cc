@@ -59,9 +59,21 @@ StepAccumulator::StepAccumulator(StepAccumulatorOptions options, cluster::Optimi
       arrived_(options_.workers, false) {}
 
 StepAccumulator::~StepAccumulator() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(this);
   EndPendingLocked();
   if (options_.admission != nullptr) options_.admission->ReleaseMemory(buffers_ * buffer_bytes());
+  for (Waiter& w : waiters_) {
+    ready_.emplace_back(std::move(w.done), absl::UnavailableError(absl::StrCat(
+                                               options_.label, " is gone")));
+  }
+  waiters_.clear();
+}
+
+StepAccumulator::Lock::~Lock() {
+  std::vector<std::pair<Done, absl::StatusOr<Outcome>>> ready = std::move(acc_->ready_);
+  acc_->ready_.clear();
+  acc_->mu_.Unlock();
+  for (auto& [done, outcome] : ready) std::move(done)(std::move(outcome));
 }
 
 absl::Status StepAccumulator::CheckStepLocked(int64_t step) const {
@@ -99,7 +111,7 @@ void StepAccumulator::ExpireLocked() {
 }
 
 bool StepAccumulator::DropPendingOf(uint32_t worker, const absl::Status& status) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(this);
   ExpireLocked();
   if (worker >= options_.workers || arrived_count_ == 0 || !arrived_[worker]) return false;
   FailLocked(status);
@@ -107,7 +119,7 @@ bool StepAccumulator::DropPendingOf(uint32_t worker, const absl::Status& status)
 }
 
 void StepAccumulator::ExpireIfDue() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(this);
   ExpireLocked();
 }
 
@@ -120,7 +132,7 @@ absl::Status StepAccumulator::TimedOutLocked() const {
 }
 
 absl::StatusOr<bool> StepAccumulator::Admit(uint32_t worker, int64_t step) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(this);
   ExpireLocked();
   absl::Status s = CheckStepLocked(step);
   if (!s.ok()) return s;
@@ -152,7 +164,7 @@ std::string StepAccumulator::MissingLocked() const {
 
 absl::StatusOr<std::vector<float>> StepAccumulator::TakeBuffer() {
   {
-    absl::MutexLock lock(&mu_);
+    Lock lock(this);
     if (!free_.empty()) {
       std::vector<float> b = std::move(free_.back());
       free_.pop_back();
@@ -169,7 +181,7 @@ absl::StatusOr<std::vector<float>> StepAccumulator::TakeBuffer() {
 }
 
 void StepAccumulator::GiveBack(std::vector<float> buffer) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(this);
   RecycleLocked(std::move(buffer));
 }
 
@@ -235,7 +247,7 @@ void StepAccumulator::FailLocked(absl::Status status) {
   ++attempt_;
   ++steps_failed_;
   if (options_.on_step_failed) options_.on_step_failed();
-  cv_.SignalAll();
+  WakeLocked();
 }
 
 void StepAccumulator::FinishLocked() {
@@ -272,14 +284,11 @@ void StepAccumulator::FinishLocked() {
                                            reduced - last_push, encoded - reduced,
                                            completed_step_});
   }
-  cv_.SignalAll();
+  WakeLocked();
 }
 
-absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, int64_t step,
-                                                               std::vector<float> contribution,
-                                                               absl::Time deadline,
-                                                               const CallCheck& check) {
-  absl::MutexLock lock(&mu_);
+std::optional<absl::StatusOr<StepAccumulator::Outcome>> StepAccumulator::EnterLocked(
+    uint32_t worker, int64_t step, std::vector<float> contribution, Waiter* w) {
   ExpireLocked();
   absl::Status s = CheckStepLocked(step);
   if (!s.ok()) {
@@ -288,7 +297,7 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
   }
   if (started_ && step == completed_step_) {
     RecycleLocked(std::move(contribution));
-    if (absl::Status r = EnsureReplicatedLocked(deadline); !r.ok()) return r;
+    if (absl::Status r = EnsureReplicatedLocked(w->deadline); !r.ok()) return r;
     if (completed_step_ != step) return StaleLocked(step);  // a peer pushed ahead meanwhile
     return Outcome{result_, true};
   }
@@ -333,32 +342,102 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
       FoldArrivedLocked();
     }
   }
-  const uint64_t attempt = attempt_;
+  w->step = step;
+  w->duplicate = duplicate;
+  w->attempt = attempt_;
+  w->replicate_failures = replicate_failures_;
+  return std::nullopt;
+}
+
+std::optional<absl::StatusOr<StepAccumulator::Outcome>> StepAccumulator::ResolveLocked(
+    const Waiter& w, bool replicate, bool timers) {
+  if (completed_step_ == w.step) {
+    if (replicate) {
+      if (absl::Status r = EnsureReplicatedLocked(w.deadline); !r.ok()) return r;
+      if (completed_step_ != w.step) return StaleLocked(w.step);  // a peer pushed ahead meanwhile
+    } else if (needs_replication_) {
+      // The step's last pusher replicates it, then wakes this wait.
+      if (replicate_failures_ != w.replicate_failures) return replicate_failure_;
+      if (!cancelled_.ok()) return cancelled_;
+      if (timers && absl::Now() >= w.deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "call deadline passed waiting for the backups of ", options_.label, " (step ",
+            completed_step_, ")"));
+      }
+      return std::nullopt;
+    }
+    return Outcome{result_, w.duplicate};
+  }
+  if (!cancelled_.ok()) return cancelled_;
+  if (attempt_ != w.attempt) return last_failure_;
+  if (!timers) return std::nullopt;
+  if (absl::Now() >= w.deadline) {
+    return absl::DeadlineExceededError(absl::StrCat("call deadline passed waiting for step ",
+                                                    w.step, " of ", options_.label,
+                                                    "; missing workers: ", MissingLocked()));
+  }
+  if (w.check) {
+    if (absl::Status c = w.check(); !c.ok()) return c;
+  }
+  return std::nullopt;
+}
+
+void StepAccumulator::WakeLocked(bool timers) {
+  cv_.SignalAll();
+  for (size_t i = 0; i < waiters_.size();) {
+    std::optional<absl::StatusOr<Outcome>> r = ResolveLocked(waiters_[i], false, timers);
+    if (!r.has_value()) {
+      ++i;
+      continue;
+    }
+    ready_.emplace_back(std::move(waiters_[i].done), *std::move(r));
+    waiters_[i] = std::move(waiters_.back());
+    waiters_.pop_back();
+  }
+  waiting_.store(waiters_.size(), std::memory_order_relaxed);
+}
+
+absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, int64_t step,
+                                                               std::vector<float> contribution,
+                                                               absl::Time deadline,
+                                                               const CallCheck& check) {
+  Lock lock(this);
+  Waiter w;
+  w.deadline = deadline;
+  w.check = check;
+  if (auto r = EnterLocked(worker, step, std::move(contribution), &w)) return *std::move(r);
   while (true) {
-    if (completed_step_ == step) {
-      if (absl::Status r = EnsureReplicatedLocked(deadline); !r.ok()) return r;
-      if (completed_step_ != step) return StaleLocked(step);
-      return Outcome{result_, duplicate};
-    }
-    if (!cancelled_.ok()) return cancelled_;
-    if (attempt_ != attempt) return last_failure_;
-    const absl::Time now = absl::Now();
-    if (now >= step_deadline_) {
-      FailLocked(TimedOutLocked());
-      return last_failure_;
-    }
-    if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "call deadline passed waiting for step ", step, " of ", options_.label,
-          "; missing workers: ", MissingLocked()));
-    }
+    ExpireLocked();  // the step's own timeout
+    if (auto r = ResolveLocked(w, /*replicate=*/true, /*timers=*/true)) return *std::move(r);
     absl::Time wake = std::min(deadline, step_deadline_);
-    if (check) {
-      if (absl::Status c = check(); !c.ok()) return c;
-      wake = std::min(wake, now + kCallCheckEvery);
-    }
+    if (check) wake = std::min(wake, absl::Now() + kCallCheckEvery);
     cv_.WaitWithDeadline(&mu_, wake);
   }
+}
+
+void StepAccumulator::PushAsync(uint32_t worker, int64_t step, std::vector<float> contribution,
+                                absl::Time deadline, CallCheck check, Done done) {
+  Lock lock(this);
+  Waiter w;
+  w.deadline = deadline;
+  w.check = std::move(check);
+  std::optional<absl::StatusOr<Outcome>> r =
+      EnterLocked(worker, step, std::move(contribution), &w);
+  // The push that completed the step replicates it here, before any waiter is answered.
+  if (!r.has_value()) r = ResolveLocked(w, /*replicate=*/true, /*timers=*/false);
+  if (r.has_value()) {
+    ready_.emplace_back(std::move(done), *std::move(r));
+    return;
+  }
+  w.done = std::move(done);
+  waiters_.push_back(std::move(w));
+  waiting_.store(waiters_.size(), std::memory_order_relaxed);
+}
+
+void StepAccumulator::Sweep() {
+  Lock lock(this);
+  ExpireLocked();
+  WakeLocked(/*timers=*/true);
 }
 
 absl::Status StepAccumulator::EnsureReplicatedLocked(absl::Time deadline) {
@@ -377,7 +456,7 @@ absl::Status StepAccumulator::EnsureReplicatedLocked(absl::Time deadline) {
         replicate_failure_ = s;
         ++replicate_failures_;
       }
-      cv_.SignalAll();
+      WakeLocked();
       if (!s.ok()) return s;
       continue;
     }
@@ -394,12 +473,12 @@ absl::Status StepAccumulator::EnsureReplicatedLocked(absl::Time deadline) {
 }
 
 void StepAccumulator::RequireReplication() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(this);
   if (options_.replicate != nullptr) needs_replication_ = true;
 }
 
 absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> StepAccumulator::Current() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(this);
   if (absl::Status r = EnsureReplicatedLocked(absl::Now() + options_.step_timeout); !r.ok()) {
     return r;
   }
@@ -408,7 +487,7 @@ absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> StepAccumulator::C
 }
 
 bool StepAccumulator::SetInitial(absl::Span<const float> value) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(this);
   if (started_ || completed_step_ >= 0) return false;
   optimizer_.SetValue(value);
   return true;
@@ -466,7 +545,7 @@ absl::Status StepAccumulator::CheckSnapshot(const ChunkSnapshot& snap,
 }
 
 absl::Status StepAccumulator::Restore(ChunkSnapshot snap) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(this);
   if (absl::Status s = CheckSnapshot(snap, optimizer_.options(), elements_, options_.label);
       !s.ok()) {
     return s;
@@ -490,9 +569,9 @@ absl::Status StepAccumulator::Restore(ChunkSnapshot snap) {
 }
 
 void StepAccumulator::Cancel(const absl::Status& status) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(this);
   cancelled_ = status;
-  cv_.SignalAll();
+  WakeLocked();
 }
 
 uint64_t StepAccumulator::steps_completed() const {

@@ -22,11 +22,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -153,6 +157,17 @@ class StepAccumulator {
   absl::StatusOr<Outcome> Push(uint32_t worker, int64_t step, std::vector<float> contribution,
                                absl::Time deadline, const CallCheck& check = nullptr);
 
+  // Push without a thread waiting: `done` gets what Push would return, exactly once,
+  // outside the lock, on the thread that ends the wait: this one, the step's last pusher
+  // (after it replicated), a failure or Cancel, or Sweep for deadlines and checks.
+  using Done = absl::AnyInvocable<void(absl::StatusOr<Outcome>) &&>;
+  void PushAsync(uint32_t worker, int64_t step, std::vector<float> contribution,
+                 absl::Time deadline, CallCheck check, Done done);
+  // Ends the PushAsync waits whose deadline passed, whose check fails or whose step timed
+  // out; call it every so often (it is what Push's own timed wake does).
+  void Sweep();
+  bool has_waiters() const { return waiting_.load(std::memory_order_relaxed) > 0; }
+
   // The current value encoded (before any step: the initial value) and its step (-1 if none).
   absl::StatusOr<std::shared_ptr<const proto::CompressedBlock>> Current();
 
@@ -190,6 +205,39 @@ class StepAccumulator {
   uint64_t steps_failed() const;
 
  private:
+  // mu_, and on release the Done of every wait that ended meanwhile (outside the lock).
+  class ABSL_SCOPED_LOCKABLE Lock {
+   public:
+    explicit Lock(StepAccumulator* acc) ABSL_EXCLUSIVE_LOCK_FUNCTION(acc->mu_) : acc_(acc) {
+      acc_->mu_.Lock();
+    }
+    ~Lock() ABSL_UNLOCK_FUNCTION();
+
+   private:
+    StepAccumulator* const acc_;
+  };
+  // One push waiting for its step.
+  struct Waiter {
+    int64_t step = 0;
+    bool duplicate = false;
+    uint64_t attempt = 0;
+    uint64_t replicate_failures = 0;
+    absl::Time deadline;
+    CallCheck check;
+    Done done;
+  };
+  // Push up to its wait: the answer, or nullopt when `w` must wait (w filled in).
+  std::optional<absl::StatusOr<Outcome>> EnterLocked(uint32_t worker, int64_t step,
+                                                     std::vector<float> contribution, Waiter* w)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The answer to `w` if its wait is over. With `replicate`, this thread replicates a
+  // completed step (or waits for the one that does); without, a completed step waits for
+  // its replication. `timers`: also `w`'s deadline and check.
+  std::optional<absl::StatusOr<Outcome>> ResolveLocked(const Waiter& w, bool replicate,
+                                                       bool timers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes Push's waits and ends the PushAsync waits that are over.
+  void WakeLocked(bool timers = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckStepLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status StaleLocked(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -250,6 +298,10 @@ class StepAccumulator {
   bool replicating_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t replicate_failures_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status replicate_failure_ ABSL_GUARDED_BY(mu_);
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  std::atomic<size_t> waiting_{0};  // waiters_.size(), read without the lock
+  // Ended waits, answered when the lock is released.
+  std::vector<std::pair<Done, absl::StatusOr<Outcome>>> ready_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gcomp::server

@@ -236,6 +236,7 @@ size_t StreamGuard::Sweep() {
         // Two system calls a connection: only where the byte check is on.
         const uint64_t received = options_.max_message_bytes != 0 ? BytesRead(fd) : 0;
         std::string why;
+        bool refuse = false;
         {
           absl::MutexLock lock(&mu_);
           auto it = tracked_.find(peer);
@@ -246,6 +247,7 @@ size_t StreamGuard::Sweep() {
                                " (a peer that ignores the server's "
                                "SETTINGS_MAX_CONCURRENT_STREAMS or resets streams faster than "
                                "the shard takes them)");
+            refuse = true;
           } else if (options_.max_message_bytes != 0 && now.credit.Look(started, open, received)) {
             why = absl::StrCat("more bytes read than its ", started,
                                " streams could carry, at two looks in a row (a flood of frames "
@@ -256,13 +258,15 @@ size_t StreamGuard::Sweep() {
           shutdown(fd, SHUT_RDWR);
           tracked_.erase(it);
           ++closed_;
-          refusals_.Refuse(AddressOfPeer(peer), absl::Now());
+          // Only a stream flood, which reconnects at once, costs the address: too many
+          // bytes may be one client's oversized message, and other clients (a NAT, a mesh
+          // sidecar, a local job) share its address.
+          if (refuse) refusals_.Refuse(AddressOfPeer(peer), absl::Now());
         }
         ++shut;
         if (ClosedLines()->Admit()) {
-          log::Warn("connection from {} closed: {}; its address is refused new connections for a "
-                    "while",
-                    log::Clip(peer, 64), why);
+          log::Warn("connection from {} closed: {}{}", log::Clip(peer, 64), why,
+                    refuse ? "; its address is refused new connections for a while" : "");
         }
       }
       if (refs.empty() || page.find("\"end\":true") != std::string::npos) break;

@@ -13,8 +13,10 @@
 // limit does not count) is caught by the same cap: gRPC 1.51 keeps each reset stream until
 // a request thread has taken its call, so a flood piles up open streams (a review saw 2.4 GB
 // and every honest call failing). A peer reconnects at once, though, so the address of a
-// connection shut down is refused new connections (Admit) for `first_refusal`, doubling
-// with each further closure up to `longest_refusal`. Thread-safe.
+// connection shut down over its stream cap is refused new connections (Admit) for
+// `first_refusal`, doubling with each further closure up to `longest_refusal`; one shut
+// down for its bytes (ByteCredit: a frame flood, or one oversized message) costs only
+// itself. Thread-safe.
 //
 //   StreamGuard guard(options);
 //   listener_options.admit = [&guard](int fd) { return guard.Admit(fd); };
@@ -71,7 +73,8 @@ class StreamGuard {
     // connections tracked where that is longer (each costs a channelz query).
     absl::Duration every = absl::Milliseconds(100);
     absl::Duration per_connection = absl::Microseconds(500);
-    // How long the address of a connection shut down is refused new ones; each further
+    // How long the address of a connection shut down over its stream cap is refused new
+    // ones; each further
     // closure (after a refusal ended, while remembered) doubles it, up to the longest.
     absl::Duration first_refusal = absl::Seconds(1);
     absl::Duration longest_refusal = absl::Seconds(60);

@@ -815,6 +815,27 @@ TEST_F(HostileClientTest, OversizedMessagesAndGarbageAreRefused) {
   ExpectStepWorks("w", 0, 1000);
 }
 
+// Punish the connection, not the address: a push far over max_message_bytes (300 MB
+// against 3 MiB) fails at once, and honest workers behind the same address (every client
+// here is 127.0.0.1, as behind a NAT or a mesh sidecar) keep training. Its address was once
+// refused, and the honest workers' next step with it. (gRPC 1.51 checks the size only once
+// the whole message is in, so a connection that sends more bytes than its streams could
+// carry is closed first: UNAVAILABLE, not yet RESOURCE_EXHAUSTED naming the limit.)
+TEST_F(HostileClientTest, AnOversizedPushCostsOnlyItsOwnCall) {
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  ExpectStepWorks("w", 0, 1000);
+  proto::CompressedBlock big = Block("w", 0, 1, 0, std::vector<float>(1000, 1.0f));
+  big.mutable_data()->assign(300 << 20, 'x');
+  proto::CompressedBlock out;
+  const absl::Time start = absl::Now();
+  const grpc::Status s = NewStub()->PushPull(Context().get(), big, &out);
+  EXPECT_TRUE(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+              s.error_code() == grpc::StatusCode::UNAVAILABLE)
+      << s.error_code() << " " << s.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  for (int64_t step = 1; step <= 3; ++step) ExpectStepWorks("w", step, 1000);
+}
+
 // gRPC checks max_message_bytes only after inflating a compressed message: 256 KiB of gzip
 // that inflates to 256 MiB is refused on its headers instead, before anything is read.
 TEST_F(HostileClientTest, CompressedRequestsAreRefusedBeforeTheyAreInflated) {

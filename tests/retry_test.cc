@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "cluster/cluster_config.h"
 #include "cluster/credentials.h"
+#include "cluster/grpc_status.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -76,7 +77,7 @@ class LossyReplies final : public proto::Aggregation::Service {
  public:
   // `shard` must outlive this service.
   LossyReplies(server::ShardService* shard, int lose)
-      : inner_(shard, ShardSecurity().token), lose_(lose) {}
+      : shard_(shard), inner_(shard, ShardSecurity().token), lose_(lose) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* c, const proto::RegisterWorkerRequest* r,
                               proto::RegisterWorkerResponse* out) override {
@@ -88,10 +89,8 @@ class LossyReplies final : public proto::Aggregation::Service {
   }
   grpc::Status PushPull(grpc::ServerContext* c, const proto::CompressedBlock* r,
                         proto::CompressedBlock* out) override {
-    const cluster::WireMessage request = cluster::WireMessage::Own(*r);
-    cluster::WireMessage reply;
-    grpc::Status s = inner_.PushPull(c, &request, &reply);
-    if (s.ok()) *out = reply.ToBlock();
+    // The service's PushPull is a callback method; the shard's blocking call answers the same.
+    grpc::Status s = cluster::ToGrpc(shard_->PushPull(*r, absl::FromChrono(c->deadline()), out));
     if (s.ok() && lose_.fetch_sub(1) > 0) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "reply lost (test)");
     }
@@ -115,6 +114,7 @@ class LossyReplies final : public proto::Aggregation::Service {
   }
 
  private:
+  server::ShardService* shard_;
   server::AggregationGrpcService inner_;
   std::atomic<int> lose_;
   absl::Mutex mu_;

@@ -19,6 +19,7 @@
 #include "cluster/credentials.h"
 #include "server/grpc_service.h"
 #include "cluster/wire_block.h"
+#include "cluster/grpc_status.h"
 #include "cluster/wire_message.h"
 #include "server/shard_service.h"
 #include "tests/synthetic_gradient.h"
@@ -453,7 +454,7 @@ TEST_F(VersionSkewTest, WorkerOfAnEarlierVersionGetsXxh64Replies) {
 class EarlierVersionShard final : public proto::Aggregation::Service {
  public:
   EarlierVersionShard(server::ShardService* shard, std::shared_ptr<cluster::JobToken> token)
-      : inner_(shard, std::move(token)) {}
+      : shard_(shard), inner_(shard, std::move(token)) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* c, const proto::RegisterWorkerRequest* r,
                               proto::RegisterWorkerResponse* out) override {
@@ -471,10 +472,8 @@ class EarlierVersionShard final : public proto::Aggregation::Service {
       return grpc::Status(grpc::StatusCode::DATA_LOSS,
                           "block checksum mismatch: data corrupted in transit");
     }
-    const cluster::WireMessage request = cluster::WireMessage::Own(*r);
-    cluster::WireMessage reply;
-    grpc::Status s = inner_.PushPull(c, &request, &reply);
-    if (s.ok()) *out = reply.ToBlock();
+    // The service's PushPull is a callback method; the shard's blocking call answers the same.
+    grpc::Status s = cluster::ToGrpc(shard_->PushPull(*r, absl::FromChrono(c->deadline()), out));
     return s;
   }
   grpc::Status Pull(grpc::ServerContext* c, const proto::PullRequest* r,
@@ -485,6 +484,7 @@ class EarlierVersionShard final : public proto::Aggregation::Service {
   }
 
  private:
+  server::ShardService* shard_;
   server::AggregationGrpcService inner_;
 };
 
