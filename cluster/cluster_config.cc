@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/files.h"
+#include "base/ip_address.h"
 #include "cluster/config_fields.h"
 #include "cluster/optimizer.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -260,6 +261,16 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
         "limits.max_connections",
         absl::StrCat("must be 0 (derived) or in [workers x channels_per_shard + 16 = ",
                      worker_connections, ", 2^24], got ", l.max_connections()));
+  }
+  if (l.never_refused_size() > 1024) {
+    return FieldError("limits.never_refused",
+                      absl::StrCat("at most 1024 addresses, got ", l.never_refused_size()));
+  }
+  for (const std::string& a : l.never_refused()) {
+    if (a != "*" && !CanonicalIpAddress(a).has_value()) {
+      return FieldError("limits.never_refused",
+                        absl::StrCat("'", a, "' is neither an IP address (10.0.0.7, ::1) nor *"));
+    }
   }
   if (c.replicas() > static_cast<uint32_t>(c.shards_size()) || c.replicas() > kMaxReplicas) {
     return FieldError("replicas", absl::StrCat("must be in [1, min(", kMaxReplicas,

@@ -70,7 +70,7 @@ TEST(ClusterConfig, LimitsAndSecurityParseAndRoundTrip) {
   absl::StatusOr<proto::ClusterConfig> c = ParseClusterConfig(
       "workers: 2\nshards: [a:1]\n"
       "limits: {memory_budget_bytes: 67108864, max_tensors: 7, max_calls_per_client: 9,"
-      " max_connections: 20}\n"
+      " max_connections: 20, never_refused: [127.0.0.6, \"::1\"]}\n"
       "security: {ca_file: /s/ca.pem, cert_file: /s/c.pem, key_file: /s/k.pem,"
       " token_file: /s/token, health_port: 7100}\n");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -78,6 +78,7 @@ TEST(ClusterConfig, LimitsAndSecurityParseAndRoundTrip) {
   EXPECT_EQ(c->limits().max_tensors(), 7u);
   EXPECT_EQ(c->limits().max_calls_per_client(), 9u);
   EXPECT_EQ(c->limits().max_connections(), 20u);  // 2 workers x 2 channels + 16
+  EXPECT_THAT(c->limits().never_refused(), ::testing::ElementsAre("127.0.0.6", "::1"));
   EXPECT_EQ(c->limits().max_key_bytes(), 1024u);  // default kept
   EXPECT_EQ(c->security().token_file(), "/s/token");
   EXPECT_EQ(c->security().health_port(), 7100u);
@@ -173,6 +174,8 @@ TEST(ClusterConfig, EveryBadFieldIsNamed) {
       {"limits.max_calls_per_client=0", "'limits.max_calls_per_client'"},
       {"limits.max_connections=3", "'limits.max_connections'"},
       {"limits.max_connections=16777217", "'limits.max_connections'"},
+      {"limits.never_refused=10.0.0.7,sidecar", "'sidecar' is neither an IP address"},
+      {"limits.never_refused=10.0.0.7:80", "'limits.never_refused'"},
       {"limits.max_tensors=-3", "'limits.max_tensors'"},
       {"limits.colour=red", "'limits.colour'"},
       {"colour=red", "'colour'"},

@@ -72,6 +72,7 @@ constexpr Field kFields[] = {
     {"limits.max_pending_bytes", Kind::kUnsigned, "0"},  // 0: only the memory budget bounds them
     {"limits.max_calls_per_client", Kind::kUnsigned, "1024"},
     {"limits.max_connections", Kind::kUnsigned, "0"},  // 0: derived from workers and channels
+    {"limits.never_refused", Kind::kStringList, nullptr},
     {"checkpoint.dir", Kind::kString, nullptr},
     {"checkpoint.every_steps", Kind::kUnsigned, nullptr},
     {"checkpoint.keep", Kind::kUnsigned, "2"},

@@ -83,16 +83,26 @@ absl::StatusOr<VersionedMap> CreateMapIfAbsent(Store* store, const std::string& 
   Txn txn;
   txn.conditions.push_back({keys.map, Condition::Field::kCreateRevision, 0});
   txn.puts.push_back({keys.map, record.SerializeAsString(), kNoLease});
-  absl::StatusOr<TxnResult> r = store->Commit(txn);
-  if (!r.ok()) return r.status();
-  if (r->committed) return VersionedMap{record, r->revision};
-  absl::StatusOr<std::optional<VersionedMap>> existing = ReadMap(store, job);
-  if (!existing.ok()) return existing.status();
-  if (!existing->has_value()) {
-    return absl::AbortedError(absl::StrCat("the shard map at ", keys.map,
-                                           " was deleted while it was being created"));
+  // Creating is idempotent (a map there, anyone's, is the map): a request that timed out
+  // (its outcome unknown, as a loaded etcd answers late) is settled by reading, then tried
+  // again, rather than failing the shard's start.
+  constexpr int kAttempts = 4;
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<TxnResult> r = store->Commit(txn);
+    if (r.ok() && r->committed) return VersionedMap{record, r->revision};
+    const bool unknown = !r.ok() && (absl::IsUnavailable(r.status()) ||
+                                     absl::IsDeadlineExceeded(r.status()));
+    if (!r.ok() && (!unknown || attempt == kAttempts)) return r.status();
+    absl::StatusOr<std::optional<VersionedMap>> existing = ReadMap(store, job);
+    if (existing.ok() && existing->has_value()) return **existing;
+    if (!unknown) {
+      if (!existing.ok()) return existing.status();
+      return absl::AbortedError(absl::StrCat("the shard map at ", keys.map,
+                                             " was deleted while it was being created"));
+    }
+    if (attempt == kAttempts) return existing.ok() ? r.status() : existing.status();
+    absl::SleepFor(absl::Milliseconds(100 * attempt));
   }
-  return **existing;
 }
 
 absl::StatusOr<VersionedMap> UpdateMap(Store* store, const std::string& job,

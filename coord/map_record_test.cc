@@ -61,6 +61,63 @@ TEST_F(MapRecordTest, ValidateNamesTheField) {
   check(r, "joining_shards");
 }
 
+// A store whose first transactions time out: applied or not, the caller cannot tell.
+class LateStore final : public Store {
+ public:
+  LateStore(Store* real, int lost, bool applied) : real_(real), lost_(lost), applied_(applied) {}
+  absl::StatusOr<std::optional<KeyValue>> Get(const std::string& key) override {
+    return real_->Get(key);
+  }
+  absl::StatusOr<std::vector<KeyValue>> GetPrefix(const std::string& prefix) override {
+    return real_->GetPrefix(prefix);
+  }
+  absl::StatusOr<TxnResult> Commit(const Txn& txn) override {
+    ++commits_;
+    if (lost_ == 0) return real_->Commit(txn);
+    --lost_;
+    if (applied_) real_->Commit(txn).IgnoreError();
+    return absl::UnavailableError("etcd transaction's outcome unknown");
+  }
+  absl::StatusOr<LeaseId> GrantLease(absl::Duration ttl) override { return real_->GrantLease(ttl); }
+  absl::StatusOr<absl::Duration> KeepAlive(LeaseId lease) override {
+    return real_->KeepAlive(lease);
+  }
+  absl::Status Revoke(LeaseId lease) override { return real_->Revoke(lease); }
+  absl::StatusOr<std::unique_ptr<Watch>> WatchPrefix(
+      const std::string& prefix, int64_t after_revision,
+      std::function<void(const WatchEvent&)> on_event,
+      std::function<void(const absl::Status&)> on_error) override {
+    return real_->WatchPrefix(prefix, after_revision, std::move(on_event), std::move(on_error));
+  }
+  int commits() const { return commits_; }
+
+ private:
+  Store* const real_;
+  int lost_;
+  const bool applied_;
+  int commits_ = 0;
+};
+
+// A shard's start used to fail on one late answer (a loaded etcd): creating the map is
+// idempotent, so an unknown outcome is read back and tried again.
+TEST_F(MapRecordTest, CreatingTheMapSurvivesAnswersThatCameTooLate) {
+  LateStore applied(store_.get(), 1, /*applied=*/true);
+  absl::StatusOr<VersionedMap> m = CreateMapIfAbsent(&applied, "late1", Map(1, 3));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->record.shards_size(), 3);
+  EXPECT_EQ(applied.commits(), 1);  // read back, not sent again
+  LateStore lost(store_.get(), 2, /*applied=*/false);
+  m = CreateMapIfAbsent(&lost, "late2", Map(1, 4));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->record.shards_size(), 4);
+  EXPECT_EQ(lost.commits(), 3);
+  // Past the attempts, the error is the caller's.
+  LateStore gone(store_.get(), 100, /*applied=*/false);
+  m = CreateMapIfAbsent(&gone, "late3", Map(1, 4));
+  EXPECT_TRUE(absl::IsUnavailable(m.status())) << m.status();
+  EXPECT_FALSE(ReadMap(store_.get(), "late3")->has_value());
+}
+
 TEST_F(MapRecordTest, FirstMapIsCreatedOnceAndUpdatesAreCompareAndSwap) {
   EXPECT_FALSE(ReadMap(store_.get(), "job")->has_value());
   absl::StatusOr<VersionedMap> first = CreateMapIfAbsent(store_.get(), "job", Map(1, 3));

@@ -2,10 +2,31 @@
 
 #include <algorithm>
 #include <iterator>
+#include <optional>
+
+#include "base/ip_address.h"
 
 namespace gcomp::server {
 
+AddressRefusals::AddressRefusals(absl::Duration first, absl::Duration longest,
+                                 const std::vector<std::string>& never_refused)
+    : first_(first), longest_(longest) {
+  for (const std::string& a : never_refused) {
+    if (a == "*") never_refuse_any_ = true;
+    // The config is checked when loaded (cluster/cluster_config.cc): no other entries.
+    if (std::optional<std::string> ip = CanonicalIpAddress(a)) never_refused_.insert(*ip);
+  }
+}
+
+bool AddressRefusals::NeverRefused(absl::string_view address) const {
+  if (never_refuse_any_) return true;
+  if (never_refused_.empty()) return false;
+  std::optional<std::string> ip = CanonicalIpAddress(address);
+  return ip.has_value() && never_refused_.contains(*ip);
+}
+
 void AddressRefusals::Refuse(const std::string& address, absl::Time now) {
+  if (NeverRefused(address)) return;
   Address& a = addresses_[address];
   if (a.refused_until > now) return;  // refused already: one offence per refusal
   a.last = a.refused_until + longest_ < now ? first_ : std::min(a.last * 2, longest_);

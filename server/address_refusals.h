@@ -5,13 +5,18 @@
 // without an offence for `longest` after its refusal ended starts over at `first`. Offences
 // while it is refused already do not count: several at once (all of one peer's replies, all
 // of its connections) are one. Used by UnreadReplies (calls) and StreamGuard (connections).
-// Not thread-safe: its owner's lock guards it.
+// Addresses listed as never refused (the config's `limits.never_refused`: a NAT, a mesh
+// sidecar, a local job, where honest clients share the offender's address) are not; their
+// offending connection or call is still ended by the owner. Not thread-safe: its owner's
+// lock guards it.
 #ifndef GCOMP_SERVER_ADDRESS_REFUSALS_H_
 #define GCOMP_SERVER_ADDRESS_REFUSALS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
@@ -19,11 +24,13 @@ namespace gcomp::server {
 
 class AddressRefusals {
  public:
-  AddressRefusals(absl::Duration first, absl::Duration longest)
-      : first_(first), longest_(longest) {}
+  // `never_refused`: IP literals in any spelling (see CanonicalIpAddress), or "*" for all.
+  AddressRefusals(absl::Duration first, absl::Duration longest,
+                  const std::vector<std::string>& never_refused = {});
 
-  // An offence of `address` at `now`.
+  // An offence of `address` at `now` (none for a never-refused address).
   void Refuse(const std::string& address, absl::Time now);
+  bool NeverRefused(absl::string_view address) const;
   // How much longer than `now` `address` is refused; zero where it is not.
   absl::Duration RefusedFor(absl::string_view address, absl::Time now) const;
   // Forgets the addresses neither refused nor remembered for the doubling as of `now`.
@@ -37,6 +44,8 @@ class AddressRefusals {
   };
   const absl::Duration first_;
   const absl::Duration longest_;
+  bool never_refuse_any_ = false;
+  absl::flat_hash_set<std::string> never_refused_;  // canonical IP literals
   absl::flat_hash_map<std::string, Address> addresses_;
 };
 

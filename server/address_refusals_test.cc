@@ -49,5 +49,23 @@ TEST(AddressRefusalsTest, AQuietAddressStartsOverAndIsForgotten) {
   EXPECT_EQ(r.RefusedFor("a", t0 + absl::Seconds(17)), absl::Seconds(1));
 }
 
+TEST(AddressRefusalsTest, NeverRefusedAddressesAreNotRefusedInAnySpelling) {
+  AddressRefusals r(absl::Seconds(1), absl::Seconds(5), {"127.0.0.6", "::1"});
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  for (const char* a : {"127.0.0.6", "%5B::1%5D", "[::1]", "::ffff:127.0.0.6"}) {
+    EXPECT_TRUE(r.NeverRefused(a)) << a;
+    r.Refuse(a, t0);
+    EXPECT_EQ(r.RefusedFor(a, t0), absl::ZeroDuration()) << a;
+  }
+  r.Refuse("127.0.0.7", t0);  // others still are
+  EXPECT_EQ(r.RefusedFor("127.0.0.7", t0), absl::Seconds(1));
+  AddressRefusals none(absl::Seconds(1), absl::Seconds(5), {"*"});
+  none.Refuse("10.1.2.3", t0);
+  none.Refuse("unix:/tmp/s", t0);
+  EXPECT_EQ(none.RefusedFor("10.1.2.3", t0), absl::ZeroDuration());
+  EXPECT_EQ(none.RefusedFor("unix:/tmp/s", t0), absl::ZeroDuration());
+  EXPECT_EQ(none.size(), 0u);
+}
+
 }  // namespace
 }  // namespace gcomp::server

@@ -523,6 +523,8 @@ UnreadReplies::Options UnreadRepliesOptionsFor(const proto::ClusterConfig& confi
   // A worker's call has given up by then.
   o.timeout = absl::Milliseconds(std::max<uint32_t>(config.rpc_timeout_ms(), 1000));
   o.on_cancelled = std::move(on_cancelled);
+  o.never_refused.assign(config.limits().never_refused().begin(),
+                         config.limits().never_refused().end());
   return o;
 }
 
@@ -611,6 +613,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const proto::Clu
   grpc::EnableDefaultHealthCheckService(true);
   StreamGuard::Options guarding;
   guarding.max_message_bytes = config.max_message_bytes();
+  guarding.never_refused.assign(config.limits().never_refused().begin(),
+                                config.limits().never_refused().end());
   guarding.on_closed = [metrics = s->service_->metrics()](uint64_t n) {
     metrics->CountStreamLimitClosures(n);
   };

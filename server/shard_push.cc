@@ -230,6 +230,13 @@ absl::Status ShardService::PushPullStart(const proto::CompressedBlock& request,
   StepAccumulator::CallCheck check;
   if (session != 0) check = [this, worker, session] { return CheckSession(worker, session); };
   const size_t raw = n * codec::DTypeBytes(t->dtype);
+  StepAccumulator::Blocking blocking;
+  if (replication_pool_ != nullptr) {
+    blocking = [this, keep = *owned](StepAccumulator::Work work) {
+      auto task = std::make_shared<StepAccumulator::Work>(std::move(work));
+      replication_pool_->Schedule([keep, task] { std::move(*task)(); });
+    };
+  }
   acc->PushAsync(
       worker, a.step(), std::move(contribution), deadline, std::move(check),
       [this, raw, done = std::move(*done)](
@@ -247,7 +254,8 @@ absl::Status ShardService::PushPullStart(const proto::CompressedBlock& request,
         metrics_->AddOut(raw, outcome->reply->data().size());
         raw_bytes_out_ += raw;
         std::move(done)(std::move(outcome->reply));
-      });
+      },
+      std::move(blocking));
   return absl::OkStatus();
 }
 

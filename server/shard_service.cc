@@ -83,6 +83,7 @@ ShardService::ShardService(proto::ClusterConfig config, const ShardOptions& opti
   for (uint32_t k : config_.down_shards()) down_[k] = true;
   for (uint32_t k : config_.joining_shards()) joining_shards_[k] = true;
   for (uint32_t w = 0; w < config_.workers(); ++w) worker_names_[w] = absl::StrCat("worker-", w);
+  if (replicas_ > 1) replication_pool_ = std::make_unique<ThreadPool>(kReplicationThreads);
   metrics_->SetTensors(0, 0, config_.shard_map_epoch());
   metrics_->SetCheckpointInterval(config_.checkpoint().dir().empty() ? 0 : config_.checkpoint().every_steps());
   metrics_->SetAdmission(admission_->usage(), admission_->limits().memory_budget_bytes);
@@ -114,6 +115,7 @@ ShardService::~ShardService() {
     map_waits_mu_.Await(absl::Condition(
         +[](int* n) { return *n == 0; }, &map_waits_));
   }
+  replication_pool_.reset();  // runs what is queued: the shard is shutting down, so it ends fast
   // Accumulators answer their waits as they go; those answers run on the pool.
   {
     absl::MutexLock lock(&mu_);

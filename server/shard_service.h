@@ -442,6 +442,10 @@ class ShardService {
   const std::string self_address_;  // this process's address in every map
   const cluster::DirectionCodec downlink_;
   std::unique_ptr<ThreadPool> pool_;
+  // Replication of completed steps to the backups (peer calls, which a dead backup holds for
+  // a call deadline): off `pool_`, so that pushes are still decoded meanwhile. Null with
+  // one copy. Emptied before `pool_` (its work answers on `pool_`).
+  std::unique_ptr<ThreadPool> replication_pool_;
   // Thread-safe; both outlive every accumulator (declared before tensors_).
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<ShardMetrics> metrics_;
@@ -499,6 +503,7 @@ class ShardService {
   absl::Mutex failover_mu_;  // one coordinated failover at a time; before mu_
   // ReportDown calls waiting for failover_mu_ or holding it (at most kMaxFailoverWaiters).
   static constexpr int kMaxFailoverWaiters = 16;
+  static constexpr int kReplicationThreads = 8;  // replication_pool_
   std::atomic<int> failover_waiters_{0};
   uint64_t failovers_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t chunks_promoted_ ABSL_GUARDED_BY(mu_) = 0;

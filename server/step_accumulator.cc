@@ -296,10 +296,14 @@ std::optional<absl::StatusOr<StepAccumulator::Outcome>> StepAccumulator::EnterLo
     return s;
   }
   if (started_ && step == completed_step_) {
+    // A resend of a completed step: answered from its result once that is replicated
+    // (ResolveLocked), which may mean calling the backups.
     RecycleLocked(std::move(contribution));
-    if (absl::Status r = EnsureReplicatedLocked(w->deadline); !r.ok()) return r;
-    if (completed_step_ != step) return StaleLocked(step);  // a peer pushed ahead meanwhile
-    return Outcome{result_, true};
+    w->step = step;
+    w->duplicate = true;
+    w->attempt = attempt_;
+    w->replicate_failures = replicate_failures_;
+    return std::nullopt;
   }
   const bool duplicate = started_ && arrived_[worker];
   if (duplicate) RecycleLocked(std::move(contribution));
@@ -356,7 +360,7 @@ std::optional<absl::StatusOr<StepAccumulator::Outcome>> StepAccumulator::Resolve
       if (absl::Status r = EnsureReplicatedLocked(w.deadline); !r.ok()) return r;
       if (completed_step_ != w.step) return StaleLocked(w.step);  // a peer pushed ahead meanwhile
     } else if (needs_replication_) {
-      // The step's last pusher replicates it, then wakes this wait.
+      // The push that completed it (or a resend) replicates it, then wakes this wait.
       if (replicate_failures_ != w.replicate_failures) return replicate_failure_;
       if (!cancelled_.ok()) return cancelled_;
       if (timers && absl::Now() >= w.deadline) {
@@ -416,15 +420,36 @@ absl::StatusOr<StepAccumulator::Outcome> StepAccumulator::Push(uint32_t worker, 
 }
 
 void StepAccumulator::PushAsync(uint32_t worker, int64_t step, std::vector<float> contribution,
-                                absl::Time deadline, CallCheck check, Done done) {
+                                absl::Time deadline, CallCheck check, Done done,
+                                Blocking blocking) {
   Lock lock(this);
   Waiter w;
   w.deadline = deadline;
   w.check = std::move(check);
   std::optional<absl::StatusOr<Outcome>> r =
       EnterLocked(worker, step, std::move(contribution), &w);
-  // The push that completed the step replicates it here, before any waiter is answered.
-  if (!r.has_value()) r = ResolveLocked(w, /*replicate=*/true, /*timers=*/false);
+  if (!r.has_value() && completed_step_ == w.step && needs_replication_ && blocking != nullptr) {
+    if (!replicating_ && !replication_queued_) {
+      // One replication per chunk at a time; the pushes that come meanwhile wait for it
+      // without a thread.
+      replication_queued_ = true;
+      w.done = std::move(done);
+      std::move(blocking)([this, w = std::move(w)]() mutable {
+        Lock lock(this);
+        replication_queued_ = false;
+        absl::StatusOr<Outcome> answer =
+            completed_step_ == w.step ? *ResolveLocked(w, /*replicate=*/true, /*timers=*/false)
+                                      : StaleLocked(w.step);  // a peer pushed ahead meanwhile
+        ready_.emplace_back(std::move(w.done), std::move(answer));
+      });
+      return;
+    }
+    r = ResolveLocked(w, /*replicate=*/false, /*timers=*/false);
+  } else if (!r.has_value()) {
+    // Without `blocking`, the push that completed the step replicates it here, before any
+    // waiter is answered.
+    r = ResolveLocked(w, /*replicate=*/true, /*timers=*/false);
+  }
   if (r.has_value()) {
     ready_.emplace_back(std::move(done), *std::move(r));
     return;

@@ -159,10 +159,19 @@ class StepAccumulator {
 
   // Push without a thread waiting: `done` gets what Push would return, exactly once,
   // outside the lock, on the thread that ends the wait: this one, the step's last pusher
-  // (after it replicated), a failure or Cancel, or Sweep for deadlines and checks.
+  // (after it replicated: on `blocking`), a failure or Cancel, or Sweep for deadlines and
+  // checks.
   using Done = absl::AnyInvocable<void(absl::StatusOr<Outcome>) &&>;
+  // Runs `work` later on a thread that may block; the caller keeps the accumulator alive
+  // until it has run.
+  using Work = absl::AnyInvocable<void() &&>;
+  using Blocking = absl::AnyInvocable<void(Work) &&>;
+  // A completed step that must reach the backups first is replicated on `blocking` (a call
+  // to peers that a dead backup holds for its whole deadline), never on this thread: the
+  // caller's is a small pool whose other pushes must not wait behind it. Without
+  // `blocking`, replicates here.
   void PushAsync(uint32_t worker, int64_t step, std::vector<float> contribution,
-                 absl::Time deadline, CallCheck check, Done done);
+                 absl::Time deadline, CallCheck check, Done done, Blocking blocking = nullptr);
   // Ends the PushAsync waits whose deadline passed, whose check fails or whose step timed
   // out; call it every so often (it is what Push's own timed wake does).
   void Sweep();
@@ -296,6 +305,7 @@ class StepAccumulator {
   // Replication: the state differs from what the backups last acknowledged.
   bool needs_replication_ ABSL_GUARDED_BY(mu_) = false;
   bool replicating_ ABSL_GUARDED_BY(mu_) = false;
+  bool replication_queued_ ABSL_GUARDED_BY(mu_) = false;  // on PushAsync's `blocking`
   uint64_t replicate_failures_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status replicate_failure_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -520,6 +522,65 @@ TEST(StepAccumulator, NoAnswerBeforeTheBackupsHaveTheState) {
   ASSERT_TRUE(r.ok()) << r.status();
   absl::MutexLock lock(&mu);
   EXPECT_EQ(replicated, (std::vector<int64_t>{0, 0}));
+}
+
+// The pool that runs PushAsync decodes every push: a replication (a call to the backups,
+// which a dead one holds for its deadline) must not take its threads. It runs on
+// `blocking`, once per chunk however many pushes of the step come meanwhile, and those
+// pushes wait for it without a thread.
+TEST(StepAccumulator, PushAsyncReplicatesOnItsBlockingRunnerOncePerChunk) {
+  StepAccumulatorOptions o;
+  o.workers = 2;
+  o.label = "key 'w' chunk 0";
+  absl::Notification release;
+  std::atomic<int> replications{0};
+  std::atomic<bool> on_caller{false};
+  const std::thread::id caller = std::this_thread::get_id();
+  o.replicate = [&](const ChunkSnapshot&) {
+    ++replications;
+    if (std::this_thread::get_id() == caller) on_caller = true;
+    release.WaitForNotificationWithTimeout(absl::Seconds(10));
+    return absl::OkStatus();
+  };
+  StepAccumulator acc(o, cluster::Optimizer({}, 1), RawFinalizer(),
+                      [](uint32_t w) { return absl::StrCat("worker-", w); });
+  std::atomic<int> scheduled{0};
+  std::vector<std::thread> runners;
+  auto blocking = [&]() -> StepAccumulator::Blocking {
+    return [&](StepAccumulator::Work work) {
+      ++scheduled;
+      runners.emplace_back([work = std::move(work)]() mutable { std::move(work)(); });
+    };
+  };
+  absl::Mutex mu;
+  std::vector<absl::StatusOr<StepAccumulator::Outcome>> answers;
+  auto done = [&]() -> StepAccumulator::Done {
+    return [&](absl::StatusOr<StepAccumulator::Outcome> r) {
+      absl::MutexLock lock(&mu);
+      answers.push_back(std::move(r));
+    };
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  acc.PushAsync(0, 0, {1.0f}, deadline, nullptr, done(), blocking());
+  // Completes the step: returns at once, the replication on a runner.
+  acc.PushAsync(1, 0, {3.0f}, deadline, nullptr, done(), blocking());
+  // A resend of the completed step while it replicates: no second runner.
+  acc.PushAsync(0, 0, {}, deadline, nullptr, done(), blocking());
+  EXPECT_EQ(scheduled.load(), 1);
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(answers.empty()) << "answered before the backups have the state";
+  }
+  release.Notify();
+  for (std::thread& t : runners) t.join();
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(answers.size(), 3u);
+  for (const auto& r : answers) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(Values(*r->reply), (std::vector<float>{2.0f}));
+  }
+  EXPECT_EQ(replications.load(), 1);
+  EXPECT_FALSE(on_caller.load());
 }
 
 }  // namespace

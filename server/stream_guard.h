@@ -30,6 +30,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -78,6 +79,9 @@ class StreamGuard {
     // closure (after a refusal ended, while remembered) doubles it, up to the longest.
     absl::Duration first_refusal = absl::Seconds(1);
     absl::Duration longest_refusal = absl::Seconds(60);
+    // Addresses never refused (the config's limits.never_refused); their offending
+    // connections are still shut down.
+    std::vector<std::string> never_refused;
     // The largest request message (the config's max_message_bytes): with it, each
     // connection's bytes are held to what its streams could carry (ByteCredit), and one
     // over that at two looks in a row is shut down like one over its stream cap. 0: no
@@ -90,7 +94,8 @@ class StreamGuard {
   };
 
   explicit StreamGuard(Options options)
-      : options_(std::move(options)), refusals_(options_.first_refusal, options_.longest_refusal) {}
+      : options_(std::move(options)), refusals_(options_.first_refusal, options_.longest_refusal,
+                  options_.never_refused) {}
   StreamGuard(const StreamGuard&) = delete;
   StreamGuard& operator=(const StreamGuard&) = delete;
   ~StreamGuard();  // stops the thread

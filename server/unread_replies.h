@@ -60,6 +60,9 @@ class UnreadReplies {
     absl::Duration timeout = absl::Seconds(30);
     // The first refusal of an address; each further one (within `timeout`) doubles.
     absl::Duration first_refusal = absl::Seconds(1);
+    // Addresses never refused (the config's limits.never_refused); their unread replies are
+    // still cancelled.
+    std::vector<std::string> never_refused;
     // How often the watchdog sweeps.
     absl::Duration sweep_every = absl::Milliseconds(100);
     // Called (outside any lock) with the number of replies each sweep cancelled.
@@ -75,7 +78,7 @@ class UnreadReplies {
   };
 
   explicit UnreadReplies(Options options)
-      : options_(std::move(options)), refusals_(options_.first_refusal, options_.timeout) {}
+      : options_(std::move(options)), refusals_(options_.first_refusal, options_.timeout, options_.never_refused) {}
   UnreadReplies(const UnreadReplies&) = delete;
   UnreadReplies& operator=(const UnreadReplies&) = delete;
   ~UnreadReplies();  // stops the watchdog

@@ -972,6 +972,30 @@ TEST_F(HostileClientTest, BytesThatAreNoBlockAreRefusedBeforeTheHandler) {
 // A flood of connections that send nothing: past limits.max_connections each new one is
 // closed at once, so the flood holds at most that many (and their memory); connections
 // already open go on working, and once the flood ends new connections are served again.
+// Where honest clients share the flooder's address (a NAT, a mesh sidecar), the config
+// lists it as never refused: the flood's connection is still closed, the address is not.
+class NeverRefusedTest : public HostileClientTest {
+ protected:
+  NeverRefusedTest() { extra_limits_ = ", never_refused: [127.0.0.3]"; }
+};
+
+TEST_F(NeverRefusedTest, AFloodIsClosedButItsAddressStaysServed) {
+  ASSERT_TRUE(Declare("w", 1000).ok());
+  ExpectStepWorks("w", 0, 1000);
+  {
+    FloodPeer flood(address_, "127.0.0.3", RapidReset(address_, kStatsMethod));
+    ASSERT_TRUE(flood.ClosedWithin(absl::Seconds(20)))
+        << "a flood of " << flood.streams() << " reset streams";
+  }
+  // The next connection from that address is served (HostileClientTest's
+  // ARapidResetFloodIsClosedAndItsAddressRefused: closed at once without the entry).
+  NonReadingPeer next(address_, "127.0.0.3", 1, kStatsMethod);
+  EXPECT_FALSE(next.ClosedByServerWithin(absl::Seconds(2)))
+      << "a new connection from a never-refused address was closed";
+  absl::SleepFor(absl::Seconds(2));
+  ExpectStepWorks("w", 1, 1000);
+}
+
 class ConnectionCapTest : public HostileClientTest {
  protected:
   ConnectionCapTest() { extra_limits_ = ", max_connections: 64"; }
