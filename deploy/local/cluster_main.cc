@@ -152,7 +152,9 @@ using gcomp::launcher::OutliveChildren;
 using gcomp::launcher::Progress;
 using gcomp::launcher::ReadFile;
 using gcomp::launcher::ReadProgress;
+using gcomp::launcher::ParseReshardAt;
 using gcomp::launcher::ReadWorkerResults;
+using gcomp::launcher::ReshardEvent;
 using gcomp::launcher::SoakTrack;
 using gcomp::launcher::Spawn;
 using gcomp::launcher::WhyFromLog;
@@ -162,12 +164,6 @@ double CpuSeconds(const struct rusage& u) {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 void FormatSeconds(std::string* out, double s) { absl::StrAppendFormat(out, "%.3f", s); }
-
-// One --reshard_at entry.
-struct ReshardEvent {
-  int step = 0;
-  int shards = 0;
-};
 
 // Shard k's host from --host (a list cycles).
 std::string HostOf(int k) {
@@ -219,18 +215,13 @@ std::optional<Plan> PlanFromFlags() {
     return std::nullopt;
   }
   plan.progress_mode = *progress_mode;
-  for (const std::string& e : absl::GetFlag(FLAGS_reshard_at)) {
-    std::vector<std::string> parts = absl::StrSplit(e, ':');
-    ReshardEvent ev;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &ev.step) ||
-        !absl::SimpleAtoi(parts[1], &ev.shards) || ev.step < 1 || ev.step >= steps ||
-        ev.shards < 1 || (!plan.events.empty() && ev.step <= plan.events.back().step)) {
-      fprintf(stderr, "cluster: --reshard_at: expected STEP:SHARDS with 1 <= STEP < --steps, "
-                      "SHARDS >= 1, steps rising; got '%s'\n", e.c_str());
-      return std::nullopt;
-    }
-    plan.events.push_back(ev);
+  absl::StatusOr<std::vector<ReshardEvent>> events =
+      ParseReshardAt(absl::GetFlag(FLAGS_reshard_at), steps);
+  if (!events.ok()) {
+    fprintf(stderr, "cluster: --reshard_at: %s\n", std::string(events.status().message()).c_str());
+    return std::nullopt;
   }
+  plan.events = *std::move(events);
   plan.trigger = absl::GetFlag(FLAGS_reshard_trigger);
   if (plan.trigger != "admin" && plan.trigger != "file") {
     fprintf(stderr, "cluster: --reshard_trigger must be admin or file, got '%s'\n",
