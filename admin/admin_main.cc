@@ -32,14 +32,12 @@
 #include "base/log_flags.h"
 #include "base/spawn.h"
 #include "cluster/cluster_config.h"
+#include "cluster/config_flags.h"
 #include "cluster/reshard_coordinator.h"
 #include "coord/etcd_store.h"
 #include "coord/map_record.h"
 #include "coord/reshard_record.h"
 
-ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
-ABSL_FLAG(std::vector<std::string>, set, {},
-          "Config overrides, comma-separated field=value (e.g. shards=h1:7070,h2:7070).");
 ABSL_FLAG(bool, json, false, "status: one JSON object instead of the table.");
 ABSL_FLAG(int64_t, timeout_ms, 3000, "status: deadline of each shard's answer.");
 ABSL_FLAG(std::string, dir, "",
@@ -65,7 +63,7 @@ absl::StatusOr<gcomp::proto::ClusterConfig> LoadConfig() {
   if (absl::GetFlag(FLAGS_config).empty()) {
     return absl::InvalidArgumentError("--config is required");
   }
-  return gcomp::cluster::LoadClusterConfig(absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set));
+  return gcomp::cluster::LoadClusterConfigFromFlags();
 }
 
 int Status(const std::vector<char*>& args) {

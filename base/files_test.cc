@@ -1,11 +1,15 @@
 #include "base/files.h"
 
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -144,6 +148,60 @@ TEST(Files, DirectoryIsDataLossNamingIt) {
 TEST(Files, UnwritableDirectoryFailsAndLeavesNothing) {
   const absl::Status s = WriteFileAtomically("/nonexistent_dir_gcomp/x", "data");
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(s.message().find("/nonexistent_dir_gcomp/x"), absl::string_view::npos) << s;
+}
+
+// A reader never sees a mix of the old and the new content, nor an empty file, however
+// its reads fall against the renames.
+TEST(Files, ReadersSeeTheOldOrTheNewFileWhole) {
+  const std::string path = TempPath("files_test_readers");
+  const std::string a(64 << 10, 'a'), b(96 << 10, 'b');
+  for (const bool durable : {false, true}) {
+    AtomicWriteOptions options;
+    options.fsync = durable;
+    ASSERT_TRUE(WriteFileAtomically(path, a, options).ok());
+    std::atomic<bool> done{false};
+    std::atomic<int> torn{0}, reads{0};
+    std::thread reader([&] {
+      while (!done) {
+        absl::StatusOr<std::string> got = ReadFile(path);
+        if (!got.ok() || (*got != a && *got != b)) ++torn;
+        ++reads;
+      }
+    });
+    for (int i = 0; i < (durable ? 20 : 200); ++i) {
+      ASSERT_TRUE(WriteFileAtomically(path, i % 2 ? a : b, options).ok());
+    }
+    done = true;
+    reader.join();
+    EXPECT_EQ(torn.load(), 0) << "of " << reads.load() << " reads";
+  }
+}
+
+// A write that fails on the way (here the file size limit, which binds root too) removes
+// its temporary file, leaves the target as it was and names the file it could not write.
+TEST(Files, AFailedWriteKeepsTheOldFileAndCleansUp) {
+  const std::string path = TempPath("files_test_failed");
+  ASSERT_TRUE(WriteFileAtomically(path, "old").ok());
+  struct rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  const sighandler_t old_handler = signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+  struct rlimit small = saved;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  AtomicWriteOptions durable;
+  durable.fsync = true;
+  const absl::Status plain = WriteFileAtomically(path, std::string(8192, 'x'));
+  const absl::Status synced = WriteFileAtomically(path, std::string(8192, 'x'), durable);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  signal(SIGXFSZ, old_handler);
+  for (const absl::Status& s : {plain, synced}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find(path), absl::string_view::npos) << s;
+  }
+  EXPECT_EQ(*ReadFile(path), "old");
+  EXPECT_EQ(ReadFile(absl::StrCat(path, ".tmp", getpid())).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(Files, ANonRegularTargetIsNotReplaced) {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/testing/capture_stderr.h"
+#include "base/utf8.h"
 #include "gtest/gtest.h"
 
 namespace gcomp {
@@ -72,17 +73,7 @@ std::optional<std::map<std::string, std::string>> ParseFlatJsonObject(const std:
           if (i + 4 > line.size()) return false;
           const unsigned cp = std::stoul(line.substr(i, 4), nullptr, 16);
           i += 4;
-          if (cp >= 0xD800 && cp <= 0xDFFF) return false;
-          if (cp < 0x80) {
-            out->push_back(static_cast<char>(cp));
-          } else if (cp < 0x800) {
-            out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-            out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-          } else {
-            out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-            out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-            out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-          }
+          if (!AppendUtf8(cp, out)) return false;  // a lone surrogate
           break;
         }
         default:

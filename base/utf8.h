@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/strings/string_view.h"
 
@@ -18,6 +19,10 @@ namespace gcomp {
 // sequence cut short by the end of `s`); *code_point gets its value when there is one.
 // Requires i < s.size().
 size_t Utf8SequenceLength(absl::string_view s, size_t i, uint32_t* code_point);
+
+// Appends the UTF-8 form of `code_point` to *out (for text decoded from \uXXXX escapes);
+// false, appending nothing, for a surrogate or a value above U+10FFFF, which have none.
+bool AppendUtf8(uint32_t code_point, std::string* out);
 
 // Whether all of `s` is valid UTF-8.
 bool IsValidUtf8(absl::string_view s);

@@ -100,5 +100,36 @@ TEST(Utf8Prefix, CutsBeforeACharacterItWouldSplit) {
   }
 }
 
+TEST(AppendUtf8, RoundTripsEveryScalarValueAtItsLengthEdges) {
+  const uint32_t edges[] = {0,      0x41,   0x7F,   0x80,    0x7FF,   0x800,    0xD7FF,
+                            0xE000, 0xFFFD, 0xFFFF, 0x10000, 0x1F600, 0x10FFFF};
+  const size_t lengths[] = {1, 1, 1, 2, 2, 3, 3, 3, 3, 3, 4, 4, 4};
+  for (size_t k = 0; k < sizeof(edges) / sizeof(edges[0]); ++k) {
+    std::string s = "x";
+    ASSERT_TRUE(AppendUtf8(edges[k], &s)) << edges[k];
+    ASSERT_EQ(s.size(), 1 + lengths[k]) << edges[k];
+    uint32_t cp = 0;
+    EXPECT_EQ(Utf8SequenceLength(s, 1, &cp), lengths[k]) << edges[k];
+    EXPECT_EQ(cp, edges[k]);
+  }
+  // Every scalar value, checked against the decoder.
+  for (uint32_t v = 0; v <= 0x10FFFF; v += (v < 0x10000 ? 1 : 97)) {
+    if (v >= 0xD800 && v <= 0xDFFF) continue;
+    std::string s;
+    ASSERT_TRUE(AppendUtf8(v, &s)) << v;
+    uint32_t cp = 0;
+    ASSERT_EQ(Utf8SequenceLength(s, 0, &cp), s.size()) << v;
+    ASSERT_EQ(cp, v);
+  }
+}
+
+TEST(AppendUtf8, RefusesSurrogatesAndValuesPastTheLast) {
+  for (uint32_t v : {0xD800u, 0xDBFFu, 0xDC00u, 0xDFFFu, 0x110000u, 0xFFFFFFFFu}) {
+    std::string s = "keep";
+    EXPECT_FALSE(AppendUtf8(v, &s)) << v;
+    EXPECT_EQ(s, "keep");
+  }
+}
+
 }  // namespace
 }  // namespace gcomp

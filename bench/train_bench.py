@@ -294,17 +294,13 @@ def _time_calls(obj, names):
 def train(spec, rank):
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     args = argparse.Namespace(**spec["model_args"])
     task = MODELS[spec["model"]](args)
     world, system = spec["workers"], spec["system"]
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=spec["init_method"], rank=rank,
-                            world_size=world)
-    torch.manual_seed(spec["seed"])
-    model = task.build_model()
-    ddp = DDP(model)
+    sys.path.insert(0, EXAMPLES)
+    import common
+    model, ddp = common.join_ddp(spec, rank, task)
     transport = state = None
     if system == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

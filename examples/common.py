@@ -328,21 +328,30 @@ def make_transport(spec, rank):
     return comm.ClientTransport(client, policy)
 
 
+def join_ddp(spec, rank, task):
+    """Joins the job's gloo process group (spec["init_method"], spec["workers"] ranks) and
+    returns (model, its DDP wrapper), the model built after seeding with spec["seed"] so
+    every rank starts from the same weights. One thread per worker process: W of them share
+    the host's cores."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=spec["init_method"], rank=rank,
+                            world_size=spec["workers"])
+    torch.manual_seed(spec["seed"])
+    model = task.build_model()
+    return model, DDP(model)
+
+
 def run_worker(spec, rank, task):
     """Trains this worker's slices in the job's process group (spec["init_method"]) and
     returns its result: losses, byte counts, and for worker 0 the held-out evaluation.
     task: object with build_model(), train_batch(step, rank, world), evaluate(model)."""
-    import torch.distributed as dist
     import gcomp.torch as gtorch
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     world = spec["workers"]
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=spec["init_method"], rank=rank,
-                            world_size=world)
-    torch.manual_seed(spec["seed"])
-    model = task.build_model()
-    ddp = DDP(model)
+    model, ddp = join_ddp(spec, rank, task)
     transport = make_transport(spec, rank)
     state = gtorch.PSHookState(transport, error_feedback=spec["error_feedback"])
     ddp.register_comm_hook(state, gtorch.ps_hook)

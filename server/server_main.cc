@@ -32,6 +32,7 @@
 #include "base/metrics_exposer.h"
 #include "base/mutex_mode.h"
 #include "cluster/cluster_config.h"
+#include "cluster/config_flags.h"
 #include "cluster/credentials.h"
 #include "cluster/reshard_coordinator.h"
 #include "coord/reshard_record.h"
@@ -41,13 +42,10 @@
 #include "server/library_logs.h"
 #include "server/reshard_driver.h"
 
-ABSL_FLAG(std::string, config, "", "Cluster config file (YAML or JSON).");
 ABSL_FLAG(int, shard, -1, "This process's shard index into the config's `shards` list.");
 ABSL_FLAG(bool, shard_from_hostname, false,
           "Take the shard index from the host name's trailing -N (a StatefulSet pod's "
           "ordinal, e.g. gcomp-shard-2) instead of --shard.");
-ABSL_FLAG(std::vector<std::string>, set, {},
-          "Config overrides, comma-separated field=value (e.g. workers=4,uplink.mode=none).");
 ABSL_FLAG(std::string, listen, "",
           "Listen address; default: the shard's address from the config.");
 ABSL_FLAG(int, decode_threads, 4, "Threads that decode and sum pushed blocks.");
@@ -224,8 +222,7 @@ int main(int argc, char** argv) {
     gcomp::log::Error("--config and --shard (or --shard_from_hostname) are required");
     return 2;
   }
-  absl::StatusOr<gcomp::proto::ClusterConfig> config =
-      gcomp::cluster::LoadClusterConfig(absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set));
+  absl::StatusOr<gcomp::proto::ClusterConfig> config = gcomp::cluster::LoadClusterConfigFromFlags();
   if (!config.ok()) {
     gcomp::log::Error("{}", config.status().ToString());
     return 2;

@@ -36,6 +36,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/json.h"
+#include "base/utf8.h"
 #include "cluster/cluster_config.h"
 #include "coord/etcd_process.h"
 #include "coord/etcd_store.h"
@@ -54,6 +56,8 @@ namespace gcomp {
 namespace {
 
 constexpr int kShards = 3;
+// A run's detail in its JSON line is cut here (at a character boundary): enough for the cause.
+constexpr size_t kMaxDetailBytes = 300;
 constexpr int kSteps = 40;
 // Steps paced so that a fault's restart and catch-up fall inside the run.
 constexpr absl::Duration kStepPause = absl::Milliseconds(150);
@@ -244,16 +248,6 @@ RunResult RunOnce(uint32_t seed, const std::string& kind, const std::string& ser
   return r;
 }
 
-std::string Escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    out += c;
-  }
-  return out.substr(0, 300);
-}
-
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   std::string server = absl::GetFlag(FLAGS_server);
@@ -294,9 +288,9 @@ int Main(int argc, char** argv) {
     const std::string kind = only.empty() ? kKinds[seed % kKinds.size()] : only;
     RunResult r = RunOnce(seed, kind, server, dir, reference);
     printf("{\"seed\":%u,\"fault\":\"%s\",\"target\":%d,\"at_step\":%d,\"outcome\":\"%s\","
-           "\"seconds\":%.1f,\"final_epoch\":%llu,\"detail\":\"%s\"}\n",
+           "\"seconds\":%.1f,\"final_epoch\":%llu,\"detail\":%s}\n",
            r.seed, r.kind.c_str(), r.target, r.at_step, r.outcome.c_str(), r.seconds,
-           static_cast<unsigned long long>(r.final_epoch), Escape(r.detail).c_str());
+           static_cast<unsigned long long>(r.final_epoch), gcomp::JsonQuote(gcomp::Utf8Prefix(r.detail, kMaxDetailBytes)).c_str());
     fflush(stdout);
     results.push_back(r);
   }

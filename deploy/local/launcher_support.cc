@@ -26,6 +26,24 @@
 
 namespace gcomp::launcher {
 
+absl::StatusOr<std::vector<ReshardEvent>> ParseReshardAt(const std::vector<std::string>& entries,
+                                                         int steps) {
+  std::vector<ReshardEvent> events;
+  for (const std::string& e : entries) {
+    std::vector<std::string> parts = absl::StrSplit(e, ':');
+    ReshardEvent ev;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &ev.step) ||
+        !absl::SimpleAtoi(parts[1], &ev.shards) || ev.step < 1 || ev.step >= steps ||
+        ev.shards < 1 || (!events.empty() && ev.step <= events.back().step)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expected STEP:SHARDS with 1 <= STEP < --steps, SHARDS >= 1, steps "
+                       "rising; got '", e, "'"));
+    }
+    events.push_back(ev);
+  }
+  return events;
+}
+
 bool Exists(const std::string& p) {
   struct stat st;
   return stat(p.c_str(), &st) == 0;

@@ -10,12 +10,25 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "base/loopback_port.h"
 #include "base/spawn.h"
 #include "base/process_usage.h"
 
 namespace gcomp::launcher {
+
+// One --reshard_at entry: from step `step` on, the job runs on `shards` shards.
+struct ReshardEvent {
+  int step = 0;
+  int shards = 0;
+};
+
+// --reshard_at's STEP:SHARDS entries for a run of `steps` steps: 1 <= STEP < steps (a
+// re-shard needs a step before and one after it), SHARDS >= 1, steps rising.
+// InvalidArgument naming the first entry that breaks a rule, as it was given.
+absl::StatusOr<std::vector<ReshardEvent>> ParseReshardAt(const std::vector<std::string>& entries,
+                                                         int steps);
 
 // Whether a file exists at `p`.
 bool Exists(const std::string& p);

@@ -20,6 +20,29 @@ std::string TempDir() {
   return d != nullptr ? d : "/tmp";
 }
 
+TEST(LauncherSupport, ReshardAtEntries) {
+  absl::StatusOr<std::vector<ReshardEvent>> events = ParseReshardAt({"2:3", "5:1"}, 8);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[0].step, 2);
+  EXPECT_EQ((*events)[0].shards, 3);
+  EXPECT_EQ((*events)[1].step, 5);
+  EXPECT_EQ((*events)[1].shards, 1);
+  EXPECT_TRUE(ParseReshardAt({}, 1)->empty());
+  EXPECT_TRUE(ParseReshardAt({"1:2", "7:4"}, 8).ok());  // the first and the last step allowed
+  // Each rule, and the entry named as given.
+  for (const std::vector<std::string>& bad :
+       std::vector<std::vector<std::string>>{{"0:2"},       {"8:2"},  {"3:0"}, {"3"},
+                                             {"3:2:1"},     {"x:2"},  {"3:y"},
+                                             {"3:2", "3:4"}, {"4:2", "3:1"}}) {
+    absl::StatusOr<std::vector<ReshardEvent>> got = ParseReshardAt(bad, 8);
+    ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << bad.back();
+    EXPECT_NE(got.status().message().find(absl::StrCat("got '", bad.back(), "'")),
+              std::string::npos)
+        << got.status();
+  }
+}
+
 TEST(LauncherSupport, FieldsOfAFlatJsonLine) {
   const std::string json = R"({"ok":true,"steps":12,"error":"a \"b\"","digest":"ab12"})";
   EXPECT_EQ(Field(json, "ok"), "true");
