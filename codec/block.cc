@@ -17,17 +17,17 @@
 #include "codec/internal/join_elements.h"
 #include "codec/internal/quantize.h"
 #include "format/block_header.h"
+#include "format/checksum.h"
 #include "format/endian.h"
 
 namespace gcomp::codec {
 namespace {
 
-using internal::HuffmanCode;
-using internal::FloatBits;
-using format::LoadLE32;
+using format::BlockHeader;
 using format::LoadLE64;
-using format::StoreLE32;
 using format::StoreLE64;
+using internal::FloatBits;
+using internal::HuffmanCode;
 
 // Scratch that grows without being zero-filled (every pass writes what it later reads), in
 // huge pages from half a megabyte on: a short-lived process (the CLI) otherwise spent more on
@@ -141,28 +141,17 @@ size_t CountOnes(const uint64_t* words, size_t n) {
   return SumOfPopcounts(words, n);
 }
 
-// XXH64 of the payload, seeded with XXH64 of the header bytes before the checksum field.
+// The block checksum (format/checksum.h): the sections hashed by the xxHash library, from
+// the seed both codecs take from format/.
 uint64_t Checksum(const uint8_t* block, size_t size) {
-  const uint64_t seed = XXH64(block, internal::kOffChecksum, 0);
-  return XXH64(block + kBlockHeaderBytes, size - kBlockHeaderBytes, seed);
+  return XXH64(block + kBlockHeaderBytes, size - kBlockHeaderBytes,
+               format::BlockChecksumSeed(block));
 }
 
-void WriteHeader(const BlockInfo& b, uint8_t* h) {
-  StoreLE32(h + internal::kOffMagic, internal::kBlockMagic);
-  h[internal::kOffVersion] = internal::kBlockVersion;
-  h[internal::kOffDType] = static_cast<uint8_t>(b.dtype);
-  h[internal::kOffMode] = static_cast<uint8_t>(b.policy.mode);
-  h[internal::kOffRelBits] = static_cast<uint8_t>(b.policy.rel_bits);
-  h[internal::kOffAbsLog2] = static_cast<uint8_t>(static_cast<int8_t>(b.policy.abs_log2));
-  h[internal::kOffZeroMap] = static_cast<uint8_t>(b.zero_map);
-  h[internal::kOffTable] = static_cast<uint8_t>(b.table);
-  h[internal::kOffEmax] = static_cast<uint8_t>(b.emax);
-  StoreLE32(h + internal::kOffElements, b.elements);
-  StoreLE32(h + internal::kOffNonzeros, b.nonzeros);
-  StoreLE32(h + internal::kOffMantissaBytes, static_cast<uint32_t>(b.mantissa_bytes));
-  StoreLE32(h + internal::kOffZeroMapBytes, static_cast<uint32_t>(b.zero_map_bytes));
-  StoreLE32(h + internal::kOffTableBytes, static_cast<uint32_t>(b.table_bytes));
-  for (int s = 0; s < 4; ++s) StoreLE32(h + internal::kOffStreamBytes + 4 * s, b.stream_bytes[s]);
+// The header's codes as codec.h's types (format.h ties their values).
+DType DTypeOf(const BlockHeader& h) { return static_cast<DType>(h.dtype); }
+Policy PolicyOf(const BlockHeader& h) {
+  return Policy{static_cast<Mode>(h.mode), h.rel_bits, h.abs_log2};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -175,14 +164,18 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* d
   const int M = lay.mant_bits;
   const Policy& pol = opt.policy;
 
-  BlockInfo b;
-  b.dtype = dtype;
-  b.policy = pol;
+  BlockHeader b = {};
+  b.version = format::kBlockVersion;
+  b.dtype = static_cast<uint8_t>(dtype);
+  b.mode = static_cast<uint8_t>(pol.mode);
+  b.rel_bits = static_cast<uint8_t>(pol.rel_bits);
+  b.abs_log2 = static_cast<int8_t>(pol.abs_log2);
   b.elements = static_cast<uint32_t>(n);
 
   // Pass 1: the largest exponent field among finite elements.
-  b.emax = internal::MaxFiniteExponent(dtype, data, n);
-  const internal::QuantParams qp = internal::MakeQuantParams(lay, pol, b.emax);
+  const int emax = internal::MaxFiniteExponent(dtype, data, n);
+  b.emax = static_cast<uint8_t>(emax);
+  const internal::QuantParams qp = internal::MakeQuantParams(lay, pol, emax);
 
   Scratch& sc = ThreadScratch();
   const size_t mant_max = (n * (M + 1) + 7) / 8 + 16;
@@ -195,34 +188,34 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* d
 
   // Pass 2: quantize; write the sign + mantissa plane, the symbols and the zero bitmap.
   size_t nnz = 0;
-  b.mantissa_bytes =
-      internal::SplitElements(dtype, data, n, qp, blk + kBlockHeaderBytes, syms, bitmap, &nnz);
+  b.mantissa_bytes = static_cast<uint32_t>(
+      internal::SplitElements(dtype, data, n, qp, blk + kBlockHeaderBytes, syms, bitmap, &nnz));
   b.nonzeros = static_cast<uint32_t>(nnz);
   uint8_t* p = blk + kBlockHeaderBytes + b.mantissa_bytes;
 
   // Zero map: the smallest of none / bitmap / zero positions / nonzero positions.
   const size_t zeros = n - nnz;
   if (zeros == 0) {
-    b.zero_map = ZeroMapKind::kNone;
+    b.zero_map = format::kZeroMapNone;
   } else {
     size_t best = (n + 7) / 8;
-    b.zero_map = ZeroMapKind::kBitmap;
+    b.zero_map = format::kZeroMapBitmap;
     if (zeros < best) {
       size_t bytes = PositionListBytes(bitmap, n, false);
-      if (bytes < best) best = bytes, b.zero_map = ZeroMapKind::kZeroPositions;
+      if (bytes < best) best = bytes, b.zero_map = format::kZeroMapZeroPositions;
     }
     if (nnz < best) {
       size_t bytes = PositionListBytes(bitmap, n, true);
-      if (bytes < best) best = bytes, b.zero_map = ZeroMapKind::kNonzeroPositions;
+      if (bytes < best) best = bytes, b.zero_map = format::kZeroMapNonzeroPositions;
     }
     uint8_t* q = p;
-    if (b.zero_map == ZeroMapKind::kBitmap) {
+    if (b.zero_map == format::kZeroMapBitmap) {
       std::memcpy(q, bitmap, best);
       q += best;
     } else {
-      q = WritePositionList(bitmap, n, b.zero_map == ZeroMapKind::kNonzeroPositions, q);
+      q = WritePositionList(bitmap, n, b.zero_map == format::kZeroMapNonzeroPositions, q);
     }
-    b.zero_map_bytes = static_cast<size_t>(q - p);
+    b.zero_map_bytes = static_cast<uint32_t>(q - p);
     p = q;
   }
 
@@ -237,7 +230,7 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* d
     internal::SerializeTable(own, &own_table);
     const HuffmanCode* code = &own;
     HuffmanCode shared;
-    b.table = TableKind::kInline;
+    b.table = format::kTableInline;
     if (opt.shared_table != nullptr && opt.shared_table->dtype() == dtype) {
       absl::Status st =
           internal::ParseTable(AsBytes(opt.shared_table->bytes()), lay.alphabet(), &shared);
@@ -246,34 +239,25 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* d
       const uint64_t own_bits = internal::CodedBits(own, freq);
       if (shared_bits != UINT64_MAX && shared_bits + 64 <= own_bits + 8 * own_table.size()) {
         code = &shared;
-        b.table = TableKind::kReference;
-        b.table_id = opt.shared_table->id();
+        b.table = format::kTableReference;
       }
     }
-    if (b.table == TableKind::kInline) {
+    if (b.table == format::kTableInline) {
       std::memcpy(p, own_table.data(), own_table.size());
-      b.table_bytes = own_table.size();
+      b.table_bytes = static_cast<uint32_t>(own_table.size());
     } else {
-      StoreLE64(p, b.table_id);
+      StoreLE64(p, opt.shared_table->id());
       b.table_bytes = 8;
     }
     p += b.table_bytes;
     internal::EncodeStreams(syms, nnz, *code, p, b.stream_bytes);
-    for (int s = 0; s < 4; ++s) b.exponent_bytes += b.stream_bytes[s];
-    p += b.exponent_bytes;
+    for (int s = 0; s < format::kNumStreams; ++s) p += b.stream_bytes[s];
   }
 
   size_t total = static_cast<size_t>(p - blk);
   if (total - kBlockHeaderBytes > n * sizeof(U)) {
     // Incompressible: store the raw elements.
-    BlockInfo raw;
-    raw.dtype = dtype;
-    raw.policy = pol;
-    raw.emax = b.emax;
-    raw.elements = b.elements;
-    raw.nonzeros = b.elements;
-    raw.table = TableKind::kStored;
-    raw.mantissa_bytes = n * sizeof(U);
+    b = format::StoredHeader(b);
     std::memcpy(blk + kBlockHeaderBytes, data, n * sizeof(U));
     if (pol.mode == Mode::kNearLossless) {
       // Near-lossless zeros decode as +0.0 (docs/FORMAT.md) in stored blocks too.
@@ -285,11 +269,10 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeTyped(DType dtype, const void* d
         if (v == kMinusZero) std::memset(stored + i * sizeof(U), 0, sizeof(U));
       }
     }
-    b = raw;
-    total = kBlockHeaderBytes + raw.mantissa_bytes;
+    total = kBlockHeaderBytes + b.mantissa_bytes;
   }
-  WriteHeader(b, blk);
-  StoreLE64(blk + internal::kOffChecksum, Checksum(blk, total));
+  format::WriteHeader(b, blk);
+  format::StoreBlockChecksum(blk, Checksum(blk, total));
   return absl::Span<const uint8_t>(blk, total);
 }
 
@@ -355,36 +338,50 @@ absl::Status HeaderStatus(format::HeaderError error, const format::BlockHeader& 
   return absl::DataLossError("bad block header");
 }
 
-absl::StatusOr<BlockInfo> ParseBlock(absl::Span<const uint8_t> blk, bool verify_checksum = true) {
-  format::BlockHeader header;
-  if (absl::Status st = HeaderStatus(format::ParseHeader(blk.data(), blk.size(), &header),
-                                     header, blk.size());
+// A block whose header passed every check: the header, and the id of the shared code table
+// it refers to (0 unless its table kind is a reference).
+struct ParsedBlock {
+  BlockHeader header;
+  uint64_t table_id = 0;
+};
+
+absl::StatusOr<ParsedBlock> ParseBlock(absl::Span<const uint8_t> blk,
+                                       bool verify_checksum = true) {
+  ParsedBlock b;
+  const BlockHeader& h = b.header;
+  if (absl::Status st =
+          HeaderStatus(format::ParseHeader(blk.data(), blk.size(), &b.header), h, blk.size());
       !st.ok()) {
     return st;
   }
-  const uint8_t* h = blk.data();
-  BlockInfo b;
-  b.dtype = static_cast<DType>(header.dtype);
-  b.policy.mode = static_cast<Mode>(header.mode);
-  b.policy.rel_bits = header.rel_bits;
-  b.policy.abs_log2 = header.abs_log2;
-  b.zero_map = static_cast<ZeroMapKind>(header.zero_map);
-  b.table = static_cast<TableKind>(header.table);
-  b.emax = header.emax;
-  b.elements = header.elements;
-  b.nonzeros = header.nonzeros;
-  b.mantissa_bytes = header.mantissa_bytes;
-  b.zero_map_bytes = header.zero_map_bytes;
-  b.table_bytes = header.table_bytes;
-  for (int s = 0; s < 4; ++s) b.stream_bytes[s] = header.stream_bytes[s];
-  b.exponent_bytes = header.exponent_bytes;
-  b.total_bytes = blk.size();
-  if (verify_checksum && LoadLE64(h + internal::kOffChecksum) != Checksum(h, blk.size())) {
+  if (verify_checksum &&
+      format::LoadBlockChecksum(blk.data()) != Checksum(blk.data(), blk.size())) {
     return absl::DataLossError("block checksum mismatch");
   }
-  if (b.table == TableKind::kReference) {
-    b.table_id = LoadLE64(h + kBlockHeaderBytes + b.mantissa_bytes + b.zero_map_bytes);
+  if (h.table == format::kTableReference) {
+    b.table_id = LoadLE64(blk.data() + kBlockHeaderBytes + h.mantissa_bytes + h.zero_map_bytes);
   }
+  return b;
+}
+
+// The public view of a parsed block (codec.h's BlockInfo, which callers outside codec/ read).
+BlockInfo InfoOf(const ParsedBlock& parsed, size_t size) {
+  const BlockHeader& h = parsed.header;
+  BlockInfo b;
+  b.dtype = DTypeOf(h);
+  b.policy = PolicyOf(h);
+  b.zero_map = static_cast<ZeroMapKind>(h.zero_map);
+  b.table = static_cast<TableKind>(h.table);
+  b.table_id = parsed.table_id;
+  b.emax = h.emax;
+  b.elements = h.elements;
+  b.nonzeros = h.nonzeros;
+  b.mantissa_bytes = h.mantissa_bytes;
+  b.zero_map_bytes = h.zero_map_bytes;
+  b.table_bytes = h.table_bytes;
+  for (int s = 0; s < format::kNumStreams; ++s) b.stream_bytes[s] = h.stream_bytes[s];
+  b.exponent_bytes = h.exponent_bytes;
+  b.total_bytes = size;
   return b;
 }
 
@@ -392,12 +389,14 @@ absl::StatusOr<BlockInfo> ParseBlock(absl::Span<const uint8_t> blk, bool verify_
 // Decoder.
 
 template <typename U>
-absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
+absl::Status DecodeTyped(const ParsedBlock& parsed, absl::Span<const uint8_t> blk,
                          const BlockDecodeOptions& opt, void* out) {
-  const FloatBits lay = internal::FloatBitsOf(b.dtype);
+  const BlockHeader& b = parsed.header;
+  const DType dtype = DTypeOf(b);
+  const FloatBits lay = internal::FloatBitsOf(dtype);
   const size_t n = b.elements, nnz = b.nonzeros;
   const uint8_t* p = blk.data() + kBlockHeaderBytes;
-  if (b.table == TableKind::kStored) {
+  if (b.table == format::kTableStored) {
     std::memcpy(out, p, n * sizeof(U));
     return absl::OkStatus();
   }
@@ -411,23 +410,23 @@ absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
   p += b.zero_map_bytes;
   const absl::Span<const uint8_t> table(p, b.table_bytes);
   p += b.table_bytes;
-  absl::Span<const uint8_t> streams[4];
-  for (int s = 0; s < 4; ++s) {
+  absl::Span<const uint8_t> streams[format::kNumStreams];
+  for (int s = 0; s < format::kNumStreams; ++s) {
     streams[s] = absl::Span<const uint8_t>(p, b.stream_bytes[s]);
     p += b.stream_bytes[s];
   }
 
   HuffmanCode code;
-  if (b.table == TableKind::kInline) {
+  if (b.table == format::kTableInline) {
     if (absl::Status st = internal::ParseTable(table, lay.alphabet(), &code); !st.ok()) return st;
   } else {
     if (opt.tables == nullptr) {
-      return absl::NotFoundError(
-          absl::StrCat("block refers to code table ", b.table_id, " but no tables are known"));
+      return absl::NotFoundError(absl::StrCat("block refers to code table ", parsed.table_id,
+                                              " but no tables are known"));
     }
-    absl::StatusOr<CodeTable> t = opt.tables->Find(b.table_id);
+    absl::StatusOr<CodeTable> t = opt.tables->Find(parsed.table_id);
     if (!t.ok()) return t.status();
-    if (t->dtype() != b.dtype) return absl::DataLossError("referenced table has another dtype");
+    if (t->dtype() != dtype) return absl::DataLossError("referenced table has another dtype");
     if (absl::Status st = internal::ParseTable(AsBytes(t->bytes()), lay.alphabet(), &code);
         !st.ok()) {
       return st;
@@ -444,29 +443,29 @@ absl::Status DecodeTyped(const BlockInfo& b, absl::Span<const uint8_t> blk,
   if (absl::Status st = internal::DecodeStreams(streams, dec, nnz, syms); !st.ok()) return st;
   std::memset(syms + nnz, 0, 8);
 
-  const internal::QuantParams qp = internal::MakeQuantParams(lay, b.policy, b.emax);
-  if (b.zero_map == ZeroMapKind::kNone) {
-    return internal::JoinElements(b.dtype, syms, nnz, mant, qp, nullptr, n, out);
+  const internal::QuantParams qp = internal::MakeQuantParams(lay, PolicyOf(b), b.emax);
+  if (b.zero_map == format::kZeroMapNone) {
+    return internal::JoinElements(dtype, syms, nnz, mant, qp, nullptr, n, out);
   }
 
   // Zeros present: the nonzero bitmap, from the map as sent or from its position list.
   const size_t words = (n + 63) / 64;
   uint64_t* bm = sc.bitmap.Reserve(words + 1);
-  if (b.zero_map == ZeroMapKind::kBitmap) {
+  if (b.zero_map == format::kZeroMapBitmap) {
     bm[words - 1] = 0;
     std::memcpy(bm, zmap.data(), zmap.size());
     if (n % 64 != 0 && (bm[words - 1] >> (n % 64)) != 0) {
       return absl::DataLossError("zero map: padding bits set");
     }
   } else {
-    const bool nonzero_list = b.zero_map == ZeroMapKind::kNonzeroPositions;
+    const bool nonzero_list = b.zero_map == format::kZeroMapNonzeroPositions;
     absl::Status st = ReadPositionList(zmap, n, nonzero_list ? nnz : n - nnz, nonzero_list, bm);
     if (!st.ok()) return st;
   }
   if (CountOnes(bm, words) != nnz) {
     return absl::DataLossError("zero map does not match the nonzero count");
   }
-  return internal::JoinElements(b.dtype, syms, nnz, mant, qp, bm, n, out);
+  return internal::JoinElements(dtype, syms, nnz, mant, qp, bm, n, out);
 }
 
 }  // namespace
@@ -659,11 +658,15 @@ absl::StatusOr<absl::Span<const uint8_t>> EncodeBlockToScratch(DType dtype, cons
 }  // namespace internal
 
 absl::StatusOr<BlockInfo> InspectBlock(absl::Span<const uint8_t> block) {
-  return ParseBlock(block);
+  absl::StatusOr<ParsedBlock> parsed = ParseBlock(block);
+  if (!parsed.ok()) return parsed.status();
+  return InfoOf(*parsed, block.size());
 }
 
 absl::StatusOr<BlockInfo> InspectBlockSkippingChecksum(absl::Span<const uint8_t> block) {
-  return ParseBlock(block, /*verify_checksum=*/false);
+  absl::StatusOr<ParsedBlock> parsed = ParseBlock(block, /*verify_checksum=*/false);
+  if (!parsed.ok()) return parsed.status();
+  return InfoOf(*parsed, block.size());
 }
 
 absl::Status DecodeBlock(absl::Span<const uint8_t> block, DType expected_dtype, void* out,
@@ -673,20 +676,21 @@ absl::Status DecodeBlock(absl::Span<const uint8_t> block, DType expected_dtype, 
 
 absl::Status DecodeBlock(absl::Span<const uint8_t> block, DType expected_dtype, void* out, size_t n,
                          const BlockDecodeOptions& options) {
-  absl::StatusOr<BlockInfo> info = ParseBlock(block, options.verify_checksum);
-  if (!info.ok()) return info.status();
-  if (info->dtype != expected_dtype) {
-    return absl::InvalidArgumentError(absl::StrCat("block holds ", DTypeName(info->dtype),
+  absl::StatusOr<ParsedBlock> parsed = ParseBlock(block, options.verify_checksum);
+  if (!parsed.ok()) return parsed.status();
+  const BlockHeader& h = parsed->header;
+  if (DTypeOf(h) != expected_dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("block holds ", DTypeName(DTypeOf(h)),
                                                    ", expected ", DTypeName(expected_dtype)));
   }
-  if (info->elements != n) {
+  if (h.elements != n) {
     return absl::InvalidArgumentError(
-        absl::StrCat("block holds ", info->elements, " elements, expected ", n));
+        absl::StrCat("block holds ", h.elements, " elements, expected ", n));
   }
   if (n == 0) return absl::OkStatus();
   if (out == nullptr) return absl::InvalidArgumentError("null output");
-  if (expected_dtype == DType::kF32) return DecodeTyped<uint32_t>(*info, block, options, out);
-  return DecodeTyped<uint16_t>(*info, block, options, out);
+  if (expected_dtype == DType::kF32) return DecodeTyped<uint32_t>(*parsed, block, options, out);
+  return DecodeTyped<uint16_t>(*parsed, block, options, out);
 }
 
 }  // namespace gcomp::codec

@@ -8,6 +8,7 @@
 
 #include "codec/codec.h"
 #include "codec/testing/values.h"
+#include "format/checksum.h"
 #include "format/endian.h"
 #include "gtest/gtest.h"
 
@@ -123,8 +124,10 @@ TEST(Corruption, RandomDamageNeverCrashes) {
 
 // Damage with a recomputed checksum reaches the structural checks behind it.
 void Reseal(std::vector<uint8_t>* b) {
-  const uint64_t seed = XXH64(b->data(), 48, 0);
-  format::StoreLE64(b->data() + 48, XXH64(b->data() + 56, b->size() - 56, seed));
+  uint8_t* const p = b->data();
+  const size_t header = kBlockHeaderBytes;
+  format::StoreBlockChecksum(
+      p, XXH64(p + header, b->size() - header, format::BlockChecksumSeed(p)));
 }
 
 TEST(Corruption, ResealedDamageFailsOrStaysInBounds) {

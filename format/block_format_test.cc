@@ -1,5 +1,6 @@
 #include "format/block_format.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -139,6 +140,35 @@ TEST(ParseHeader, StoredAndEmptyBlocks) {
   Put32(h, kOffMantissaBytes, 1);
   Put32(h, kOffZeroMapBytes, 12);
   EXPECT_EQ(Parse(h, 69), HeaderError::kBadEmptySections);
+}
+
+TEST(WriteHeader, WritesWhatParseHeaderReads) {
+  BlockHeader b;
+  ASSERT_EQ(Parse(CodedHeader(), kCodedSize, &b), HeaderError::kOk);
+  std::vector<uint8_t> h(kHeaderBytes, 0xee);
+  WriteHeader(b, h.data());
+  const std::vector<uint8_t> want = CodedHeader();
+  EXPECT_TRUE(std::equal(h.begin(), h.begin() + kOffChecksum, want.begin()));
+  for (uint32_t i = kOffChecksum; i < kHeaderBytes; ++i) EXPECT_EQ(h[i], 0xee) << i;
+}
+
+TEST(WriteHeader, StoredHeaderKeepsPolicyAndEmax) {
+  BlockHeader b;
+  ASSERT_EQ(Parse(CodedHeader(), kCodedSize, &b), HeaderError::kOk);
+  const BlockHeader r = StoredHeader(b);
+  std::vector<uint8_t> h(kHeaderBytes, 0);
+  WriteHeader(r, h.data());
+  BlockHeader back;
+  ASSERT_EQ(Parse(h, kHeaderBytes + 400, &back), HeaderError::kOk);
+  EXPECT_EQ(back.table, kTableStored);
+  EXPECT_EQ(back.zero_map, kZeroMapNone);
+  EXPECT_EQ(back.nonzeros, 100u);
+  EXPECT_EQ(back.mantissa_bytes, 400u);
+  EXPECT_EQ(back.exponent_bytes, 0u);
+  EXPECT_EQ(r.section_bytes, back.section_bytes);
+  EXPECT_EQ(back.abs_log2, -16);
+  EXPECT_EQ(back.rel_bits, 7);
+  EXPECT_EQ(back.emax, 130);
 }
 
 TEST(BlockFormat, MantissaWidths) {

@@ -1,7 +1,8 @@
-// Reads and validates a block header: every rule of docs/FORMAT.md that the header alone
-// decides, checked before the checksum and before anything is allocated. One definition for
-// the CPU decoder (codec/block.cc), which turns a HeaderError into a status message, and the
-// GPU decoder, which turns it into a per-block status code.
+// The block header (docs/FORMAT.md) in memory, written and read: WriteHeader for both
+// encoders; ParseHeader, which checks every rule that the header alone decides, before the
+// checksum and before anything is allocated. One definition for the CPU codec
+// (codec/block.cc), which turns a HeaderError into a status message, and the GPU codec,
+// which turns it into a per-block status code.
 #ifndef GCOMP_FORMAT_BLOCK_HEADER_H_
 #define GCOMP_FORMAT_BLOCK_HEADER_H_
 
@@ -14,6 +15,7 @@
 namespace gcomp::format {
 
 // The header's fields as stored (codes not yet known to be valid until ParseHeader says so).
+// The one in-memory header of both codecs: encoders fill it, WriteHeader stores it.
 struct BlockHeader {
   uint8_t version;
   uint8_t dtype;
@@ -29,9 +31,46 @@ struct BlockHeader {
   uint32_t zero_map_bytes;
   uint32_t table_bytes;
   uint32_t stream_bytes[kNumStreams];
-  uint64_t exponent_bytes;  // sum of stream_bytes
-  uint64_t section_bytes;   // header + every section
+  uint64_t exponent_bytes;  // sum of stream_bytes (set by ParseHeader; WriteHeader ignores it)
+  uint64_t section_bytes;   // header + every section (likewise)
 };
+
+// Header bytes [0, kOffChecksum) of b: the magic, kBlockVersion (b.version is not read) and
+// b's fields. The checksum (format/checksum.h) goes in once the sections are written.
+GCOMP_HD void WriteHeader(const BlockHeader& b, uint8_t* h) {
+  StoreLE32(h + kOffMagic, kBlockMagic);
+  h[kOffVersion] = kBlockVersion;
+  h[kOffDType] = b.dtype;
+  h[kOffMode] = b.mode;
+  h[kOffRelBits] = b.rel_bits;
+  h[kOffAbsLog2] = static_cast<uint8_t>(b.abs_log2);
+  h[kOffZeroMap] = b.zero_map;
+  h[kOffTable] = b.table;
+  h[kOffEmax] = b.emax;
+  StoreLE32(h + kOffElements, b.elements);
+  StoreLE32(h + kOffNonzeros, b.nonzeros);
+  StoreLE32(h + kOffMantissaBytes, b.mantissa_bytes);
+  StoreLE32(h + kOffZeroMapBytes, b.zero_map_bytes);
+  StoreLE32(h + kOffTableBytes, b.table_bytes);
+  for (int s = 0; s < kNumStreams; ++s) StoreLE32(h + kOffStreamBytes + 4 * s, b.stream_bytes[s]);
+}
+
+// The header of b's elements stored raw (what an encoder writes when coding would not make
+// the block smaller): b's dtype, policy and emax, every element a "nonzero" of the plane.
+GCOMP_HD BlockHeader StoredHeader(const BlockHeader& b) {
+  BlockHeader r = b;
+  r.version = kBlockVersion;
+  r.zero_map = kZeroMapNone;
+  r.table = kTableStored;
+  r.nonzeros = b.elements;
+  r.mantissa_bytes = b.elements * static_cast<uint32_t>(FloatBitsOfCode(b.dtype).elem_bytes());
+  r.zero_map_bytes = 0;
+  r.table_bytes = 0;
+  for (int s = 0; s < kNumStreams; ++s) r.stream_bytes[s] = 0;
+  r.exponent_bytes = 0;
+  r.section_bytes = kHeaderBytes + uint64_t{r.mantissa_bytes};
+  return r;
+}
 
 // The first rule a header breaks, in the order ParseHeader checks them.
 enum class HeaderError : int32_t {

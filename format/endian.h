@@ -75,6 +75,14 @@ GCOMP_HD void StoreLE64(uint8_t* p, uint64_t v) {
 #endif
 }
 
+// The first n (at most 8) bytes at p as a little-endian number, the bytes above zero: the
+// last word of a section that ends inside it. Reads nothing past p + n.
+GCOMP_HD uint64_t LoadLE64Prefix(const uint8_t* p, uint32_t n) {
+  uint64_t v = 0;
+  for (uint32_t i = 0; i < n; ++i) v |= uint64_t{p[i]} << (8 * i);
+  return v;
+}
+
 }  // namespace gcomp::format
 
 #undef GCOMP_FORMAT_NATIVE_LE

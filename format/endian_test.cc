@@ -58,5 +58,12 @@ TEST(Endian, StoresTouchOnlyTheirBytes) {
   EXPECT_EQ(buf[9], 0);
 }
 
+TEST(Endian, PrefixLoadReadsOnlyItsBytes) {
+  const uint8_t buf[8] = {0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08};
+  EXPECT_EQ(LoadLE64Prefix(buf, 0), 0u);
+  EXPECT_EQ(LoadLE64Prefix(buf, 3), 0x030201u);
+  EXPECT_EQ(LoadLE64Prefix(buf, 8), LoadLE64(buf));
+}
+
 }  // namespace
 }  // namespace gcomp::format

@@ -1,6 +1,7 @@
 // Canonical, length-limited Huffman codes for the exponent symbols: how the encoder builds a
-// code from symbol counts and how a decoder reads a serialized table (docs/FORMAT.md,
-// section 3). One definition for codec/ and the GPU kernels, so both emit the same bytes.
+// code from symbol counts and writes its serialized table, and how a decoder reads the table
+// (docs/FORMAT.md, section 3). One definition for codec/ and the GPU kernels, so both emit
+// the same bytes.
 #ifndef GCOMP_FORMAT_HUFFMAN_CODE_H_
 #define GCOMP_FORMAT_HUFFMAN_CODE_H_
 
@@ -130,6 +131,19 @@ GCOMP_HD void TableRange(const uint8_t* len, int alphabet, int single, int* lo, 
 
 // Bytes of the serialized table of symbols lo..hi: lo, hi - lo, then 4-bit lengths.
 GCOMP_HD uint32_t TableBytes(int lo, int hi) { return 2 + static_cast<uint32_t>(hi - lo + 2) / 2; }
+
+// Serializes the table of symbols lo..hi (TableRange) of the lengths len: hands its
+// TableBytes(lo, hi) bytes in order to put(uint8_t), so that each codec stores them its own
+// way (the CPU into a string, the GPU through a bit writer). Returns the byte count.
+template <typename PutByte>
+GCOMP_HD uint32_t WriteTable(const uint8_t* len, int lo, int hi, PutByte&& put) {
+  put(static_cast<uint8_t>(lo));
+  put(static_cast<uint8_t>(hi - lo));
+  for (int s = lo; s <= hi; s += 2) {
+    put(static_cast<uint8_t>(len[s] | (s + 1 <= hi ? len[s + 1] : 0) << 4));
+  }
+  return TableBytes(lo, hi);
+}
 
 // The first rule a serialized table breaks.
 enum class TableError : int32_t {

@@ -90,6 +90,27 @@ TEST(ParseTable, RoundTripOfTheSerializedForm) {
   EXPECT_EQ(lo, 4);
   EXPECT_EQ(hi, 7);
   EXPECT_EQ(TableBytes(lo, hi), sizeof(t));
+  std::vector<uint8_t> written;
+  EXPECT_EQ(WriteTable(len, lo, hi, [&](uint8_t b) { written.push_back(b); }), sizeof(t));
+  EXPECT_EQ(written, std::vector<uint8_t>(t, t + sizeof(t)));
+}
+
+TEST(WriteTable, OddSpanPadsTheLastNibbleAndOneSymbolTakesOneByte) {
+  uint8_t len[256] = {};
+  len[3] = 1;
+  len[4] = 2;
+  len[5] = 2;
+  std::vector<uint8_t> t;
+  auto put = [&](uint8_t b) { t.push_back(b); };
+  EXPECT_EQ(WriteTable(len, 3, 5, put), 4u);
+  EXPECT_EQ(t, (std::vector<uint8_t>{3, 2, 0x21, 0x02}));
+  uint8_t parsed[256];
+  int single = 0, present = 0;
+  EXPECT_EQ(ParseTable(t.data(), t.size(), 16, parsed, &single, &present), TableError::kOk);
+  t.clear();
+  const uint8_t none[256] = {};
+  EXPECT_EQ(WriteTable(none, 9, 9, put), 3u);  // a one-symbol code: length 0
+  EXPECT_EQ(t, (std::vector<uint8_t>{9, 0, 0}));
 }
 
 TEST(ParseTable, EachBrokenRuleHasItsOwnError) {

@@ -13,6 +13,7 @@
 
 #include "absl/strings/string_view.h"
 #include "codec/codec.h"
+#include "format/endian.h"
 #include "fuzz/fuzz_support.h"
 #include "proto/chunk_state.pb.h"
 #include "server/checkpoint.h"
@@ -22,31 +23,23 @@
 namespace gcomp::fuzz {
 namespace {
 
-uint64_t GetLE(const std::string& s, size_t at, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{static_cast<uint8_t>(s[at + i])} << (8 * i);
-  return v;
-}
-void PutLE(std::string* s, size_t at, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) (*s)[at + i] = static_cast<char>((v >> (8 * i)) & 0xFF);
-}
-
 // Rewrites the record checksums, the record count and the file checksum to match.
 std::string Repair(std::string f) {
   constexpr size_t kHead = 8, kTail = 24;
   if (f.size() < kHead + kTail) return f;
+  uint8_t* const p = reinterpret_cast<uint8_t*>(f.data());
   const size_t body_end = f.size() - kTail;
   size_t pos = kHead;
   uint64_t count = 0;
   while (body_end - pos >= 12) {
-    const uint64_t len = GetLE(f, pos, 4);
+    const uint64_t len = format::LoadLE32(p + pos);
     if (body_end - pos - 4 < len + 8) break;
-    PutLE(&f, pos + 4 + len, XXH64(f.data() + pos + 4, len, 0), 8);
+    format::StoreLE64(p + pos + 4 + len, XXH64(p + pos + 4, len, 0));
     pos += 4 + len + 8;
     ++count;
   }
-  PutLE(&f, body_end + 8, count, 8);
-  PutLE(&f, body_end + 16, XXH64(f.data(), body_end, 0), 8);
+  format::StoreLE64(p + body_end + 8, count);
+  format::StoreLE64(p + body_end + 16, XXH64(p, body_end, 0));
   return f;
 }
 

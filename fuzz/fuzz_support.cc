@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "format/checksum.h"
 #include "format/endian.h"
 #include "google/protobuf/stubs/logging.h"
 #include "xxhash.h"
@@ -14,7 +15,6 @@ namespace gcomp::fuzz {
 namespace {
 
 constexpr size_t kHeaderBytes = codec::kBlockHeaderBytes;
-constexpr size_t kChecksumOffset = 48;
 constexpr size_t kFrameFixedBytes = 24;
 
 }  // namespace
@@ -38,9 +38,8 @@ void CheckCode(const absl::Status& status, std::initializer_list<absl::StatusCod
 
 void RepairBlockChecksum(uint8_t* block, size_t size) {
   if (size < kHeaderBytes) return;
-  const uint64_t seed = XXH64(block, kChecksumOffset, 0);
-  format::StoreLE64(block + kChecksumOffset,
-                    XXH64(block + kHeaderBytes, size - kHeaderBytes, seed));
+  format::StoreBlockChecksum(
+      block, XXH64(block + kHeaderBytes, size - kHeaderBytes, format::BlockChecksumSeed(block)));
 }
 
 void RepairFrameChecksums(std::string* frame) {

@@ -11,28 +11,10 @@
 
 namespace gcomp::codec::internal {
 
+// The block header's bytes are format/'s alone (format::WriteHeader, format::ParseHeader).
 using format::FloatBits;
-using format::HeaderOffset;
-using format::kBlockMagic;
-using format::kBlockVersion;
 using format::kFrameMagic;
 using format::kFrameVersion;
-using format::kOffAbsLog2;
-using format::kOffChecksum;
-using format::kOffDType;
-using format::kOffElements;
-using format::kOffEmax;
-using format::kOffMagic;
-using format::kOffMantissaBytes;
-using format::kOffMode;
-using format::kOffNonzeros;
-using format::kOffRelBits;
-using format::kOffStreamBytes;
-using format::kOffTable;
-using format::kOffTableBytes;
-using format::kOffVersion;
-using format::kOffZeroMap;
-using format::kOffZeroMapBytes;
 
 // codec.h's enums store the format's codes as they are.
 static_assert(static_cast<uint8_t>(DType::kF32) == format::kDTypeF32 &&

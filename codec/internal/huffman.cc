@@ -41,12 +41,7 @@ void SerializeTable(const HuffmanCode& code, std::string* out) {
   int lo = 0, hi = 0;
   format::TableRange(code.len, code.alphabet, code.num_symbols == 1 ? code.single_symbol : -1,
                      &lo, &hi);
-  out->push_back(static_cast<char>(lo));
-  out->push_back(static_cast<char>(hi - lo));
-  for (int s = lo; s <= hi; s += 2) {
-    uint8_t b = code.len[s] | ((s + 1 <= hi ? code.len[s + 1] : 0) << 4);
-    out->push_back(static_cast<char>(b));
-  }
+  format::WriteTable(code.len, lo, hi, [out](uint8_t b) { out->push_back(static_cast<char>(b)); });
 }
 
 absl::Status ParseTable(absl::Span<const uint8_t> bytes, int alphabet, HuffmanCode* code) {

@@ -23,9 +23,8 @@ inline uint32_t FieldAt(const uint8_t* plane, size_t size, uint64_t pos, unsigne
   uint64_t x = 0;
   if (byte + 8 <= size) {
     x = format::LoadLE64(plane + byte);
-  } else {
-    for (uint64_t b = byte; b < size && b < byte + 8; ++b)
-      x |= uint64_t{plane[b]} << (8 * (b - byte));
+  } else if (byte < size) {
+    x = format::LoadLE64Prefix(plane + byte, static_cast<uint32_t>(size - byte));
   }
   return static_cast<uint32_t>(x >> (pos & 7)) & ((1u << bits) - 1);
 }

@@ -2,8 +2,8 @@
 // __device__ code over a team of workers (a CUDA thread block, or a loop on the host so that
 // CPU-only tests run this exact code). docs/FORMAT.md specifies every byte. One file per part:
 //   team.cuh           HostTeam / DeviceTeam, the rules worker code follows, atomics, segments
-//   kernel_format.cuh  the names taken from format/, BlockPolicy, element loads
-//   checksum.cuh       XXH64, serial and in 4 lanes; the block checksum's seed
+//   kernel_format.cuh  the names taken from format/ (whose checksum.h holds XXH64, serial
+//                      and in 4 lanes, and the checksum's seed), BlockPolicy, element loads
 //   bit_io.cuh         RangeBitWriter, ByteBitReader
 //   block_status.cuh   the decoder's per-block verdicts
 //   encode_chunk.cuh   EncodeChunk and its phases
@@ -15,7 +15,6 @@
 
 #include "gpu/internal/bit_io.cuh"
 #include "gpu/internal/block_status.cuh"
-#include "gpu/internal/checksum.cuh"
 #include "gpu/internal/decode_chunk.cuh"
 #include "gpu/internal/encode_chunk.cuh"
 #include "gpu/internal/kernel_format.cuh"

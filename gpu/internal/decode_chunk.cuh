@@ -12,11 +12,11 @@
 
 #include "format/block_format.h"
 #include "format/block_header.h"
+#include "format/checksum.h"
 #include "format/huffman_code.h"
 #include "format/portable.h"
 #include "gpu/internal/bit_io.cuh"
 #include "gpu/internal/block_status.cuh"
-#include "gpu/internal/checksum.cuh"
 #include "gpu/internal/kernel_format.cuh"
 #include "gpu/internal/team.cuh"
 
@@ -27,10 +27,7 @@ struct DecodeShared {
   int32_t status;
   uint64_t xx_seed;
   uint64_t xx_lane[4];
-  // Header fields.
-  uint32_t n, nnz, emax, zmap_kind, table_kind;
-  uint32_t mant_bytes, zmap_bytes, table_bytes, stream_bytes[4];
-  BlockPolicy pol;
+  fmt::BlockHeader hdr;  // as format::ParseHeader reads it
   uint8_t k[256];
   uint8_t len[256];
   uint16_t code[256];
@@ -53,33 +50,19 @@ struct DecodeJob {
 };
 
 // Header checks of docs/FORMAT.md before the checksum (format::ParseHeader, as the CPU
-// decoder runs them); fills sh (and the checksum seed) on success.
+// decoder runs them); fills sh.hdr (and the checksum seed) on success.
 GCOMP_HD int32_t ParseHeader(const uint8_t* h, uint32_t size, DecodeShared& sh) {
-  fmt::BlockHeader b;
-  const int32_t status = StatusOfHeaderError(fmt::ParseHeader(h, size, &b));
+  const int32_t status = StatusOfHeaderError(fmt::ParseHeader(h, size, &sh.hdr));
   if (status != kBlockOk) return status;
-  sh.pol.mode = b.mode;
-  sh.pol.rel_bits = b.rel_bits;
-  sh.pol.abs_log2 = b.abs_log2;
-  sh.zmap_kind = b.zero_map;
-  sh.table_kind = b.table;
-  sh.emax = b.emax;
-  sh.n = b.elements;
-  sh.nnz = b.nonzeros;
-  sh.mant_bytes = b.mantissa_bytes;
-  sh.zmap_bytes = b.zero_map_bytes;
-  sh.table_bytes = b.table_bytes;
-  for (int s = 0; s < fmt::kNumStreams; ++s) sh.stream_bytes[s] = b.stream_bytes[s];
-  sh.xx_seed = ChecksumSeed(h);
+  sh.xx_seed = fmt::BlockChecksumSeed(h);
   return kBlockOk;
 }
 
 // After the checksum: what the caller expects of the block.
-GCOMP_HD int32_t CheckExpected(const uint8_t* h, int dtype_code, uint32_t expected_n,
-                               const DecodeShared& sh) {
-  if (h[fmt::kOffDType] != dtype_code) return kBlockWrongDType;
-  if (sh.n != expected_n) return kBlockWrongCount;
-  if (sh.table_kind == fmt::kTableReference) return kBlockTableReference;
+GCOMP_HD int32_t CheckExpected(int dtype_code, uint32_t expected_n, const DecodeShared& sh) {
+  if (sh.hdr.dtype != dtype_code) return kBlockWrongDType;
+  if (sh.hdr.elements != expected_n) return kBlockWrongCount;
+  if (sh.hdr.table == fmt::kTableReference) return kBlockTableReference;
   return kBlockOk;
 }
 
@@ -117,10 +100,10 @@ GCOMP_HD void CheckHeaderAndChecksum(const Team& team, DecodeShared& sh, int dty
   OnWorker0(team, [&] {
     if (sh.status != kBlockOk) return;
     const uint64_t sum = XxFinish(blk + kHeaderBytes, payload, sh.xx_seed, sh.xx_lane);
-    if (LoadLE64(blk + fmt::kOffChecksum) != sum) {
+    if (fmt::LoadBlockChecksum(blk) != sum) {
       sh.status = kBlockBadChecksum;
     } else {
-      sh.status = CheckExpected(blk, dtype_code, job.expected_n, sh);
+      sh.status = CheckExpected(dtype_code, job.expected_n, sh);
     }
   });
 }
@@ -130,9 +113,9 @@ GCOMP_HD void CheckHeaderAndChecksum(const Team& team, DecodeShared& sh, int dty
 template <typename U, class Team>
 GCOMP_HD void DecodeStoredOrAllZero(const Team& team, const DecodeShared& sh,
                                     const DecodeJob<U>& job) {
-  const uint32_t n = sh.n;
+  const uint32_t n = sh.hdr.elements;
   const uint8_t* const plane = job.in + kHeaderBytes;
-  const bool stored = sh.table_kind == fmt::kTableStored;
+  const bool stored = sh.hdr.table == fmt::kTableStored;
   team.ForEach([&](int t) {
     for (uint32_t i = t; i < n; i += kTeamThreads) {
       job.out[i] = stored ? LoadElemBytes<U>(plane + uint64_t{i} * sizeof(U)) : U{0};
@@ -145,10 +128,10 @@ GCOMP_HD void DecodeStoredOrAllZero(const Team& team, const DecodeShared& sh,
 template <typename U, class Team>
 GCOMP_HD void ReadCodeTable(const Team& team, DecodeShared& sh, const FloatBits& lay,
                             const DecodeJob<U>& job) {
-  const uint8_t* const tbl = job.in + kHeaderBytes + sh.mant_bytes + sh.zmap_bytes;
+  const uint8_t* const tbl = job.in + kHeaderBytes + sh.hdr.mantissa_bytes + sh.hdr.zero_map_bytes;
   OnWorker0(team, [&] {
     int present = 0;
-    if (fmt::ParseTable(tbl, sh.table_bytes, lay.alphabet(), sh.len, &sh.single, &present) !=
+    if (fmt::ParseTable(tbl, sh.hdr.table_bytes, lay.alphabet(), sh.len, &sh.single, &present) !=
         fmt::TableError::kOk) {
       sh.status = kBlockBadTable;
       return;
@@ -161,7 +144,7 @@ GCOMP_HD void ReadCodeTable(const Team& team, DecodeShared& sh, const FloatBits&
 template <class Team>
 GCOMP_HD void ReadMantissaWidths(const Team& team, DecodeShared& sh, const FloatBits& lay) {
   team.ForEach([&](int t) {
-    const int k = t < lay.alphabet() ? MantissaWidth(lay, sh.pol, sh.emax, t) : lay.mant_bits;
+    const int k = t < lay.alphabet() ? MantissaWidth(lay, sh.hdr, t) : lay.mant_bits;
     sh.k[t] = static_cast<uint8_t>(k);
   });
 }
@@ -188,14 +171,14 @@ GCOMP_HD void FillDecodeTable(const Team& team, DecodeShared& sh, const FloatBit
 // stream). Can fail; no barrier, so ReadZeroMap runs alongside it.
 template <typename U, class Team>
 GCOMP_HD void DecodeStreams(const Team& team, DecodeShared& sh, const DecodeJob<U>& job) {
-  const uint32_t nnz = sh.nnz;
+  const uint32_t nnz = sh.hdr.nonzeros;
   const uint8_t* const streams =
-      job.in + kHeaderBytes + sh.mant_bytes + sh.zmap_bytes + sh.table_bytes;
+      job.in + kHeaderBytes + sh.hdr.mantissa_bytes + sh.hdr.zero_map_bytes + sh.hdr.table_bytes;
   team.ForEach([&](int t) {
     if (t >= 4) return;
     uint64_t off = 0;
-    for (int s = 0; s < t; ++s) off += sh.stream_bytes[s];
-    ByteBitReader r(streams + off, sh.stream_bytes[t]);
+    for (int s = 0; s < t; ++s) off += sh.hdr.stream_bytes[s];
+    ByteBitReader r(streams + off, sh.hdr.stream_bytes[t]);
     const uint32_t start = StreamStart(nnz, t), m = StreamCount(nnz, t);
     for (uint32_t i = 0; i < m; ++i) {
       r.Refill();
@@ -211,21 +194,21 @@ GCOMP_HD void DecodeStreams(const Team& team, DecodeShared& sh, const DecodeJob<
 // position list on worker 0. Can fail.
 template <typename U, class Team>
 GCOMP_HD void ReadZeroMap(const Team& team, DecodeShared& sh, const DecodeJob<U>& job) {
-  const uint32_t n = sh.n, nnz = sh.nnz;
-  const uint8_t* const zmap = job.in + kHeaderBytes + sh.mant_bytes;
+  const uint32_t n = sh.hdr.elements, nnz = sh.hdr.nonzeros;
+  const uint8_t* const zmap = job.in + kHeaderBytes + sh.hdr.mantissa_bytes;
   const uint32_t words = (n + 63) / 64;
   const uint64_t last_mask = n % 64 ? (uint64_t{1} << (n % 64)) - 1 : ~uint64_t{0};
-  if (sh.zmap_kind <= 1) {
-    const bool none = sh.zmap_kind == fmt::kZeroMapNone;
+  if (sh.hdr.zero_map <= 1) {
+    const bool none = sh.hdr.zero_map == fmt::kZeroMapNone;
     team.ForEach([&](int t) {
       for (uint32_t w = t; w < words; w += kTeamThreads) {
         uint64_t v;
         if (none) {
           v = w + 1 == words ? last_mask : ~uint64_t{0};
         } else {
-          v = 0;
-          const uint32_t lo = w * 8, hi = lo + 8 < sh.zmap_bytes ? lo + 8 : sh.zmap_bytes;
-          for (uint32_t b = lo; b < hi; ++b) v |= uint64_t{zmap[b]} << (8 * (b - lo));
+          const uint32_t size = sh.hdr.zero_map_bytes;
+          const uint32_t lo = w * 8, hi = lo + 8 < size ? lo + 8 : size;
+          v = lo < hi ? fmt::LoadLE64Prefix(zmap + lo, hi - lo) : 0;
           if (w + 1 == words && (v & ~last_mask) != 0) sh.status = kBlockBadZeroMap;
         }
         job.bitmap[w] = v;
@@ -234,7 +217,7 @@ GCOMP_HD void ReadZeroMap(const Team& team, DecodeShared& sh, const DecodeJob<U>
     return;
   }
   OnWorker0(team, [&] {
-    const bool want = sh.zmap_kind == fmt::kZeroMapNonzeroPositions;
+    const bool want = sh.hdr.zero_map == fmt::kZeroMapNonzeroPositions;
     const uint32_t entries = want ? nnz : n - nnz;
     for (uint32_t w = 0; w < words; ++w) {
       job.bitmap[w] = want ? 0 : (w + 1 == words ? last_mask : ~uint64_t{0});
@@ -244,7 +227,7 @@ GCOMP_HD void ReadZeroMap(const Team& team, DecodeShared& sh, const DecodeJob<U>
     for (uint32_t e = 0; e < entries; ++e) {
       uint64_t gap = 0;
       for (int shift = 0;; shift += 7) {
-        if (p >= sh.zmap_bytes || shift > 28) {
+        if (p >= sh.hdr.zero_map_bytes || shift > 28) {
           sh.status = kBlockBadZeroMap;
           return;
         }
@@ -260,7 +243,7 @@ GCOMP_HD void ReadZeroMap(const Team& team, DecodeShared& sh, const DecodeJob<U>
       job.bitmap[pos / 64] ^= uint64_t{1} << (pos % 64);
       next = pos + 1;
     }
-    if (p != sh.zmap_bytes) sh.status = kBlockBadZeroMap;
+    if (p != sh.hdr.zero_map_bytes) sh.status = kBlockBadZeroMap;
   });
 }
 
@@ -268,7 +251,7 @@ GCOMP_HD void ReadZeroMap(const Team& team, DecodeShared& sh, const DecodeJob<U>
 // count. Can fail.
 template <typename U, class Team>
 GCOMP_HD void CountSegmentNonzeros(const Team& team, DecodeShared& sh, const DecodeJob<U>& job) {
-  const uint32_t n = sh.n, nnz = sh.nnz, seg = SegmentElems(n);
+  const uint32_t n = sh.hdr.elements, nnz = sh.hdr.nonzeros, seg = SegmentElems(n);
   team.ForEach([&](int t) {
     const auto [lo, hi] = SegmentOf(t, seg, n);
     uint32_t c = 0;
@@ -291,7 +274,7 @@ GCOMP_HD void CountSegmentNonzeros(const Team& team, DecodeShared& sh, const Dec
 // byte with zero padding (codec: AtExactEnd). Can fail.
 template <typename U, class Team>
 GCOMP_HD void LocatePlaneBits(const Team& team, DecodeShared& sh, const DecodeJob<U>& job) {
-  const uint32_t n = sh.n, nnz = sh.nnz, seg = SegmentElems(n);
+  const uint32_t n = sh.hdr.elements, nnz = sh.hdr.nonzeros, seg = SegmentElems(n);
   const uint8_t* const plane = job.in + kHeaderBytes;
   team.ForEach([&](int t) {
     const auto [lo, hi] = SegmentOf(t, seg, n);
@@ -309,9 +292,9 @@ GCOMP_HD void LocatePlaneBits(const Team& team, DecodeShared& sh, const DecodeJo
       sh.seg_bits[i] = bits;
       bits += a;
     }
-    if (CeilDiv(bits, 8) != sh.mant_bytes) {
+    if (CeilDiv(bits, 8) != sh.hdr.mantissa_bytes) {
       sh.status = kBlockBadPlane;
-    } else if (bits % 8 != 0 && (plane[sh.mant_bytes - 1] >> (bits % 8)) != 0) {
+    } else if (bits % 8 != 0 && (plane[sh.hdr.mantissa_bytes - 1] >> (bits % 8)) != 0) {
       sh.status = kBlockBadPlane;
     }
   });
@@ -321,13 +304,13 @@ GCOMP_HD void LocatePlaneBits(const Team& team, DecodeShared& sh, const DecodeJo
 template <typename U, class Team>
 GCOMP_HD void WriteElements(const Team& team, const DecodeShared& sh, const FloatBits& lay,
                             const DecodeJob<U>& job) {
-  const uint32_t n = sh.n, seg = SegmentElems(n);
+  const uint32_t n = sh.hdr.elements, seg = SegmentElems(n);
   const uint8_t* const plane = job.in + kHeaderBytes;
   const int M = lay.mant_bits, top = lay.total_bits - 1;
   team.ForEach([&](int t) {
     const auto [lo, hi] = SegmentOf(t, seg, n);
     if (lo >= hi) return;
-    ByteBitReader r(plane, sh.mant_bytes, sh.seg_bits[t]);
+    ByteBitReader r(plane, sh.hdr.mantissa_bytes, sh.seg_bits[t]);
     uint32_t j = sh.seg_nnz[t];
     for (uint32_t w = lo; w < hi; w += 64) {
       const uint64_t word = job.bitmap[w / 64];
@@ -361,7 +344,7 @@ GCOMP_HD void DecodeChunk(const Team& team, DecodeShared& sh, int dtype_code,
                           const DecodeJob<U>& job) {
   CheckHeaderAndChecksum(team, sh, dtype_code, job);
   if (StopIfFailed(team, sh, job)) return;
-  if (sh.table_kind == fmt::kTableStored || sh.nnz == 0) {
+  if (sh.hdr.table == fmt::kTableStored || sh.hdr.nonzeros == 0) {
     DecodeStoredOrAllZero(team, sh, job);
     return;
   }

@@ -10,10 +10,11 @@
 #include <cstdint>
 
 #include "format/block_format.h"
+#include "format/block_header.h"
+#include "format/checksum.h"
 #include "format/huffman_code.h"
 #include "format/portable.h"
 #include "gpu/internal/bit_io.cuh"
-#include "gpu/internal/checksum.cuh"
 #include "gpu/internal/kernel_format.cuh"
 #include "gpu/internal/team.cuh"
 
@@ -39,14 +40,9 @@ struct EncodeShared {
   uint32_t seg_zlist[kTeamThreads];
   uint32_t seg_nzlist[kTeamThreads];
   uint64_t seg_ebits[kTeamThreads];
-  // Totals and section layout.
-  uint32_t nnz;
-  uint32_t mant_bytes;
-  uint32_t zmap_kind;
-  uint32_t zmap_bytes;
-  uint32_t table_kind;
-  uint32_t table_bytes;
-  uint32_t stream_bytes[4];
+  // The header: counts, kinds and section sizes as the phases decide them; WriteHeader adds
+  // the dtype, policy and emax (and stores it as a stored block's where sh.stored).
+  fmt::BlockHeader hdr;
   uint32_t total;
   bool stored;
   uint64_t xx_seed;
@@ -142,9 +138,9 @@ struct SectionOffsets {
 };
 GCOMP_HD SectionOffsets SectionOffsetsOf(const EncodeShared& sh) {
   SectionOffsets o;
-  o.zmap = kHeaderBytes + uint64_t{sh.mant_bytes};
-  o.table = o.zmap + sh.zmap_bytes;
-  o.streams = o.table + sh.table_bytes;
+  o.zmap = kHeaderBytes + uint64_t{sh.hdr.mantissa_bytes};
+  o.table = o.zmap + sh.hdr.zero_map_bytes;
+  o.streams = o.table + sh.hdr.table_bytes;
   return o;
 }
 
@@ -248,8 +244,8 @@ GCOMP_HD void ScanSegments(const Team& team, EncodeShared& sh) {
       if (lz) prev_zero = lz;
       if (ln) prev_nz = ln;
     }
-    sh.nnz = nnz;
-    sh.mant_bytes = static_cast<uint32_t>(CeilDiv(bits, 8));
+    sh.hdr.nonzeros = nnz;
+    sh.hdr.mantissa_bytes = static_cast<uint32_t>(CeilDiv(bits, 8));
   });
   team.Sync();
 }
@@ -308,16 +304,16 @@ GCOMP_HD void ChooseZeroMap(const Team& team, EncodeShared& sh, uint32_t n) {
       zb += a;
       nzb += b;
     }
-    const uint32_t zeros = n - sh.nnz;
+    const uint32_t zeros = n - sh.hdr.nonzeros;
     if (zeros == 0) {
-      sh.zmap_kind = fmt::kZeroMapNone;
-      sh.zmap_bytes = 0;
+      sh.hdr.zero_map = fmt::kZeroMapNone;
+      sh.hdr.zero_map_bytes = 0;
     } else {
       uint32_t best = (n + 7) / 8;
-      sh.zmap_kind = fmt::kZeroMapBitmap;
-      if (zb < best) best = zb, sh.zmap_kind = fmt::kZeroMapZeroPositions;
-      if (nzb < best) best = nzb, sh.zmap_kind = fmt::kZeroMapNonzeroPositions;
-      sh.zmap_bytes = best;
+      sh.hdr.zero_map = fmt::kZeroMapBitmap;
+      if (zb < best) best = zb, sh.hdr.zero_map = fmt::kZeroMapZeroPositions;
+      if (nzb < best) best = nzb, sh.hdr.zero_map = fmt::kZeroMapNonzeroPositions;
+      sh.hdr.zero_map_bytes = best;
     }
   });
   team.Sync();
@@ -328,14 +324,14 @@ GCOMP_HD void ChooseZeroMap(const Team& team, EncodeShared& sh, uint32_t n) {
 template <class Team>
 GCOMP_HD void BuildCode(const Team& team, EncodeShared& sh, const FloatBits& lay) {
   OnWorker0(team, [&] {
-    sh.table_kind = fmt::kTableNone;
-    sh.table_bytes = 0;
-    if (sh.nnz > 0) {
+    sh.hdr.table = fmt::kTableNone;
+    sh.hdr.table_bytes = 0;
+    if (sh.hdr.nonzeros > 0) {
       BuildLengths(sh.hist, lay.alphabet(), sh.huff, sh.len, &sh.single);
       AssignCodes(sh.len, lay.alphabet(), sh.code);
       TableRange(sh.len, lay.alphabet(), sh.single, &sh.table_lo, &sh.table_hi);
-      sh.table_kind = fmt::kTableInline;
-      sh.table_bytes = 2 + (sh.table_hi - sh.table_lo + 2) / 2;
+      sh.hdr.table = fmt::kTableInline;
+      sh.hdr.table_bytes = fmt::TableBytes(sh.table_lo, sh.table_hi);
     }
   });
   team.Sync();
@@ -345,12 +341,12 @@ GCOMP_HD void BuildCode(const Team& team, EncodeShared& sh, const FloatBits& lay
 // the streams' bytes.
 template <typename U, class Team>
 GCOMP_HD void SizeStreams(const Team& team, EncodeShared& sh, const EncodeJob<U>& job) {
-  const uint32_t nnz = sh.nnz;
+  const uint32_t nnz = sh.hdr.nonzeros;
   team.ForEach([&](int t) {
     uint32_t lo, hi;
     StreamPiece(t, nnz, &lo, &hi);
     uint64_t bits = 0;
-    if (sh.table_kind != 0) {
+    if (sh.hdr.table != fmt::kTableNone) {
       for (uint32_t i = lo; i < hi; ++i) bits += sh.len[job.syms[i]];
     }
     sh.seg_ebits[t] = bits;
@@ -364,7 +360,7 @@ GCOMP_HD void SizeStreams(const Team& team, EncodeShared& sh, const EncodeJob<U>
         sh.seg_ebits[s * kPerStream + p] = bits;
         bits += b;
       }
-      sh.stream_bytes[s] = static_cast<uint32_t>(CeilDiv(bits, 8));
+      sh.hdr.stream_bytes[s] = static_cast<uint32_t>(CeilDiv(bits, 8));
     }
   });
   team.Sync();
@@ -375,8 +371,8 @@ template <typename U, class Team>
 GCOMP_HD void ChooseStoredOrCoded(const Team& team, EncodeShared& sh, const EncodeJob<U>& job) {
   OnWorker0(team, [&] {
     const uint32_t n = job.n;
-    uint64_t payload = uint64_t{sh.mant_bytes} + sh.zmap_bytes + sh.table_bytes;
-    for (int s = 0; s < 4; ++s) payload += sh.stream_bytes[s];
+    uint64_t payload = uint64_t{sh.hdr.mantissa_bytes} + sh.hdr.zero_map_bytes + sh.hdr.table_bytes;
+    for (int s = 0; s < fmt::kNumStreams; ++s) payload += sh.hdr.stream_bytes[s];
     sh.stored = payload > uint64_t{n} * sizeof(U);
     sh.total = kHeaderBytes + (sh.stored ? n * static_cast<uint32_t>(sizeof(U))
                                          : static_cast<uint32_t>(payload));
@@ -424,9 +420,10 @@ GCOMP_HD void WritePlane(const Team& team, const EncodeShared& sh, const FloatBi
   team.ForEach([&](int t) {
     const auto [lo, hi] = SegmentOf(t, seg, n);
     if (lo >= hi) return;
+    const uint64_t plane_end = (kHeaderBytes + uint64_t{sh.hdr.mantissa_bytes}) * 8;
     const uint64_t begin = kHeaderBytes * 8 + sh.seg_bits[t];
-    const uint64_t end = t + 1 < kTeamThreads ? kHeaderBytes * 8 + sh.seg_bits[t + 1]
-                                              : (kHeaderBytes + uint64_t{sh.mant_bytes}) * 8;
+    const uint64_t end =
+        t + 1 < kTeamThreads ? kHeaderBytes * 8 + sh.seg_bits[t + 1] : plane_end;
     RangeBitWriter w(job.out, begin, end);
     for (uint32_t i = lo; i < hi; ++i) {
       const CodedElement c = code_elem(job.in[i]);
@@ -444,23 +441,23 @@ GCOMP_HD void WriteZeroMap(const Team& team, const EncodeShared& sh, const Encod
   team.ForEach([&](int t) {
     const auto [lo, hi] = SegmentOf(t, seg, n);
     if (lo >= hi) return;
-    if (sh.zmap_kind == fmt::kZeroMapBitmap) {
+    if (sh.hdr.zero_map == fmt::kZeroMapBitmap) {
       const uint64_t begin = zmap_off * 8 + lo;
       const uint64_t end = zmap_off * 8 + (t + 1 < kTeamThreads && hi < n
                                                ? uint64_t{hi}
-                                               : uint64_t{sh.zmap_bytes} * 8);
+                                               : uint64_t{sh.hdr.zero_map_bytes} * 8);
       RangeBitWriter w(job.out, begin, end);
       for (uint32_t b = lo; b < hi; b += 64) {
         const uint32_t cnt = hi - b >= 64 ? 64 : hi - b;
         w.Put64(job.bitmap[b / 64], cnt);
       }
       w.Finish();
-    } else if (sh.zmap_kind >= fmt::kZeroMapZeroPositions) {
-      const bool want = sh.zmap_kind == fmt::kZeroMapNonzeroPositions;
+    } else if (sh.hdr.zero_map >= fmt::kZeroMapZeroPositions) {
+      const bool want = sh.hdr.zero_map == fmt::kZeroMapNonzeroPositions;
       const uint32_t off = want ? sh.seg_nzlist[t] : sh.seg_zlist[t];
       const uint32_t next_off = t + 1 < kTeamThreads
                                     ? (want ? sh.seg_nzlist[t + 1] : sh.seg_zlist[t + 1])
-                                    : sh.zmap_bytes;
+                                    : sh.hdr.zero_map_bytes;
       RangeBitWriter w(job.out, (zmap_off + off) * 8, (zmap_off + next_off) * 8);
       uint32_t prev = want ? sh.seg_last_nz[t] : sh.seg_last_zero[t];
       for (uint32_t b = lo; b < hi; b += 64) {
@@ -486,18 +483,18 @@ GCOMP_HD void WriteZeroMap(const Team& team, const EncodeShared& sh, const Encod
 // The exponent streams, one piece per worker (StreamPiece). No barrier.
 template <typename U, class Team>
 GCOMP_HD void WriteStreams(const Team& team, const EncodeShared& sh, const EncodeJob<U>& job) {
-  if (sh.table_kind == 0) return;
-  const uint32_t nnz = sh.nnz;
+  if (sh.hdr.table == fmt::kTableNone) return;
+  const uint32_t nnz = sh.hdr.nonzeros;
   const uint64_t streams_off = SectionOffsetsOf(sh).streams;
   team.ForEach([&](int t) {
     const int s = t / kPerStream;
     uint64_t stream_base = streams_off;
-    for (int i = 0; i < s; ++i) stream_base += sh.stream_bytes[i];
+    for (int i = 0; i < s; ++i) stream_base += sh.hdr.stream_bytes[i];
     uint32_t lo, hi;
     StreamPiece(t, nnz, &lo, &hi);
     const uint64_t begin = stream_base * 8 + sh.seg_ebits[t];
     const uint64_t end = (t + 1) % kPerStream != 0 ? stream_base * 8 + sh.seg_ebits[t + 1]
-                                                   : (stream_base + sh.stream_bytes[s]) * 8;
+                                                   : (stream_base + sh.hdr.stream_bytes[s]) * 8;
     RangeBitWriter w(job.out, begin, end);
     for (uint32_t i = lo; i < hi; ++i) {
       const uint32_t sym = job.syms[i];
@@ -507,46 +504,35 @@ GCOMP_HD void WriteStreams(const Team& team, const EncodeShared& sh, const Encod
   });
 }
 
-// Worker 0: the inline code table (first symbol, span, then 4-bit lengths). No barrier.
+// Worker 0: the inline code table (format::WriteTable's bytes, through the bit writer: the
+// words it shares with the plane or streams are OR-ed). No barrier.
 template <class Team>
 GCOMP_HD void WriteCodeTable(const Team& team, const EncodeShared& sh, uint8_t* out) {
-  if (sh.table_kind != fmt::kTableInline) return;
+  if (sh.hdr.table != fmt::kTableInline) return;
   const uint64_t table_off = SectionOffsetsOf(sh).table;
   OnWorker0(team, [&] {
-    RangeBitWriter w(out, table_off * 8, (table_off + sh.table_bytes) * 8);
-    w.Put(static_cast<uint32_t>(sh.table_lo), 8);
-    w.Put(static_cast<uint32_t>(sh.table_hi - sh.table_lo), 8);
-    for (int s = sh.table_lo; s <= sh.table_hi; s += 2) {
-      w.Put(sh.len[s] | (s + 1 <= sh.table_hi ? sh.len[s + 1] : 0) << 4, 8);
-    }
+    RangeBitWriter w(out, table_off * 8, (table_off + sh.hdr.table_bytes) * 8);
+    fmt::WriteTable(sh.len, sh.table_lo, sh.table_hi, [&](uint8_t b) { w.Put(b, 8); });
     w.Finish();
   });
 }
 
-// Worker 0: header bytes 0..47, and the checksum's seed from them.
+// Worker 0: completes sh.hdr, writes header bytes 0..47 and the checksum's seed from them.
 template <typename U, class Team>
 GCOMP_HD void WriteHeader(const Team& team, EncodeShared& sh, int dtype_code,
                           const BlockPolicy& pol, const EncodeJob<U>& job) {
   OnWorker0(team, [&] {
-    const uint32_t n = job.n;
-    uint32_t h[12];
-    const bool stored = sh.stored;
-    h[0] = fmt::kBlockMagic;
-    h[1] = uint32_t{fmt::kBlockVersion} | uint32_t(dtype_code) << 8 |
-           uint32_t(pol.mode) << 16 | uint32_t(pol.rel_bits) << 24;
-    const uint32_t zkind = stored ? fmt::kZeroMapNone : sh.zmap_kind;
-    const uint32_t tkind = stored ? fmt::kTableStored : sh.table_kind;
-    h[2] = uint32_t(static_cast<uint8_t>(static_cast<int8_t>(pol.abs_log2))) | zkind << 8 |
-           tkind << 16 | sh.emax << 24;
-    h[3] = n;
-    h[4] = stored ? n : sh.nnz;
-    h[5] = stored ? n * static_cast<uint32_t>(sizeof(U)) : sh.mant_bytes;
-    h[6] = stored ? 0 : sh.zmap_bytes;
-    h[7] = stored ? 0 : sh.table_bytes;
-    for (int s = 0; s < 4; ++s) h[8 + s] = stored ? 0 : sh.stream_bytes[s];
-    uint32_t* w = reinterpret_cast<uint32_t*>(job.out);
-    for (int i = 0; i < 12; ++i) w[i] = h[i];
-    sh.xx_seed = ChecksumSeed(job.out);
+    fmt::BlockHeader& h = sh.hdr;
+    h.version = fmt::kBlockVersion;
+    h.dtype = static_cast<uint8_t>(dtype_code);
+    h.mode = static_cast<uint8_t>(pol.mode);
+    h.rel_bits = static_cast<uint8_t>(pol.rel_bits);
+    h.abs_log2 = static_cast<int8_t>(pol.abs_log2);
+    h.emax = static_cast<uint8_t>(sh.emax);
+    h.elements = job.n;
+    if (sh.stored) h = fmt::StoredHeader(h);
+    fmt::WriteHeader(h, job.out);
+    sh.xx_seed = fmt::BlockChecksumSeed(job.out);
   });
   team.Sync();
 }
@@ -563,10 +549,7 @@ GCOMP_HD void WriteChecksum(const Team& team, EncodeShared& sh, const EncodeJob<
   });
   team.Sync();
   OnWorker0(team, [&] {
-    const uint64_t sum = XxFinish(sections, payload, sh.xx_seed, sh.xx_lane);
-    uint32_t* w = reinterpret_cast<uint32_t*>(job.out);
-    w[12] = static_cast<uint32_t>(sum);
-    w[13] = static_cast<uint32_t>(sum >> 32);
+    fmt::StoreBlockChecksum(job.out, XxFinish(sections, payload, sh.xx_seed, sh.xx_lane));
     *job.out_size = total;
   });
 }

@@ -10,6 +10,7 @@
 
 #include "format/block_format.h"
 #include "format/block_header.h"
+#include "format/checksum.h"
 #include "format/endian.h"
 #include "format/huffman_code.h"
 #include "format/portable.h"
@@ -33,6 +34,9 @@ using fmt::StreamCount;
 using fmt::StreamStart;
 using fmt::TableRange;
 using fmt::VarintBytes;
+using fmt::XxFinish;
+using fmt::Xxh64;
+using fmt::XxLane;
 
 struct BlockPolicy {
   int mode;  // 0 lossless, 1 near-lossless
@@ -40,9 +44,13 @@ struct BlockPolicy {
   int abs_log2;
 };
 
-// Mantissa bits kept for symbol s (docs/FORMAT.md, "the mantissa widths").
+// Mantissa bits kept for symbol s (docs/FORMAT.md, "the mantissa widths"): by the policy a
+// kernel is given (encoding), or by the block's header (decoding).
 GCOMP_HD int MantissaWidth(const FloatBits& lay, const BlockPolicy& p, int emax, int s) {
   return fmt::MantissaWidth(lay, p.mode, p.rel_bits, p.abs_log2, emax, s);
+}
+GCOMP_HD int MantissaWidth(const FloatBits& lay, const fmt::BlockHeader& h, int s) {
+  return fmt::MantissaWidth(lay, h.mode, h.rel_bits, h.abs_log2, h.emax, s);
 }
 
 // Elements are read and written as unsigned integers of the dtype's width.

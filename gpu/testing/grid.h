@@ -15,7 +15,7 @@
 #include "codec/codec.h"
 #include "codec/testing/gradients.h"
 #include "codec/testing/values.h"
-#include "format/endian.h"
+#include "format/checksum.h"
 
 namespace gcomp::gpu::testing {
 
@@ -92,9 +92,10 @@ inline std::vector<uint8_t> GridValues(codec::DType dtype, int pattern, size_t n
 // Rewrites a block's checksum after the test changed its bytes (a forged block).
 inline void FixChecksum(std::string* block) {
   if (block->size() < codec::kBlockHeaderBytes) return;
-  const uint64_t seed = XXH64(block->data(), 48, 0);
-  const uint64_t sum = XXH64(block->data() + 56, block->size() - 56, seed);
-  format::StoreLE64(reinterpret_cast<uint8_t*>(block->data()) + 48, sum);
+  uint8_t* const b = reinterpret_cast<uint8_t*>(block->data());
+  const size_t header = codec::kBlockHeaderBytes;
+  format::StoreBlockChecksum(
+      b, XXH64(b + header, block->size() - header, format::BlockChecksumSeed(b)));
 }
 
 // The real gradients ($GCOMP_GRADIENTS_DIR) as `dtype` chunks of `chunk_elems` elements.
