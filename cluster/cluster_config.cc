@@ -197,13 +197,6 @@ absl::Status ValidateClusterConfig(const proto::ClusterConfig& c) {
     return FieldError("max_inflight_chunks",
                       absl::StrCat("must be in [1, 1024], got ", c.max_inflight_chunks()));
   }
-  // 0: a config from before the field (reads as 1).
-  if (c.max_uploading_chunks() > c.max_inflight_chunks()) {
-    return FieldError("max_uploading_chunks",
-                      absl::StrCat("must be in [1, max_inflight_chunks (",
-                                   c.max_inflight_chunks(), ")], got ",
-                                   c.max_uploading_chunks()));
-  }
   if (c.max_retries() > 100) {
     return FieldError("max_retries", absl::StrCat("must be at most 100, got ", c.max_retries()));
   }

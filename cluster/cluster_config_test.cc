@@ -159,7 +159,6 @@ TEST(ClusterConfig, EveryBadFieldIsNamed) {
       {"connect_timeout_ms=0", "'connect_timeout_ms'"},
       {"channels_per_shard=0", "'channels_per_shard'"},
       {"max_inflight_chunks=0", "'max_inflight_chunks'"},
-      {"max_uploading_chunks=5", "must be in [1, max_inflight_chunks (4)], got 5"},
       {"max_retries=1000", "'max_retries'"},
       {"retry_backoff_ms=0", "'retry_backoff_ms'"},
       {"max_message_bytes=100", "'max_message_bytes'"},

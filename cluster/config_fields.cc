@@ -56,7 +56,6 @@ constexpr Field kFields[] = {
     {"connect_timeout_ms", Kind::kUnsigned, "5000"},
     {"channels_per_shard", Kind::kUnsigned, "2"},
     {"max_inflight_chunks", Kind::kUnsigned, "4"},
-    {"max_uploading_chunks", Kind::kUnsigned, "1"},  // written as given: 0 reads as 1
     {"max_retries", Kind::kUnsigned, "5"},
     {"retry_backoff_ms", Kind::kUnsigned, "50"},
     {"max_message_bytes", Kind::kUnsigned, "0"},  // 0: derived from chunk_bytes

@@ -252,59 +252,12 @@ bool WireMessage::ParseInPlace(size_t total) {
 
 PushPullStub::PushPullStub(std::shared_ptr<grpc::ChannelInterface> channel)
     : channel_(std::move(channel)),
-      method_(kPushPullMethod, grpc::internal::RpcMethod::NORMAL_RPC, channel_),
-      generic_(channel_) {}
+      method_(kPushPullMethod, grpc::internal::RpcMethod::NORMAL_RPC, channel_) {}
 
 grpc::Status PushPullStub::PushPull(grpc::ClientContext* context, const WireMessage& request,
                                     WireMessage* response) {
   return grpc::internal::BlockingUnaryCall<WireMessage, WireMessage>(channel_.get(), method_,
                                                                      context, request, response);
-}
-
-grpc::Status PushPullStub::PushPull(grpc::ClientContext* context, const WireMessage& request,
-                                    WireMessage* response, absl::FunctionRef<void()> sent) {
-  grpc::ByteBuffer bytes;
-  if (grpc::Status s = request.Serialize(&bytes); !s.ok()) {
-    sent();
-    return s;
-  }
-  void* const kWrite = &bytes;  // tags: any distinct addresses
-  void* const kRead = response;
-  void* const kFinish = context;
-  grpc::CompletionQueue cq;
-  context->set_initial_metadata_corked(true);  // one batch: metadata, message, half-close
-  std::unique_ptr<grpc::ClientAsyncReaderWriter<grpc::ByteBuffer, WireMessage>> call =
-      generic_.PrepareCall(context, kPushPullMethod, &cq);
-  if (call == nullptr) {
-    sent();
-    return grpc::Status(grpc::StatusCode::INTERNAL, "PushPull: gRPC could not create the call");
-  }
-  call->StartCall(nullptr);  // corked: no tag comes back for it
-  call->WriteLast(bytes, grpc::WriteOptions(), kWrite);
-  call->Read(response, kRead);
-  bool got_message = false;
-  void* tag = nullptr;
-  bool ok = false;
-  // Both tags come back whatever happens to the call (its deadline bounds the wait).
-  for (int pending = 2; pending > 0 && cq.Next(&tag, &ok); --pending) {
-    if (tag == kWrite) {
-      sent();
-    } else {
-      got_message = ok;
-    }
-  }
-  grpc::Status status;
-  call->Finish(&status, kFinish);
-  while (cq.Next(&tag, &ok) && tag != kFinish) {
-  }
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  // As gRPC's own unary call: a reply that never came (or did not parse) behind an OK status.
-  if (status.ok() && !got_message) {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "No message returned for unary request");
-  }
-  return status;
 }
 
 }  // namespace gcomp::cluster

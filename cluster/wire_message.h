@@ -14,10 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "cluster/wire_block.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/rpc_method.h"
@@ -78,20 +76,10 @@ class PushPullStub {
   explicit PushPullStub(std::shared_ptr<grpc::ChannelInterface> channel);
   grpc::Status PushPull(grpc::ClientContext* context, const WireMessage& request,
                         WireMessage* response);
-  // The same call, with `sent` run (on the calling thread) once the request has been
-  // written out to the connection, or the call ended without that, before the reply is
-  // awaited. The unary call above reports its request and its reply as one batch, so its
-  // end of sending is seen only through a streaming call object; on the wire it is the same
-  // unary call. Sets `context`'s initial metadata corked (it leaves with the message).
-  grpc::Status PushPull(grpc::ClientContext* context, const WireMessage& request,
-                        WireMessage* response, absl::FunctionRef<void()> sent);
 
  private:
   const std::shared_ptr<grpc::ChannelInterface> channel_;
   const grpc::internal::RpcMethod method_;
-  // Requests go out serialized by WireMessage::Serialize, whose failure is a status here
-  // (a streaming call's Write aborts the process on one).
-  grpc::TemplatedGenericStub<grpc::ByteBuffer, WireMessage> generic_;
 };
 
 }  // namespace gcomp::cluster

@@ -1,17 +1,10 @@
 #include "cluster/wire_message.h"
 
-#include <chrono>
 #include <cmath>
-#include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
-#include "absl/time/time.h"
-#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/aggregation.grpc.pb.h"
 
@@ -220,68 +213,6 @@ TEST(WireMessage, RepeatedAndMistypedDataFieldsFollowProtobuf) {
   grpc::ByteBuffer buffer;
   ASSERT_TRUE(m.Serialize(&buffer).ok());
   EXPECT_EQ(Flatten(buffer), empty.SerializeAsString());
-}
-
-// Answers a PushPull with its request (chunk + 1) once `release` is notified; a request
-// for chunk 0 gets FAILED_PRECONDITION at once.
-class HeldReplies final : public proto::Aggregation::Service {
- public:
-  grpc::Status PushPull(grpc::ServerContext*, const proto::CompressedBlock* request,
-                        proto::CompressedBlock* reply) override {
-    if (request->address().chunk() == 0) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "chunk 0 refused");
-    }
-    received.Notify();
-    release.WaitForNotification();
-    *reply = *request;
-    reply->mutable_address()->set_chunk(request->address().chunk() + 1);
-    return grpc::Status::OK;
-  }
-  absl::Notification received, release;
-};
-
-TEST(PushPullStub, ReportsTheRequestSentBeforeTheReplyComes) {
-  HeldReplies service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(port, 0);
-  PushPullStub stub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                        grpc::InsecureChannelCredentials()));
-  const proto::CompressedBlock block = Block(50000, /*raw=*/false);
-  WireMessage request = WireMessage::Own(block);
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    WireMessage reply;
-    absl::Notification sent;
-    std::thread releaser([&] {
-      // The reply is held until the client said its request is out.
-      EXPECT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(20)));
-      service.release.Notify();
-    });
-    grpc::Status st = stub.PushPull(&ctx, request, &reply, [&] { sent.Notify(); });
-    releaser.join();
-    ASSERT_TRUE(st.ok()) << st.error_message();
-    EXPECT_TRUE(service.received.HasBeenNotified());
-    EXPECT_EQ(reply.header().address().chunk(), 4u);
-    EXPECT_EQ(Joined(reply), block.data());
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    proto::CompressedBlock refused = block;
-    refused.mutable_address()->set_chunk(0);
-    WireMessage reply;
-    int sent = 0;
-    grpc::Status st = stub.PushPull(&ctx, WireMessage::Own(refused), &reply, [&] { ++sent; });
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-    EXPECT_EQ(st.error_message(), "chunk 0 refused");
-    EXPECT_EQ(sent, 1);
-  }
-  server->Shutdown();
 }
 
 }  // namespace

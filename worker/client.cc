@@ -14,7 +14,6 @@
 #include "worker/bounded_queue.h"
 #include "worker/client_impl.h"
 #include "worker/device_chunks.h"
-#include "worker/upload_gate.h"
 
 namespace gcomp::worker {
 namespace {
@@ -150,13 +149,7 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
 
   // Encoded chunks wait here for a sender, at most `senders` of them.
   BoundedQueue<std::unique_ptr<cluster::WireMessage>> queue(senders);
-  // Of the `senders` calls, max_uploading_chunks send their requests, in chunk order; the
-  // others wait for replies, which come down while later chunks go up.
-  UploadGate gate(config.max_uploading_chunks());
-  auto fail = [&](absl::Status s) {
-    queue.Fail(std::move(s));
-    gate.Open();  // no sender may wait for a chunk that will not be sent
-  };
+  auto fail = [&](absl::Status s) { queue.Fail(std::move(s)); };
 
   auto send = [&] {
     std::string scratch;  // a GComp reply that arrived in pieces, joined
@@ -175,10 +168,7 @@ absl::Status Client::Impl::RunPushPull(const std::string& key, int64_t step, con
         }
         req->mutable_header()->mutable_address()->set_shard_map_epoch(m->epoch());
         st = CallShard(*m, shard, [&](const MapState::Stubs* stub, grpc::ClientContext* ctx) {
-          UploadGate::Slot slot = gate.Enter(chunk);
-          // The wait for a turn is not the call's: its deadline starts with its upload.
-          ctx->set_deadline(DeadlineIn(config.rpc_timeout_ms()));
-          return stub->push_pull->PushPull(ctx, *req, &resp, [&slot] { slot.Release(); });
+          return stub->push_pull->PushPull(ctx, *req, &resp);
         });
         // A re-shard replaced the map: move to the new one and resend (pushes are
         // idempotent, and the chunk's state, cached result included, moved with it).
