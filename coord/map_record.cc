@@ -93,14 +93,14 @@ absl::StatusOr<VersionedMap> CreateMapIfAbsent(Store* store, const std::string& 
     const bool unknown = !r.ok() && (absl::IsUnavailable(r.status()) ||
                                      absl::IsDeadlineExceeded(r.status()));
     if (!r.ok() && (!unknown || attempt == kAttempts)) return r.status();
+    // Refused (a map is there) or unknown: what is there settles it.
     absl::StatusOr<std::optional<VersionedMap>> existing = ReadMap(store, job);
     if (existing.ok() && existing->has_value()) return **existing;
-    if (!unknown) {
+    if (r.ok()) {
       if (!existing.ok()) return existing.status();
       return absl::AbortedError(absl::StrCat("the shard map at ", keys.map,
                                              " was deleted while it was being created"));
     }
-    if (attempt == kAttempts) return existing.ok() ? r.status() : existing.status();
     absl::SleepFor(absl::Milliseconds(100 * attempt));
   }
 }

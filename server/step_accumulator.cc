@@ -287,6 +287,13 @@ void StepAccumulator::FinishLocked() {
   WakeLocked();
 }
 
+void StepAccumulator::WaitLocked(int64_t step, bool duplicate, Waiter* w) const {
+  w->step = step;
+  w->duplicate = duplicate;
+  w->attempt = attempt_;
+  w->replicate_failures = replicate_failures_;
+}
+
 std::optional<absl::StatusOr<StepAccumulator::Outcome>> StepAccumulator::EnterLocked(
     uint32_t worker, int64_t step, std::vector<float> contribution, Waiter* w) {
   ExpireLocked();
@@ -299,10 +306,7 @@ std::optional<absl::StatusOr<StepAccumulator::Outcome>> StepAccumulator::EnterLo
     // A resend of a completed step: answered from its result once that is replicated
     // (ResolveLocked), which may mean calling the backups.
     RecycleLocked(std::move(contribution));
-    w->step = step;
-    w->duplicate = true;
-    w->attempt = attempt_;
-    w->replicate_failures = replicate_failures_;
+    WaitLocked(step, /*duplicate=*/true, w);
     return std::nullopt;
   }
   const bool duplicate = started_ && arrived_[worker];
@@ -346,10 +350,7 @@ std::optional<absl::StatusOr<StepAccumulator::Outcome>> StepAccumulator::EnterLo
       FoldArrivedLocked();
     }
   }
-  w->step = step;
-  w->duplicate = duplicate;
-  w->attempt = attempt_;
-  w->replicate_failures = replicate_failures_;
+  WaitLocked(step, duplicate, w);
   return std::nullopt;
 }
 

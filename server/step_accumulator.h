@@ -239,6 +239,9 @@ class StepAccumulator {
   std::optional<absl::StatusOr<Outcome>> EnterLocked(uint32_t worker, int64_t step,
                                                      std::vector<float> contribution, Waiter* w)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills `w` for a wait on `step` as things stand now (attempt, replication failures).
+  void WaitLocked(int64_t step, bool duplicate, Waiter* w) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The answer to `w` if its wait is over. With `replicate`, this thread replicates a
   // completed step (or waits for the one that does); without, a completed step waits for
   // its replication. `timers`: also `w`'s deadline and check.
